@@ -1,0 +1,113 @@
+"""Named blocks of a conversation and the table that places resident ones in the sequence.
+
+Invariants: resident blocks occupy contiguous positions [0, active_tokens) in table order
+(`BlockTable.check`); a block is in exactly one state; a shared (prefix) block is never
+moved or evicted; content hashes are set once, from the block's token ids.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+class BlockState(enum.Enum):
+    RESIDENT = "resident"     # in the context, attended to
+    RAM = "ram"               # K/V bytes in the host pool
+    DISK = "disk"             # K/V bytes spilled to a file
+    DROPPED = "dropped"       # gone; only the text remains (history)
+
+
+def content_hash(tokens: list[int]) -> str:
+    return hashlib.sha256(np.asarray(tokens, dtype=np.int32).tobytes()).hexdigest()[:16]
+
+
+@dataclass(eq=False)
+class Block:
+    name: str                 # system, tools, user#3, user#3.1, assistant#3, file:notes.txt#2
+    role: str                 # system | tools | user | assistant | file | breadcrumb
+    turn: int
+    tokens: list[int]
+    text: str
+    state: BlockState = BlockState.RESIDENT
+    pos: int | None = None    # first position while resident
+    shared: bool = False      # cells shared with a prefix sequence
+    pinned: bool = False
+    priority: float = 1.0
+    file_name: str | None = None
+    embedding: np.ndarray | None = None
+    hash: str = field(default="")
+    recoveries: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.hash:
+            self.hash = content_hash(self.tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def end(self) -> int:
+        assert self.pos is not None, f"{self.name} is not resident"
+        return self.pos + self.n_tokens
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.name, "role": self.role, "state": self.state.value,
+                "tokens": self.n_tokens, "pos": self.pos, "turn": self.turn,
+                "pinned": self.pinned, "shared": self.shared, "recoveries": self.recoveries}
+
+
+class BlockTable:
+    """All blocks of a conversation (birth order) and the resident ones (position order)."""
+
+    def __init__(self) -> None:
+        self.blocks: list[Block] = []
+        self.resident: list[Block] = []
+
+    @property
+    def active_tokens(self) -> int:
+        return sum(b.n_tokens for b in self.resident)
+
+    def by_name(self, name: str) -> Block | None:
+        return next((b for b in self.blocks if b.name == name), None)
+
+    def append(self, block: Block) -> Block:
+        """A newly decoded block at the tail."""
+        self.blocks.append(block)
+        self.place_at_tail(block)
+        return block
+
+    def place_at_tail(self, block: Block) -> None:
+        block.pos = self.active_tokens
+        block.state = BlockState.RESIDENT
+        self.resident.append(block)
+
+    def remove_resident(self, block: Block, new_state: BlockState) -> tuple[int, int]:
+        """Take `block` out of the resident run; later blocks move down. Returns its old range."""
+        assert not block.shared, f"shared block {block.name} cannot leave the context"
+        index = self.resident.index(block)
+        p0, p1 = block.pos, block.end
+        del self.resident[index]
+        for later in self.resident[index:]:
+            later.pos -= block.n_tokens
+        block.pos = None
+        block.state = new_state
+        return p0, p1
+
+    def saved(self) -> list[Block]:
+        return [b for b in self.blocks if b.state in (BlockState.RAM, BlockState.DISK)]
+
+    def check(self) -> None:
+        pos = 0
+        for block in self.resident:
+            assert block.state is BlockState.RESIDENT, block.name
+            assert block.pos == pos, f"{block.name} at {block.pos}, expected {pos}"
+            pos += block.n_tokens
+        for block in self.blocks:
+            if block.state is not BlockState.RESIDENT:
+                assert block.pos is None and block not in self.resident, block.name

@@ -1,0 +1,198 @@
+"""KV primitives composed from the stock llama.cpp API: save, evict, restore, share.
+
+Invariants: bytes are saved only from cells without a pending K-shift (a pending shift is
+applied first by a one-token decode in the scratch sequence); the scratch sequence is empty
+between calls; cells shared with a prefix sequence are never shifted or removed here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import llama_cpp as ll
+import numpy as np
+
+from .errors import RestoreError
+from . import reanchor
+from .runtime import Runtime
+
+
+@dataclass
+class SavedKV:
+    """K/V bytes of a position range as llama.cpp serialises a sequence, and where they sit.
+
+    `origin_pos` is the position the bytes are anchored at (updated when they are re-anchored).
+    """
+
+    data: bytearray
+    origin_pos: int
+    n_tokens: int
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+class KVCache:
+    """Save / evict / restore / share over position ranges of sequences of one context."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+        self.scratch = runtime.scratch_seq
+        self.shift_pending = False
+        self.shift_flushes = 0
+        self.native_reanchors = 0
+        self.geometry: reanchor.RopeGeometry | None = None
+        self.reanchor_note = self._calibrate_native_reanchor()
+
+    # -- queries ----------------------------------------------------------------------------
+    def pos_max(self, seq: int) -> int:
+        return ll.llama_memory_seq_pos_max(self.rt.memory, seq)
+
+    def pos_min(self, seq: int) -> int:
+        return ll.llama_memory_seq_pos_min(self.rt.memory, seq)
+
+    # -- primitives -------------------------------------------------------------------------
+    def save(self, seq: int, p0: int, p1: int) -> SavedKV:
+        """Copy the K/V of [p0, p1) of `seq` to host bytes; the context is left unchanged."""
+        self.rt._check_thread()
+        if p1 <= p0:
+            raise ValueError(f"empty range [{p0}, {p1})")
+        self.flush_pending_shifts()
+        mem, ctx = self.rt.memory, self.rt.ctx
+        ll.llama_memory_seq_cp(mem, seq, self.scratch, p0, p1)
+        try:
+            data = self._state_of(self.scratch)
+        finally:
+            ll.llama_memory_seq_rm(mem, self.scratch, -1, -1)
+        return SavedKV(data=data, origin_pos=p0, n_tokens=p1 - p0)
+
+    def _state_of(self, seq: int) -> bytearray:
+        ctx = self.rt.ctx
+        size = ll.llama_state_seq_get_size(ctx, seq)
+        data = bytearray(size)
+        written = ll.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(data), size, seq)
+        if written != size:
+            del data[written:]
+        return data
+
+    def evict(self, seq: int, p0: int, p1: int, *, compact: bool = True) -> None:
+        """Remove [p0, p1) from `seq`; with `compact`, later tokens move down to close the gap."""
+        self.rt._check_thread()
+        mem = self.rt.memory
+        if not ll.llama_memory_seq_rm(mem, seq, p0, p1):
+            raise RuntimeError(f"llama_memory_seq_rm refused [{p0}, {p1}) of seq {seq}")
+        if compact and self.pos_max(seq) >= p1:
+            ll.llama_memory_seq_add(mem, seq, p1, -1, -(p1 - p0))
+            self.shift_pending = True
+
+    def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None:
+        """Splice saved K/V into `seq` at positions at_pos.. (RoPE re-anchored, no forward pass)."""
+        self.rt._check_thread()
+        mem, ctx = self.rt.memory, self.rt.ctx
+        delta = at_pos - saved.origin_pos
+        if delta and self.geometry is not None:
+            layout = reanchor.parse(saved.data, self.geometry)
+            if layout is not None:
+                reanchor.shift(saved.data, layout, self.geometry, delta)
+                saved.origin_pos = at_pos
+                delta = 0
+                self.native_reanchors += 1
+        size = len(saved.data)
+        read = ll.llama_state_seq_set_data(ctx, (ctypes.c_uint8 * size).from_buffer(saved.data), size,
+                                           self.scratch)
+        if read == 0:
+            ll.llama_memory_seq_rm(mem, self.scratch, -1, -1)
+            raise RestoreError(f"llama.cpp rejected {saved.n_tokens} saved tokens "
+                               "(no contiguous free cells, or bytes from another model)")
+        try:
+            if delta:
+                ll.llama_memory_seq_add(mem, self.scratch, -1, -1, delta)
+                self.shift_pending = True
+            ll.llama_memory_seq_cp(mem, self.scratch, seq, -1, -1)
+        finally:
+            ll.llama_memory_seq_rm(mem, self.scratch, -1, -1)
+
+    def share(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Give `dst` the cells of `src` in [p0, p1): no decode and no byte copy."""
+        self.rt._check_thread()
+        ll.llama_memory_seq_cp(self.rt.memory, src, dst, p0, p1)
+
+    def drop(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        """Forget [p0, p1) of `seq` without compaction (cells shared elsewhere survive)."""
+        self.rt._check_thread()
+        ll.llama_memory_seq_rm(self.rt.memory, seq, p0, p1)
+
+    def flush_pending_shifts(self, via_seq: int | None = None) -> None:
+        """Apply every queued K-shift now: one token decoded in an empty sequence, then removed."""
+        if not self.shift_pending:
+            return
+        seq = self.scratch if via_seq is None else via_seq
+        self.rt.decode([self._flush_token()], seq, 0, logits_last=False)
+        ll.llama_memory_seq_rm(self.rt.memory, seq, -1, -1)
+        self.shift_pending = False
+        self.shift_flushes += 1
+
+    def _flush_token(self) -> int:
+        bos = ll.llama_vocab_bos(self.rt.vocab)
+        return bos if bos >= 0 else 0
+
+    # -- native re-anchoring ------------------------------------------------------------------
+    def _rope_geometry(self) -> reanchor.RopeGeometry | None:
+        rt = self.rt
+        arch = rt.meta("general.architecture") or ""
+        rope_type = ll.llama_model_rope_type(rt.model)
+        if rope_type not in (0, 2) or rt.meta(f"{arch}.rope.scaling.type") not in (None, "none", "linear"):
+            return None
+        n_head = ll.llama_model_n_head(rt.model)
+        n_head_kv = ll.llama_model_n_head_kv(rt.model)
+        head_dim = int(rt.meta(f"{arch}.attention.key_length") or ll.llama_model_n_embd(rt.model) // n_head)
+        n_rot = int(rt.meta(f"{arch}.rope.dimension_count") or head_dim)
+        scale = float(ll.llama_model_rope_freq_scale_train(rt.model) or 1.0)
+        return reanchor.RopeGeometry(
+            n_layer=ll.llama_model_n_layer(rt.model), n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
+            mode=rope_type, freq_base=float(rt.meta(f"{arch}.rope.freq_base") or 10000.0),
+            freq_scale=scale)
+
+    def _calibrate_native_reanchor(self) -> str:
+        """Use the native rotation only if it reproduces llama.cpp's own K-shift on this model."""
+        if not reanchor.available():
+            return "native library not built: llama.cpp K-shift used"
+        if not self.rt.eviction_supported:
+            return self.rt.eviction_note
+        geometry = self._rope_geometry()
+        if geometry is None:
+            return "rope scaling not covered by the native rotation: llama.cpp K-shift used"
+        rt, mem, delta = self.rt, self.rt.memory, 37
+        probe = rt.tokenize("Calibration: the quick brown fox jumps over the lazy dog.")[:12]
+        try:
+            rt.decode(probe, self.scratch, 0, logits_last=False)
+            original = self._state_of(self.scratch)
+            layout = reanchor.parse(original, geometry)
+            if layout is None:
+                return "state layout not recognised: llama.cpp K-shift used"
+            ours = bytearray(original)
+            reanchor.shift(ours, layout, geometry, delta)
+            ll.llama_memory_seq_add(mem, self.scratch, -1, -1, delta)
+            self.shift_pending = True
+            self.flush_pending_shifts(via_seq=0)
+            theirs = self._state_of(self.scratch)
+        finally:
+            ll.llama_memory_seq_rm(mem, self.scratch, -1, -1)
+        if len(theirs) != len(ours) or reanchor.parse(theirs, geometry) != layout:
+            return "llama.cpp's shifted state differs in shape: llama.cpp K-shift used"
+        a = np.frombuffer(bytes(ours), dtype=np.uint8)
+        b = np.frombuffer(bytes(theirs), dtype=np.uint8)
+        row_bytes = geometry.n_head_kv * geometry.head_dim * 2
+        worst = 0.0
+        for k_offset in layout.k_offsets:
+            span = slice(k_offset, k_offset + layout.n_cells * row_bytes)
+            ka, kb = a[span].view(np.float16).astype(np.float32), b[span].view(np.float16).astype(np.float32)
+            worst = max(worst, float(np.abs(ka - kb).max() / (np.abs(kb).max() + 1e-6)))
+        head = slice(0, layout.k_offsets[0])
+        if a[head].tobytes() != b[head].tobytes() or worst > 1e-2:
+            return f"native rotation differs from llama.cpp's (rel {worst:.2e}): llama.cpp K-shift used"
+        self.geometry = geometry
+        self.calibration_error = worst
+        return ""

