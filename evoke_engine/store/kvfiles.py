@@ -245,8 +245,8 @@ class KVFileStore:
                 return None
             try:
                 payload = self._read_checked(newest.path)
-            except InvalidKVFile as reason:
-                self._unlink(newest.path, str(reason), warn=True)
+            except InvalidKVFile as invalid:
+                self._unlink(newest.path, str(invalid), warn=True)
                 return None
             except FileNotFoundError:
                 return None
@@ -353,8 +353,8 @@ class KVFileStore:
                         stat = os.fstat(file.fileno())
                         validate_header(file.read(HEADER_SIZE), stat.st_size, self.model_hash)
                     mtime_ns = stat.st_mtime_ns
-                except InvalidKVFile as reason:
-                    problems.append((path, str(reason)))
+                except InvalidKVFile as invalid:
+                    problems.append((path, str(invalid)))
                     continue
                 except OSError as error:
                     log.warning("cannot check KV cache file %s: %s", path, error)
