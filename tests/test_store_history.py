@@ -263,3 +263,9 @@ def test_programming_errors_are_not_store_errors(history: HistoryDB) -> None:
         conn.execute("SELECT no_such_column FROM conversations")
     with pytest.raises(TypeError):
         history.set_settings("x", {"bad": object()})
+
+
+def test_store_error_is_an_engine_error() -> None:
+    from evoke_engine.errors import EvokeError
+
+    assert issubclass(StoreError, EvokeError)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
+from evoke_engine.errors import EvokeError
+
 DISK_FULL = "disk_full"
 LOCKED = "locked"
 READ_ONLY = "read_only"
@@ -21,7 +23,7 @@ MISSING = "missing"
 IO = "io"
 
 
-class StoreError(Exception):
+class StoreError(EvokeError):
     """An environment failure with a message a user can act on; `reason` is one of the constants above."""
 
     def __init__(self, message: str, *, reason: str, path: Path | None = None) -> None:
