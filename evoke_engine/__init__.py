@@ -1,0 +1,13 @@
+"""Evoke engine: llama.cpp in-process with a KV cache managed like operating-system memory.
+
+Public API: Engine, Conversation, Settings, Reply, EngineEvent and the error classes; no Qt here.
+"""
+
+from .engine import Conversation, ConversationInfo, Engine
+from .errors import BudgetError, ContextFullError, EvokeError, ModelLoadError, RestoreError
+from .events import EngineEvent
+from .settings import Settings
+from .turn import Reply
+
+__all__ = ["Engine", "Conversation", "ConversationInfo", "Settings", "Reply", "EngineEvent", "EvokeError",
+           "ModelLoadError", "BudgetError", "ContextFullError", "RestoreError"]

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import llama_cpp as ll
 import numpy as np
 
-from .errors import RestoreError
 from . import reanchor
+from .errors import RestoreError
 from .runtime import Runtime
 
 

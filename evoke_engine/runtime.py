@@ -24,6 +24,7 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
+PREFIX_SEQS = 2
 _KV_TYPES = {"f16": ll.GGML_TYPE_F16, "q8_0": ll.GGML_TYPE_Q8_0}
 _FLASH = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
           "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
@@ -98,9 +99,10 @@ class Runtime:
         path = Path(settings.model_path) if settings.model_path else default_model_path()
         check_model_file(path)
         self.model_path = path
-        self.n_seq_max = settings.slots + 2
-        self.prefix_seq_base = settings.slots          # prefix sequences start here
-        self.scratch_seq = settings.slots + 1
+        # Sequences: one per slot, PREFIX_SEQS shared prefixes, then one scratch sequence.
+        self.prefix_seqs = list(range(settings.slots, settings.slots + PREFIX_SEQS))
+        self.scratch_seq = settings.slots + PREFIX_SEQS
+        self.n_seq_max = self.scratch_seq + 1
 
         _quiet_llama_logs()
         ll.llama_backend_init()

