@@ -60,7 +60,7 @@ class KVCache:
         if p1 <= p0:
             raise ValueError(f"empty range [{p0}, {p1})")
         self.flush_pending_shifts()
-        mem, ctx = self.rt.memory, self.rt.ctx
+        mem, _ctx = self.rt.memory, self.rt.ctx
         ll.llama_memory_seq_cp(mem, seq, self.scratch, p0, p1)
         try:
             data = self._state_of(self.scratch)

@@ -160,10 +160,7 @@ class Settings:
     # -- directories --------------------------------------------------------------------------
     def _root(self, kind: str) -> Path:
         home = self.home or os.environ.get("EVOKE_HOME")
-        if home:
-            path = Path(home) / kind
-        else:
-            path = Path(getattr(platformdirs, f"user_{kind}_dir")(APP_NAME))
+        path = Path(home) / kind if home else Path(getattr(platformdirs, f"user_{kind}_dir")(APP_NAME))
         path.mkdir(parents=True, exist_ok=True)
         return path
 
