@@ -1,0 +1,4 @@
+"""Evoke Desk's PySide6 desktop app: window, widgets, dialogs and the bridge to the engine.
+
+Invariant: no policy lives here (the engine decides); no engine call runs on the GUI thread.
+"""

@@ -1,0 +1,113 @@
+"""`python -m app` / `evoke-desk`: start the window on the saved settings (embedded model by default).
+
+Also the documentation shots: --screenshot, --memory-screenshot, --settings-screenshot write a
+PNG after a scripted demo and quit (they use a throw-away EVOKE_HOME unless one is set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QApplication
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="evoke-desk", description="Evoke Desk: local coding chat.")
+    parser.add_argument("--model", help="GGUF model file (default: the saved setting or the embedded model)")
+    parser.add_argument("--budget", type=int, help="active-KV budget in tokens for this run")
+    parser.add_argument("--screenshot", metavar="FILE", help="save the main window after a demo exchange")
+    parser.add_argument("--memory-screenshot", metavar="FILE", help="save the memory panel after evictions")
+    parser.add_argument("--settings-screenshot", metavar="FILE", help="save the settings dialog")
+    parser.add_argument("--size", default="1440x900", help="window size WxH (screenshots)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser.parse_args(argv)
+
+
+def dark_palette() -> QPalette:
+    pal = QPalette()
+    for role, color in ((QPalette.ColorRole.Window, "#0d1117"), (QPalette.ColorRole.WindowText, "#e6edf3"),
+                        (QPalette.ColorRole.Base, "#0d1117"), (QPalette.ColorRole.AlternateBase, "#11161d"),
+                        (QPalette.ColorRole.Text, "#e6edf3"), (QPalette.ColorRole.Button, "#21262d"),
+                        (QPalette.ColorRole.ButtonText, "#e6edf3"), (QPalette.ColorRole.Highlight, "#2d4a7a"),
+                        (QPalette.ColorRole.HighlightedText, "#ffffff"), (QPalette.ColorRole.Link, "#7aa2f7"),
+                        (QPalette.ColorRole.ToolTipBase, "#161b22"), (QPalette.ColorRole.ToolTipText, "#e6edf3"),
+                        (QPalette.ColorRole.PlaceholderText, "#6e7681")):
+        pal.setColor(role, QColor(color))
+    return pal
+
+
+def make_application(argv: list[str] | None = None) -> QApplication:
+    from .resources import icon, stylesheet
+    app = QApplication.instance() or QApplication(argv or [sys.argv[0]])
+    app.setApplicationName("Evoke Desk")
+    app.setOrganizationName("evoke-desk")
+    app.setDesktopFileName("evoke-desk")
+    app.setStyle("Fusion")
+    app.setPalette(dark_palette())
+    app.setStyleSheet(stylesheet())
+    app.setWindowIcon(icon("evoke-desk"))
+    return app
+
+
+def build(settings, size: tuple[int, int] | None = None):
+    """(bridge, controller, window) for `settings`; the caller starts the controller."""
+    from .bridge import EngineBridge
+    from .controller import ChatController
+    from .window import MainWindow
+    bridge = EngineBridge(settings)
+    controller = ChatController(bridge)
+    window = MainWindow(controller)
+    if size:
+        window.resize(*size)
+    return bridge, controller, window
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv if argv is not None else sys.argv[1:])
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    shooting = args.screenshot or args.memory_screenshot or args.settings_screenshot
+    if shooting and not os.environ.get("EVOKE_HOME"):
+        os.environ["EVOKE_HOME"] = tempfile.mkdtemp(prefix="evoke-desk-shot-")
+    app = make_application([sys.argv[0]])
+    from evoke_engine import Settings
+    overrides: dict = {}
+    if args.model:
+        overrides["model_path"] = args.model
+    if args.budget:
+        overrides["budget_tokens"] = args.budget
+    if args.memory_screenshot:
+        overrides.update(budget_tokens=args.budget or 640, block_tokens=64)
+    settings = Settings.load()
+    if overrides:
+        settings = settings.replace(**overrides)
+    width, height = (int(x) for x in args.size.lower().split("x"))
+    bridge, controller, window = build(settings, (width, height))
+    window.show()
+    if args.settings_screenshot:
+        from .demo import settings_screenshot
+        settings_screenshot(window, args.settings_screenshot)
+    else:
+        controller.start()
+    if args.screenshot or args.memory_screenshot:
+        from .demo import MAIN_DEMO, MEMORY_DEMO, DemoDirector
+        if args.memory_screenshot:
+            window.memory_dock.setFloating(False)
+            DemoDirector(window, MEMORY_DEMO, args.memory_screenshot, target="memory")
+        else:
+            DemoDirector(window, MAIN_DEMO, args.screenshot)
+    window.closed.connect(app.quit)
+    app.setQuitOnLastWindowClosed(True)
+    code = app.exec()
+    window.hide()
+    bridge.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,403 @@
+"""The app's state, headless: the open conversation, its messages, the streaming reply, models.
+
+Invariants: widgets only call these methods and listen to these signals; every engine call
+goes through the bridge (never on the GUI thread); one reply streams at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from .attachments import AttachmentError, paste_name, read_text_attachment
+from .bridge import EngineBridge, error_text
+from .models import BlockTableModel, ConversationListModel, EventLogModel
+from .settings_form import changed, field_specs
+
+log = logging.getLogger(__name__)
+STATE_OF_EVENT = {"evicted": "ram", "spilled": "disk", "dropped": "dropped", "recovered": "resident"}
+MEMORY_EVENTS = {"evicted", "recovered", "spilled", "dropped", "kv_persisted", "kv_restored", "kv_rebuilt",
+                 "error"}
+
+
+@dataclass
+class ChatMessage:
+    role: str                                  # user | assistant
+    text: str
+    attachments: list[tuple[str, int]] = field(default_factory=list)   # (name, characters)
+    stopped: str = ""                          # eos | max_tokens | cancelled | ...
+    meta: str = ""                             # "42 tokens · 31.0 tok/s · first token 0.21 s"
+
+    @classmethod
+    def from_history(cls, row: dict[str, Any]) -> ChatMessage:
+        atts = [(str(a[0]), len(a[1]) if len(a) > 1 else 0) for a in row.get("attachments") or []]
+        return cls(row.get("role", "user"), row.get("text", ""), atts)
+
+
+@dataclass
+class Stream:
+    conversation_id: str
+    started: float
+    text: str = ""
+    pieces: int = 0
+    first_at: float | None = None
+
+
+class ChatController(QObject):
+    modelStateChanged = Signal(str, str)       # loading | ready | failed | unloaded, detail
+    modelInfoChanged = Signal(object)
+    currentChanged = Signal(str, str)          # conversation id, title
+    messagesReset = Signal(list)               # [ChatMessage]
+    messageAdded = Signal(object)              # ChatMessage
+    replyProgress = Signal(str)                # the streaming reply so far
+    replyFinished = Signal(object)             # the final ChatMessage
+    generatingChanged = Signal(bool)
+    statsChanged = Signal(dict)
+    turnMetrics = Signal(float, float)         # time to first token (s), tokens/s
+    prefillProgress = Signal(int, str)         # tokens done, message
+    attachmentsChanged = Signal(list)          # [(name, characters)]
+    settingsApplied = Signal(object)
+    errorRaised = Signal(str)
+
+    def __init__(self, bridge: EngineBridge, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.bridge = bridge
+        self.settings = bridge.settings
+        self.conversations = ConversationListModel(self)
+        self.blocks = BlockTableModel(self)
+        self.events = EventLogModel(parent=self)
+        self.model_info: Any = None
+        self.model_state = "loading"
+        self.conv: Any = None
+        self.messages: list[ChatMessage] = []
+        self.pending: list[tuple[str, str]] = []
+        self.stream: Stream | None = None
+        self.stats: dict[str, Any] = {}
+        self._stats_busy = self._stats_dirty = False
+        self._flush = QTimer(self, singleShot=True, interval=40, timeout=self._emit_progress)
+        self._stats_timer = QTimer(self, singleShot=True, interval=150, timeout=self.refresh_stats)
+        self._list_timer = QTimer(self, interval=5000, timeout=self.refresh_conversations)
+        bridge.modelLoading.connect(lambda: self._set_model_state("loading", "Loading model…"))
+        bridge.modelReady.connect(self._model_ready)
+        bridge.modelFailed.connect(self._model_failed)
+        bridge.engineEvent.connect(self._on_event)
+        bridge.token.connect(self._on_token)
+        bridge.error.connect(self.errorRaised)
+
+    # -- model ------------------------------------------------------------------------------
+    @property
+    def engine(self) -> Any:
+        return self.bridge.engine
+
+    @property
+    def generating(self) -> bool:
+        return self.stream is not None
+
+    @property
+    def current_id(self) -> str:
+        return str(self.conv.id) if self.conv is not None else ""
+
+    def start(self) -> None:
+        self.bridge.start()
+
+    def _set_model_state(self, state: str, detail: str = "") -> None:
+        self.model_state = state
+        self.modelStateChanged.emit(state, detail)
+
+    def _model_ready(self, info: Any) -> None:
+        first = self.model_info is None
+        self.model_info = info
+        self.modelInfoChanged.emit(info)
+        self._set_model_state("ready", getattr(info, "name", ""))
+        self._list_timer.start()
+        if first:
+            self.bridge.call(self.engine.conversations, on_done=self._open_latest, on_error=self._fail)
+
+    def _open_latest(self, infos: list[Any]) -> None:
+        self.conversations.set_conversations(infos)
+        if self.conv is not None:
+            return
+        if self.conversations.rows:
+            self.open_conversation(self.conversations.rows[0].id)
+        else:
+            self.new_conversation()
+
+    def _model_failed(self, message: str) -> None:
+        self._set_model_state("failed", message)
+        self.errorRaised.emit(f"The model could not be loaded: {message}")
+
+    def _fail(self, exc: BaseException) -> None:
+        self.errorRaised.emit(error_text(exc))
+
+    # -- conversations ----------------------------------------------------------------------
+    def refresh_conversations(self) -> None:
+        if self.engine is not None:
+            self.bridge.call(self.engine.conversations, on_done=self.conversations.set_conversations,
+                             on_error=lambda exc: log.warning("listing conversations: %s", exc))
+
+    def new_conversation(self) -> None:
+        self.bridge.call(self.engine.new_conversation, on_done=self._opened, on_error=self._fail)
+
+    def open_conversation(self, conversation_id: str) -> None:
+        if conversation_id == self.current_id:
+            return
+        self.bridge.call(self.engine.open_conversation, conversation_id, on_done=self._opened,
+                         on_error=self._fail)
+
+    def _opened(self, conv: Any) -> None:
+        self.conv = conv
+        self.events.clear()
+        self.blocks.set_blocks([])
+        self.currentChanged.emit(str(conv.id), conv.title or "Untitled")
+        self.bridge.call(conv.messages, on_done=lambda rows: self._history(conv, rows), on_error=self._fail)
+        self.refresh_stats()
+        self.refresh_conversations()
+
+    def _history(self, conv: Any, rows: list[dict[str, Any]]) -> None:
+        if conv is not self.conv:
+            return
+        self.messages = [ChatMessage.from_history(r) for r in rows if r.get("role") in ("user", "assistant")]
+        if self.stream is not None and self.stream.conversation_id == self.current_id:
+            self.messages.append(ChatMessage("assistant", self.stream.text))
+        self.messagesReset.emit(list(self.messages))
+
+    def rename_conversation(self, conversation_id: str, title: str) -> None:
+        title = title.strip()
+        if not title:
+            return
+        def done(_: Any) -> None:
+            if conversation_id == self.current_id:
+                self.currentChanged.emit(conversation_id, title)
+            self.refresh_conversations()
+        self.bridge.call(self.engine.rename_conversation, conversation_id, title, on_done=done,
+                         on_error=self._fail)
+
+    def pin_conversation(self, conversation_id: str, pinned: bool) -> None:
+        self.bridge.call(self.engine.pin_conversation, conversation_id, pinned,
+                         on_done=lambda _: self.refresh_conversations(), on_error=self._fail)
+
+    def delete_conversation(self, conversation_id: str) -> None:
+        was_current = conversation_id == self.current_id
+        if was_current and self.generating:
+            self.stop()
+
+        def done(_: Any) -> None:
+            if was_current:
+                self.conv = None
+                self.messages = []
+                self.messagesReset.emit([])
+                self.bridge.call(self.engine.conversations, on_done=self._open_latest, on_error=self._fail)
+            else:
+                self.refresh_conversations()
+        self.bridge.call(self.engine.delete_conversation, conversation_id, on_done=done, on_error=self._fail)
+
+    # -- attachments ------------------------------------------------------------------------
+    def attach_file(self, path: str) -> bool:
+        try:
+            name, text = read_text_attachment(path)
+        except AttachmentError as exc:
+            self.errorRaised.emit(str(exc))
+            return False
+        self.attach_text(name, text)
+        return True
+
+    def attach_text(self, name: str, text: str) -> None:
+        self.pending.append((name, text))
+        self.attachmentsChanged.emit([(n, len(t)) for n, t in self.pending])
+
+    def attach_paste(self, text: str) -> str:
+        name = paste_name(text, {n for n, _ in self.pending})
+        self.attach_text(name, text)
+        return name
+
+    def remove_attachment(self, index: int) -> None:
+        if 0 <= index < len(self.pending):
+            del self.pending[index]
+            self.attachmentsChanged.emit([(n, len(t)) for n, t in self.pending])
+
+    # -- a turn -----------------------------------------------------------------------------
+    def send(self, text: str, **options: Any) -> bool:
+        """Send `text` with the pending attachments; False when nothing can be sent now."""
+        text = text.strip()
+        if (not text and not self.pending) or self.generating or self.conv is None:
+            return False
+        if self.model_state != "ready" and self.model_state != "unloaded":
+            return False
+        conv, attachments = self.conv, list(self.pending)
+        self.pending = []
+        self.attachmentsChanged.emit([])
+        user = ChatMessage("user", text, [(n, len(t)) for n, t in attachments])
+        self.messages += [user, ChatMessage("assistant", "")]
+        self.messageAdded.emit(user)
+        self.messageAdded.emit(self.messages[-1])
+        self.stream = Stream(str(conv.id), time.perf_counter())
+        self.generatingChanged.emit(True)
+        on_token = self.bridge.token_callback(str(conv.id))
+        self.bridge.call(conv.submit, text, attachments=attachments, on_token=on_token, **options,
+                         on_done=lambda fut: self.bridge.track(fut, on_done=self._reply_done,
+                                                               on_error=self._reply_failed),
+                         on_error=self._reply_failed)
+        return True
+
+    def stop(self) -> None:
+        if self.stream is not None and self.conv is not None:
+            self.bridge.call(self.conv.cancel, urgent=True, on_error=self._fail)
+
+    def _on_token(self, conversation_id: str, piece: str) -> None:
+        stream = self.stream
+        if stream is None or stream.conversation_id != conversation_id:
+            return
+        if stream.first_at is None:
+            stream.first_at = time.perf_counter()
+        stream.text += piece
+        stream.pieces += 1
+        if not self._flush.isActive():
+            self._flush.start()
+
+    def _emit_progress(self) -> None:
+        if self.stream is not None and self.stream.conversation_id == self.current_id:
+            if self.messages and self.messages[-1].role == "assistant":
+                self.messages[-1].text = self.stream.text
+            self.replyProgress.emit(self.stream.text)
+
+    def _reply_done(self, reply: Any) -> None:
+        stream, self.stream = self.stream, None
+        self._flush.stop()
+        text = getattr(reply, "text", None)
+        text = text if isinstance(text, str) else (stream.text if stream else str(reply))
+        now = time.perf_counter()
+        ttft = getattr(reply, "ttft_s", None)
+        if ttft is None and stream and stream.first_at:
+            ttft = stream.first_at - stream.started
+        rate = getattr(reply, "tokens_per_s", None)
+        if rate is None and stream and stream.first_at and now > stream.first_at:
+            rate = stream.pieces / (now - stream.first_at)
+        n_tokens = getattr(reply, "n_tokens", stream.pieces if stream else 0)
+        stopped = str(getattr(reply, "stopped", ""))
+        meta = f"{n_tokens} tokens · {rate or 0:.1f} tok/s · first token {ttft or 0:.2f} s"
+        if stopped and stopped not in ("eos", "stop"):
+            meta += f" · {'stopped' if stopped == 'cancelled' else stopped.replace('_', ' ')}"
+        message = ChatMessage("assistant", text, stopped=stopped, meta=meta)
+        if stream is not None and stream.conversation_id == self.current_id and self.messages:
+            self.messages[-1] = message
+            self.replyFinished.emit(message)
+        self.turnMetrics.emit(float(ttft or 0.0), float(rate or 0.0))
+        self.generatingChanged.emit(False)
+        self.refresh_stats()
+        self.refresh_conversations()
+
+    def _reply_failed(self, exc: BaseException) -> None:
+        stream, self.stream = self.stream, None
+        self._flush.stop()
+        message = ChatMessage("assistant", stream.text if stream else "", stopped="error",
+                              meta=f"error: {error_text(exc)}")
+        if stream is not None and stream.conversation_id == self.current_id and self.messages:
+            self.messages[-1] = message
+            self.replyFinished.emit(message)
+        self.generatingChanged.emit(False)
+        self.errorRaised.emit(f"The reply failed: {error_text(exc)}")
+        self.refresh_stats()
+
+    # -- memory view ------------------------------------------------------------------------
+    def refresh_stats(self) -> None:
+        """Ask for the open conversation's stats; coalesces calls while one is in flight."""
+        conv = self.conv
+        if conv is None:
+            return
+        if self._stats_busy:
+            self._stats_dirty = True
+            return
+        self._stats_busy = True
+        self.bridge.call(conv.stats, on_done=lambda s: self._stats(conv, s), on_error=self._stats_failed)
+
+    def _stats(self, conv: Any, stats: dict[str, Any]) -> None:
+        self._stats_busy = False
+        if conv is self.conv:
+            self.stats = stats
+            self.blocks.set_blocks(stats.get("blocks", []))
+            self.statsChanged.emit(stats)
+        if self._stats_dirty:
+            self._stats_dirty = False
+            self.refresh_stats()
+
+    def _stats_failed(self, exc: BaseException) -> None:
+        self._stats_busy = False
+        log.warning("stats failed: %s", error_text(exc))
+
+    def _on_event(self, event: Any) -> None:
+        kind = getattr(event, "kind", "")
+        message = getattr(event, "message", "") or kind
+        conv_id = getattr(event, "conversation_id", None)
+        if kind == "model_loading":
+            self._set_model_state("loading", message)
+        elif kind == "model_loaded" and self.model_info is not None:
+            self._set_model_state("ready", message)
+        elif kind == "model_unloaded":
+            self._set_model_state("unloaded", message)
+        elif kind == "prefill":
+            if conv_id in (None, self.current_id):
+                self.prefillProgress.emit(int(getattr(event, "tokens", 0)), message)
+            return
+        if kind not in MEMORY_EVENTS and kind not in ("model_unloaded", "load_failed"):
+            return
+        if conv_id not in (None, self.current_id):
+            return
+        block = getattr(event, "block", None)
+        self.events.append(kind, message if block is None or block in message else f"{kind} {block}",
+                           getattr(event, "time", None))
+        if block and kind in STATE_OF_EVENT:
+            self.blocks.set_state(block, STATE_OF_EVENT[kind])
+        if kind == "error":
+            self.errorRaised.emit(message)
+        if conv_id is not None and not self._stats_timer.isActive():
+            self._stats_timer.start()
+
+    # -- settings ---------------------------------------------------------------------------
+    def apply_settings(self, new: Any) -> None:
+        """Apply what applies now (the budget to the open conversation at once), reload for the rest."""
+        old, conv = self.settings, self.conv
+        specs = field_specs(type(new))
+        _, reload_names = changed(old, new, specs)
+
+        def work() -> list[str]:
+            names = list(self.engine.apply_settings(new) or [])
+            if conv is not None and new.budget_tokens != old.budget_tokens:
+                conv.set_budget(new.budget_tokens)
+            return names
+
+        def done(names: list[str]) -> None:
+            self.settings = self.bridge.settings = new
+            if names or reload_names:
+                self.reload(new, old)
+            else:
+                self._save(new)
+                self.settingsApplied.emit(new)
+            self.refresh_stats()
+        self.bridge.call(work, on_done=done, on_error=self._fail)
+
+    def reload(self, new: Any, old: Any) -> None:
+        self._set_model_state("loading", "Reloading model…")
+
+        def failed(exc: BaseException) -> None:
+            self.settings = self.bridge.settings = old
+            self.bridge.call(self.engine.apply_settings, old, on_error=self._fail)
+            self.errorRaised.emit(f"The new model settings did not load ({error_text(exc)}); "
+                                  f"still using {getattr(self.model_info, 'name', 'the previous model')}.")
+            self._set_model_state("ready", getattr(self.model_info, "name", ""))
+
+        def loaded(_: Any) -> None:
+            self._save(new)
+            self.settingsApplied.emit(new)
+            self.bridge.call(self.engine.model_info, on_done=self._model_ready, on_error=self._fail)
+        self.bridge.call(self.engine.reload, new, on_error=failed,
+                         on_done=lambda fut: self.bridge.track(fut, on_done=loaded, on_error=failed))
+
+    def _save(self, settings: Any) -> None:
+        try:
+            settings.save()
+        except OSError as exc:
+            self.errorRaised.emit(f"Settings could not be saved: {exc}")

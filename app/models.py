@@ -1,0 +1,200 @@
+"""Qt item models the widgets show: conversations, the memory blocks of one conversation, events.
+
+Invariant: models only hold and order data the engine reported; they decide nothing. Block
+states are the engine's strings (resident, ram, disk, dropped).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from PySide6.QtCore import QAbstractListModel, QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+
+_Index = QModelIndex | QPersistentModelIndex
+STATES = ("resident", "ram", "disk", "dropped")
+STATE_LABELS = {"resident": "resident", "ram": "in RAM", "disk": "on disk", "dropped": "dropped"}
+MEMORY_LABELS = {"slot": "slot", "ram": "RAM", "disk": "disk", "none": "cold"}
+
+IdRole = Qt.ItemDataRole.UserRole + 1
+MemoryRole = Qt.ItemDataRole.UserRole + 2
+PinnedRole = Qt.ItemDataRole.UserRole + 3
+UpdatedRole = Qt.ItemDataRole.UserRole + 4
+StateRole = Qt.ItemDataRole.UserRole + 5
+TokensRole = Qt.ItemDataRole.UserRole + 6
+
+
+@dataclass
+class ConversationRow:
+    id: str
+    title: str
+    updated_at: float
+    pinned: bool
+    memory: str
+
+    @classmethod
+    def from_info(cls, info: Any) -> ConversationRow:
+        updated = getattr(info, "updated_at", 0) or 0
+        if not isinstance(updated, int | float):      # a datetime or an ISO string
+            try:
+                updated = updated.timestamp()
+            except AttributeError:
+                updated = 0.0
+        return cls(str(info.id), info.title or "Untitled", float(updated),
+                   bool(getattr(info, "pinned", False)), str(getattr(info, "memory", "none")))
+
+
+class ConversationListModel(QAbstractListModel):
+    """Conversations, pinned first, then by last use (newest first)."""
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.rows: list[ConversationRow] = []
+
+    def set_conversations(self, infos: list[Any]) -> None:
+        rows = [ConversationRow.from_info(i) for i in infos]
+        rows.sort(key=lambda r: (not r.pinned, -r.updated_at))
+        self.beginResetModel()
+        self.rows = rows
+        self.endResetModel()
+
+    def row_of(self, conversation_id: str) -> int:
+        return next((i for i, r in enumerate(self.rows) if r.id == conversation_id), -1)
+
+    def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008, N802
+        return 0 if parent.isValid() else len(self.rows)
+
+    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid():
+            return None
+        row = self.rows[index.row()]
+        return {
+            Qt.ItemDataRole.DisplayRole: row.title,
+            Qt.ItemDataRole.ToolTipRole: f"{row.title}\nmemory: {MEMORY_LABELS.get(row.memory, row.memory)}",
+            IdRole: row.id, MemoryRole: row.memory, PinnedRole: row.pinned, UpdatedRole: row.updated_at,
+        }.get(role)
+
+
+@dataclass
+class BlockRow:
+    name: str
+    role: str
+    state: str
+    tokens: int
+    pinned: bool = False
+    shared: bool = False
+    recoveries: int = 0
+
+
+class BlockTableModel(QAbstractTableModel):
+    """The blocks of the open conversation in birth order: name, tokens, state."""
+
+    HEADERS = ("Block", "Tokens", "State")
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.rows: list[BlockRow] = []
+
+    def set_blocks(self, blocks: list[dict[str, Any]]) -> None:
+        rows = [BlockRow(str(b.get("name", "?")), str(b.get("role", "")), str(b.get("state", "resident")),
+                         int(b.get("tokens", 0)), bool(b.get("pinned")), bool(b.get("shared")),
+                         int(b.get("recoveries", 0) or 0)) for b in blocks]
+        self.beginResetModel()
+        self.rows = rows
+        self.endResetModel()
+
+    def set_state(self, name: str, state: str) -> bool:
+        """An event moved one block; True when the block is known."""
+        for i, row in enumerate(self.rows):
+            if row.name == name:
+                row.state = state
+                self.dataChanged.emit(self.index(i, 0), self.index(i, 2))
+                return True
+        return False
+
+    def tokens_by_state(self) -> dict[str, int]:
+        totals = dict.fromkeys(STATES, 0)
+        for row in self.rows:
+            totals[row.state] = totals.get(row.state, 0) + row.tokens
+        return totals
+
+    def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008, N802
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008, N802
+        return 0 if parent.isValid() else 3
+
+    def headerData(self, section: int, orientation: Qt.Orientation,  # noqa: N802
+                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
+            return self.HEADERS[section]
+        return None
+
+    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid():
+            return None
+        row = self.rows[index.row()]
+        col = index.column()
+        if role == Qt.ItemDataRole.DisplayRole:
+            return (row.name, str(row.tokens), STATE_LABELS.get(row.state, row.state))[col]
+        if role == Qt.ItemDataRole.TextAlignmentRole and col == 1:
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            extra = [f"role {row.role}"] + (["shared prefix"] if row.shared else []) + \
+                    (["pinned"] if row.pinned else []) + \
+                    ([f"recovered {row.recoveries}x"] if row.recoveries else [])
+            state = STATE_LABELS.get(row.state, row.state)
+            return f"{row.name}: {row.tokens} tokens, {state} ({', '.join(extra)})"
+        if role == StateRole:
+            return row.state
+        if role == TokensRole:
+            return row.tokens
+        return None
+
+
+@dataclass
+class EventRow:
+    time: float
+    kind: str
+    text: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class EventLogModel(QAbstractListModel):
+    """Newest-last list of memory events (evicted, recovered, ...), capped in length."""
+
+    def __init__(self, limit: int = 500, parent=None) -> None:
+        super().__init__(parent)
+        self.limit = limit
+        self.rows: list[EventRow] = []
+
+    def append(self, kind: str, text: str, when: float | None = None) -> None:
+        if len(self.rows) >= self.limit:
+            self.beginRemoveRows(QModelIndex(), 0, 0)
+            del self.rows[0]
+            self.endRemoveRows()
+        self.beginInsertRows(QModelIndex(), len(self.rows), len(self.rows))
+        self.rows.append(EventRow(when or time.time(), kind, text))
+        self.endInsertRows()
+
+    def clear(self) -> None:
+        self.beginResetModel()
+        self.rows = []
+        self.endResetModel()
+
+    def texts(self) -> list[str]:
+        return [r.text for r in self.rows]
+
+    def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008, N802
+        return 0 if parent.isValid() else len(self.rows)
+
+    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid():
+            return None
+        row = self.rows[index.row()]
+        if role == Qt.ItemDataRole.DisplayRole:
+            return f"{time.strftime('%H:%M:%S', time.localtime(row.time))}  {row.text}"
+        if role == StateRole:
+            return row.kind
+        return None

@@ -1,0 +1,34 @@
+"""Where the app's resources are (source tree or PyInstaller bundle): icons, style sheet, demo files.
+
+Invariant: read-only; a missing icon gives an empty QIcon, never an exception.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import cache
+from pathlib import Path
+
+from PySide6.QtGui import QIcon
+
+
+def resources_dir() -> Path:
+    bundle = getattr(sys, "_MEIPASS", None)
+    if bundle:
+        return Path(bundle) / "resources"
+    return Path(__file__).resolve().parent.parent / "resources"
+
+
+@cache
+def icon(name: str) -> QIcon:
+    path = resources_dir() / "icons" / f"{name}.svg"
+    return QIcon(str(path)) if path.exists() else QIcon()
+
+
+def stylesheet() -> str:
+    path = resources_dir() / "style.qss"
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def demo_file(name: str) -> Path:
+    return resources_dir() / "demo" / name

@@ -1,0 +1,152 @@
+"""The conversation as a column of message bubbles: Markdown, highlighted code, copy links.
+
+Invariant: only the last bubble is re-rendered while a reply streams; the view follows the
+bottom unless the user scrolled up.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QUrl, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSizePolicy, QTextBrowser, QVBoxLayout, QWidget
+
+from ..controller import ChatMessage
+from ..render import render_markdown, render_plain
+
+
+class AutoHeightBrowser(QTextBrowser):
+    """A QTextBrowser as tall as its document, so the outer scroll area does the scrolling."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setOpenLinks(False)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(self.verticalScrollBarPolicy().ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(self.horizontalScrollBarPolicy().ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.document().setDocumentMargin(2)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+
+    def _fit(self, *_: object) -> None:
+        height = int(self.document().size().height()) + 4
+        if self.height() != height:
+            self.setFixedHeight(height)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self.document().setTextWidth(self.viewport().width())
+        self._fit()
+
+
+class MessageBubble(QFrame):
+    """One message: a role header, the rendered body, attachment chips and a footer line."""
+
+    def __init__(self, message: ChatMessage, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.role = message.role
+        self.code_blocks: list[str] = []
+        self.setObjectName("bubble_" + message.role)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(14, 10, 14, 10)
+        layout.setSpacing(4)
+        self.header = QLabel("You" if message.role == "user" else "Assistant", objectName="bubbleHeader")
+        layout.addWidget(self.header)
+        self.chips = QLabel(objectName="attachmentLine")
+        self.chips.setWordWrap(True)
+        layout.addWidget(self.chips)
+        self.body = AutoHeightBrowser(self)
+        self.body.setObjectName("bubbleBody")
+        self.body.anchorClicked.connect(self._link)
+        layout.addWidget(self.body)
+        self.footer = QLabel(objectName="bubbleFooter")
+        layout.addWidget(self.footer)
+        self.set_message(message)
+
+    def set_message(self, message: ChatMessage) -> None:
+        self.set_text(message.text, streaming=False)
+        self.chips.setText("   ".join(f"▣ {n}" + (f"  ({size:,} chars)" if size else "")
+                                       for n, size in message.attachments))
+        self.chips.setVisible(bool(message.attachments))
+        self.footer.setText(message.meta)
+        self.footer.setVisible(bool(message.meta))
+
+    def set_text(self, text: str, *, streaming: bool) -> None:
+        if self.role == "user":
+            self.body.setHtml(render_plain(text))
+            return
+        rendered = render_markdown(text + (" ▍" if streaming else ""))
+        self.code_blocks = rendered.code_blocks
+        self.body.setHtml(rendered.html or "<p style='color:#7d8590;'>…</p>")
+
+    def text(self) -> str:
+        return self.body.toPlainText()
+
+    def _link(self, url: QUrl) -> None:
+        if url.scheme() == "copy":
+            index = int(url.path() or url.toString().split(":", 1)[1])
+            if 0 <= index < len(self.code_blocks):
+                QGuiApplication.clipboard().setText(self.code_blocks[index])
+                self.footer.setText(f"copied code block {index + 1} to the clipboard")
+                self.footer.setVisible(True)
+
+
+class ChatView(QScrollArea):
+    """The scrolling column of bubbles for the open conversation."""
+
+    codeCopied = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setObjectName("chatView")
+        inner = QWidget(objectName="chatColumn")
+        self.column = QVBoxLayout(inner)
+        self.column.setContentsMargins(24, 16, 24, 16)
+        self.column.setSpacing(12)
+        self.column.addStretch(1)
+        self.setWidget(inner)
+        self.placeholder = QLabel("Start a conversation: type below, attach files with the paper clip "
+                                  "or drop them here.", objectName="placeholder")
+        self.placeholder.setWordWrap(True)
+        self.column.insertWidget(0, self.placeholder)
+        self.bubbles: list[MessageBubble] = []
+        self._follow = True
+        self.verticalScrollBar().rangeChanged.connect(self._range_changed)
+        self.verticalScrollBar().valueChanged.connect(self._scrolled)
+
+    def reset(self, messages: list[ChatMessage]) -> None:
+        for bubble in self.bubbles:
+            bubble.setParent(None)
+            bubble.deleteLater()
+        self.bubbles = []
+        for message in messages:
+            self.add(message)
+        self.placeholder.setVisible(not messages)
+        self._follow = True
+
+    def add(self, message: ChatMessage) -> MessageBubble:
+        bubble = MessageBubble(message)
+        self.column.insertWidget(self.column.count() - 1, bubble)
+        self.bubbles.append(bubble)
+        self.placeholder.setVisible(False)
+        return bubble
+
+    def update_streaming(self, text: str) -> None:
+        if self.bubbles and self.bubbles[-1].role == "assistant":
+            self.bubbles[-1].set_text(text, streaming=True)
+
+    def finish(self, message: ChatMessage) -> None:
+        if self.bubbles and self.bubbles[-1].role == "assistant":
+            self.bubbles[-1].set_message(message)
+
+    def last_text(self) -> str:
+        return self.bubbles[-1].text() if self.bubbles else ""
+
+    def _scrolled(self, value: int) -> None:
+        bar = self.verticalScrollBar()
+        self._follow = value >= bar.maximum() - 8
+
+    def _range_changed(self, _low: int, high: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(high)

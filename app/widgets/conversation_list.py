@@ -1,0 +1,156 @@
+"""The sidebar: search by title, New, and the conversation list with a memory badge per row.
+
+Invariant: the list shows `ConversationListModel` through a title filter; actions are emitted
+as signals with the conversation id (the window confirms deletes and asks for titles).
+"""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QModelIndex, QPoint, QRect, QSize, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtGui import QColor, QFont, QPainter, QPen
+from PySide6.QtWidgets import (
+    QLineEdit,
+    QListView,
+    QMenu,
+    QPushButton,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ..models import MEMORY_LABELS, IdRole, MemoryRole, PinnedRole, UpdatedRole
+from ..resources import icon
+
+BADGE_COLORS = {"slot": "#3fb950", "ram": "#d29922", "disk": "#58a6ff", "none": "#6e7681"}
+
+
+def relative_time(ts: float, now: float | None = None) -> str:
+    if not ts:
+        return ""
+    delta = max(0.0, (now or time.time()) - ts)
+    if delta < 60:
+        return "just now"
+    if delta < 3600:
+        return f"{int(delta // 60)} min ago"
+    if delta < 86400:
+        return f"{int(delta // 3600)} h ago"
+    return time.strftime("%d %b", time.localtime(ts))
+
+
+class ConversationDelegate(QStyledItemDelegate):
+    """Title, time of last use, a pin mark and a coloured badge for where the memory is."""
+
+    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:  # noqa: N802
+        return QSize(option.rect.width(), 50)
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        rect = option.rect.adjusted(6, 3, -6, -3)
+        selected = bool(option.state & QStyle.StateFlag.State_Selected)
+        hover = bool(option.state & QStyle.StateFlag.State_MouseOver)
+        if selected or hover:
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(QColor("#2d3340" if selected else "#242a35"))
+            painter.drawRoundedRect(rect, 6, 6)
+        memory = index.data(MemoryRole) or "none"
+        badge = MEMORY_LABELS.get(memory, memory)
+        font = QFont(option.font)
+        font.setPointSizeF(font.pointSizeF() * 0.8)
+        painter.setFont(font)
+        bw = painter.fontMetrics().horizontalAdvance(badge) + 14
+        brect = QRect(rect.right() - bw - 6, rect.top() + 7, bw, 17)
+        color = QColor(BADGE_COLORS.get(memory, "#6e7681"))
+        painter.setPen(QPen(color, 1))
+        fill = QColor(color)
+        fill.setAlpha(40)
+        painter.setBrush(fill)
+        painter.drawRoundedRect(brect, 8, 8)
+        painter.drawText(brect, Qt.AlignmentFlag.AlignCenter, badge)
+        painter.setPen(QColor("#8b949e"))
+        when = relative_time(index.data(UpdatedRole) or 0)
+        pinned = bool(index.data(PinnedRole))
+        painter.drawText(rect.adjusted(12, 26, -8, 0), Qt.AlignmentFlag.AlignLeft,
+                         ("● pinned   " if pinned else "") + when)
+        title_font = QFont(option.font)
+        title_font.setBold(selected)
+        painter.setFont(title_font)
+        painter.setPen(QColor("#e6edf3"))
+        title_rect = rect.adjusted(12, 5, -(bw + 16), 0)
+        title = painter.fontMetrics().elidedText(index.data() or "", Qt.TextElideMode.ElideRight,
+                                                 title_rect.width())
+        painter.drawText(title_rect, Qt.AlignmentFlag.AlignLeft, title)
+        painter.restore()
+
+
+class ConversationSidebar(QWidget):
+    newRequested = Signal()
+    activated = Signal(str)
+    renameRequested = Signal(str)
+    deleteRequested = Signal(str)
+    pinRequested = Signal(str, bool)
+
+    def __init__(self, model, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("sidebar")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 10, 8, 8)
+        layout.setSpacing(8)
+        self.new_button = QPushButton("New conversation", objectName="newButton")
+        self.new_button.setIcon(icon("new"))
+        self.new_button.clicked.connect(self.newRequested)
+        layout.addWidget(self.new_button)
+        self.search = QLineEdit(objectName="search", placeholderText="Search titles…",
+                                clearButtonEnabled=True)
+        layout.addWidget(self.search)
+        self.proxy = QSortFilterProxyModel(self)
+        self.proxy.setSourceModel(model)
+        self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+        self.search.textChanged.connect(self.proxy.setFilterFixedString)
+        self.view = QListView(objectName="conversationList")
+        self.view.setModel(self.proxy)
+        self.view.setItemDelegate(ConversationDelegate(self.view))
+        self.view.setMouseTracking(True)
+        self.view.setUniformItemSizes(True)
+        self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.view.customContextMenuRequested.connect(self._menu)
+        self.view.clicked.connect(lambda index: self.activated.emit(index.data(IdRole)))
+        layout.addWidget(self.view, 1)
+        self._current = ""
+        model.modelReset.connect(self._reselect)
+
+    def visible_titles(self) -> list[str]:
+        return [self.proxy.index(r, 0).data() for r in range(self.proxy.rowCount())]
+
+    def visible_ids(self) -> list[str]:
+        return [self.proxy.index(r, 0).data(IdRole) for r in range(self.proxy.rowCount())]
+
+    def set_current(self, conversation_id: str) -> None:
+        self._current = conversation_id
+        self._reselect()
+
+    def _reselect(self) -> None:
+        for r in range(self.proxy.rowCount()):
+            index = self.proxy.index(r, 0)
+            if index.data(IdRole) == self._current:
+                self.view.setCurrentIndex(index)
+                return
+        self.view.clearSelection()
+
+    def _menu(self, point: QPoint) -> None:
+        index = self.view.indexAt(point)
+        if not index.isValid():
+            return
+        conversation_id, pinned = index.data(IdRole), bool(index.data(PinnedRole))
+        menu = QMenu(self)
+        menu.addAction("Open", lambda: self.activated.emit(conversation_id))
+        menu.addAction("Rename…", lambda: self.renameRequested.emit(conversation_id))
+        menu.addAction("Unpin" if pinned else "Pin",
+                       lambda: self.pinRequested.emit(conversation_id, not pinned))
+        menu.addSeparator()
+        menu.addAction("Delete…", lambda: self.deleteRequested.emit(conversation_id))
+        menu.exec(self.view.viewport().mapToGlobal(point))

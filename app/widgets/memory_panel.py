@@ -1,0 +1,191 @@
+"""The memory dock's content: counters, a block strip, the block table and the event list.
+
+Invariant: shows `BlockTableModel` and `EventLogModel` and the last stats dict; colours come
+from STATE_COLORS so the strip, the table and the legend agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QModelIndex, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QGridLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QListView,
+    QSplitter,
+    QStyledItemDelegate,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ..models import STATE_LABELS, STATES, StateRole, TokensRole
+
+STATE_COLORS = {"resident": "#3fb950", "ram": "#d29922", "disk": "#58a6ff", "dropped": "#6e7681"}
+EVENT_COLORS = {"evicted": "#d29922", "recovered": "#3fb950", "spilled": "#58a6ff", "dropped": "#8b949e",
+                "kv_rebuilt": "#db61a2", "error": "#f85149", "kv_persisted": "#58a6ff",
+                "kv_restored": "#3fb950"}
+
+
+class BlockStrip(QWidget):
+    """Every block in order as a segment whose width follows its tokens, coloured by state."""
+
+    def __init__(self, model, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.setMinimumHeight(26)
+        for sig in (model.modelReset, model.dataChanged):
+            sig.connect(self.update)
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return QSize(280, 26)
+
+    def paintEvent(self, _event) -> None:  # noqa: N802
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        rect = QRectF(self.rect()).adjusted(1, 3, -1, -3)
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(QColor("#161b22"))
+        painter.drawRoundedRect(rect, 4, 4)
+        rows = self.model.rows
+        total = sum(max(r.tokens, 1) for r in rows)
+        if not total:
+            return
+        x = rect.left()
+        for row in rows:
+            width = rect.width() * max(row.tokens, 1) / total
+            color = QColor(STATE_COLORS.get(row.state, "#6e7681"))
+            if row.shared:
+                color = color.darker(140)
+            painter.setBrush(color)
+            painter.drawRect(QRectF(x, rect.top(), max(width - 1, 1), rect.height()))
+            x += width
+
+
+class StateDelegate(QStyledItemDelegate):
+    """Draws the state column as a coloured pill."""
+
+    def paint(self, painter: QPainter, option, index: QModelIndex) -> None:
+        state = index.data(StateRole) or "resident"
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        color = QColor(STATE_COLORS.get(state, "#6e7681"))
+        r = QRectF(option.rect).adjusted(4, 4, -4, -4)
+        fill = QColor(color)
+        fill.setAlpha(45)
+        painter.setPen(QPen(color, 1))
+        painter.setBrush(fill)
+        painter.drawRoundedRect(r, r.height() / 2, r.height() / 2)
+        painter.drawText(r, Qt.AlignmentFlag.AlignCenter, STATE_LABELS.get(state, state))
+        painter.restore()
+
+
+class EventDelegate(QStyledItemDelegate):
+    def initStyleOption(self, option, index: QModelIndex) -> None:  # noqa: N802
+        super().initStyleOption(option, index)
+        option.palette.setColor(option.palette.ColorRole.Text,
+                                QColor(EVENT_COLORS.get(index.data(StateRole), "#c9d1d9")))
+
+
+def _counter(title: str) -> tuple[QLabel, QWidget]:
+    box = QWidget(objectName="counter")
+    layout = QVBoxLayout(box)
+    layout.setContentsMargins(8, 4, 8, 4)
+    layout.setSpacing(0)
+    value = QLabel("0", objectName="counterValue")
+    layout.addWidget(value)
+    layout.addWidget(QLabel(title, objectName="counterTitle"))
+    return value, box
+
+
+class MemoryPanel(QWidget):
+    def __init__(self, blocks_model, events_model, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("memoryPanel")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 8, 10, 8)
+        layout.setSpacing(8)
+        self.summary = QLabel("No conversation open", objectName="memorySummary")
+        self.summary.setWordWrap(True)
+        layout.addWidget(self.summary)
+        grid = QGridLayout()
+        grid.setSpacing(6)
+        self.counters: dict[str, QLabel] = {}
+        for i, (key, title) in enumerate((("active", "active tokens"), ("cached", "saved tokens"),
+                                          ("evictions", "evictions"), ("recoveries", "recoveries"))):
+            value, box = _counter(title)
+            self.counters[key] = value
+            grid.addWidget(box, i // 2, i % 2)
+        layout.addLayout(grid)
+        self.strip = BlockStrip(blocks_model)
+        layout.addWidget(self.strip)
+        legend = QHBoxLayout()
+        legend.setSpacing(10)
+        self.legend_labels: dict[str, QLabel] = {}
+        for state in STATES:
+            label = QLabel(objectName="legend")
+            self.legend_labels[state] = label
+            legend.addWidget(label)
+        legend.addStretch(1)
+        layout.addLayout(legend)
+        split = QSplitter(Qt.Orientation.Vertical)
+        self.table = QTableView(objectName="blockTable")
+        self.table.setModel(blocks_model)
+        self.table.setItemDelegateForColumn(2, StateDelegate(self.table))
+        self.table.verticalHeader().hide()
+        self.table.setShowGrid(False)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().setDefaultSectionSize(24)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        header.resizeSection(2, 92)
+        split.addWidget(self.table)
+        events_box = QWidget()
+        events_layout = QVBoxLayout(events_box)
+        events_layout.setContentsMargins(0, 4, 0, 0)
+        events_layout.addWidget(QLabel("Events", objectName="sectionTitle"))
+        self.events = QListView(objectName="eventList")
+        self.events.setModel(events_model)
+        self.events.setItemDelegate(EventDelegate(self.events))
+        self.events.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        events_layout.addWidget(self.events)
+        split.addWidget(events_box)
+        split.setSizes([320, 200])
+        layout.addWidget(split, 1)
+        self.blocks_model = blocks_model
+        events_model.rowsInserted.connect(lambda *_: self.events.scrollToBottom())
+        for sig in (blocks_model.modelReset, blocks_model.dataChanged):
+            sig.connect(self._update_legend)
+        self._update_legend()
+
+    def _update_legend(self, *_: Any) -> None:
+        totals = self.blocks_model.tokens_by_state()
+        for state, label in self.legend_labels.items():
+            label.setText(f"<span style='color:{STATE_COLORS[state]}'>■</span> {STATE_LABELS[state]} "
+                          f"{totals.get(state, 0)}")
+
+    def set_stats(self, stats: dict[str, Any]) -> None:
+        active, budget = int(stats.get("active_tokens", 0)), int(stats.get("budget_tokens", 0))
+        self.counters["active"].setText(f"{active} / {budget}")
+        self.counters["cached"].setText(str(stats.get("cached_tokens", 0)))
+        self.counters["evictions"].setText(str(stats.get("evictions", 0)))
+        self.counters["recoveries"].setText(str(stats.get("recoveries", 0)))
+        self.summary.setText(f"Turn {stats.get('turn', 0)} · prefix {stats.get('prefix_tokens', 0)} tokens "
+                             f"(shared) · recovery: {stats.get('recovery', '?')} · "
+                             f"memory: {stats.get('memory', '?')}")
+
+    def counts(self) -> dict[str, str]:
+        return {k: v.text() for k, v in self.counters.items()}
+
+    def block_rows(self) -> list[tuple[str, int, str]]:
+        return [(r.name, r.tokens, r.state) for r in self.blocks_model.rows]
+
+    def tokens_of(self, row: int) -> int:
+        return int(self.blocks_model.index(row, 1).data(TokensRole) or 0)

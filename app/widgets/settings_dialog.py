@@ -1,0 +1,245 @@
+"""The settings dialog, built generically from `Settings.describe()` (via `settings_form`).
+
+Invariant: one editor per declared setting, showing its default, range and when it applies;
+`applied` carries a validated Settings, never a half-valid one (errors stay in the dialog).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from .. import settings_form as form
+from ..model_finder import find_models
+from ..resources import resources_dir
+
+INT_MAX = 2**31 - 1
+
+
+class ModelPicker(QWidget):
+    """The embedded model, GGUF files found in the usual places, and Browse…"""
+
+    def __init__(self, current: str | None, models_dir, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.combo = QComboBox(objectName="modelCombo")
+        self.combo.setMinimumWidth(360)
+        for model in find_models(models_dir):
+            self.combo.addItem(model.label if model.path is None else f"{model.label} — {model.source}",
+                               model.path)
+            if model.path:
+                self.combo.setItemData(self.combo.count() - 1, model.path, Qt.ItemDataRole.ToolTipRole)
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        row.addWidget(self.combo, 1)
+        row.addWidget(browse)
+        self.set_path(current)
+
+    def set_path(self, path: str | None) -> None:
+        index = self.combo.findData(path)
+        if index < 0:
+            self.combo.addItem(f"{path}", path)
+            index = self.combo.count() - 1
+        self.combo.setCurrentIndex(index)
+
+    def path(self) -> str | None:
+        return self.combo.currentData()
+
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF model", "", "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.set_path(path)
+
+
+class SettingsDialog(QDialog):
+    applied = Signal(object)          # a validated Settings
+
+    def __init__(self, settings: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Settings — Evoke Desk")
+        self.setObjectName("settingsDialog")
+        self.resize(820, 640)
+        self.base = settings
+        self.specs = form.field_specs(type(settings))
+        self.editors: dict[str, QWidget] = {}
+        self.hints: dict[str, QLabel] = {}
+        layout = QVBoxLayout(self)
+        self.tabs = QTabWidget(objectName="settingsTabs")
+        for group, specs in form.grouped(self.specs).items():
+            self.tabs.addTab(self._page(specs), form.GROUP_TITLES.get(group, group))
+        layout.addWidget(self.tabs, 1)
+        self.error = QLabel(objectName="settingsError")
+        self.error.setWordWrap(True)
+        self.error.hide()
+        layout.addWidget(self.error)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Apply
+                                   | QDialogButtonBox.StandardButton.Cancel
+                                   | QDialogButtonBox.StandardButton.RestoreDefaults)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        buttons.button(QDialogButtonBox.StandardButton.Apply).clicked.connect(self.apply)
+        buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(self.restore_defaults)
+        self.buttons = buttons
+        layout.addWidget(buttons)
+        for spec in self.specs:
+            self.set_value(spec.name, getattr(settings, spec.name))
+
+    # -- building ---------------------------------------------------------------------------
+    def _page(self, specs: list[form.FieldSpec]) -> QWidget:
+        page = QWidget()
+        fl = QFormLayout(page)
+        fl.setLabelAlignment(Qt.AlignmentFlag.AlignRight)
+        fl.setVerticalSpacing(4)
+        fl.setHorizontalSpacing(14)
+        for spec in specs:
+            editor = self._editor(spec)
+            self.editors[spec.name] = editor
+            hint = QLabel(objectName="settingHint")
+            hint.setWordWrap(True)
+            self.hints[spec.name] = hint
+            cell = QWidget()
+            col = QVBoxLayout(cell)
+            col.setContentsMargins(0, 4, 0, 6)
+            col.setSpacing(2)
+            col.addWidget(editor)
+            col.addWidget(hint)
+            label = QLabel(spec.label + ":")
+            label.setToolTip(spec.description)
+            editor.setToolTip(spec.description)
+            fl.addRow(label, cell)
+            self._update_hint(spec)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(page)
+        return scroll
+
+    def _editor(self, spec: form.FieldSpec) -> QWidget:
+        if spec.kind == "model":
+            return ModelPicker(None, self.base.data_dir / "models")
+        if spec.kind == "prompt":
+            edit = QPlainTextEdit(objectName="promptEditor")
+            edit.setMinimumHeight(260)
+            default = resources_dir() / "system_prompt.txt"
+            edit.setPlaceholderText("Empty: the built-in prompt:\n\n" + (
+                default.read_text(encoding="utf-8") if default.exists() else ""))
+            return edit
+        if spec.kind == "choice":
+            combo = QComboBox()
+            combo.addItems(list(spec.choices or ()))
+            return combo
+        if spec.kind == "bool":
+            return QCheckBox()
+        if spec.kind == "int":
+            box = QSpinBox()
+            box.setRange(int(max(spec.low or 0, -INT_MAX)), int(min(spec.high or INT_MAX, INT_MAX)))
+            if spec.unit:
+                box.setSuffix(" " + spec.unit)
+            box.setMaximumWidth(200)
+            return box
+        if spec.kind in ("float", "bytes"):
+            box = QDoubleSpinBox()
+            if spec.kind == "bytes":
+                box.setDecimals(0)
+                box.setRange((spec.low or 0) / form.MIB, (spec.high or 0) / form.MIB)
+                box.setSuffix(" MiB")
+                box.setSingleStep(256)
+            else:
+                box.setDecimals(3)
+                box.setRange(spec.low if spec.low is not None else -1e9, spec.high if spec.high is not None else 1e9)
+                box.setSingleStep(0.05)
+            box.setMaximumWidth(200)
+            return box
+        return QLineEdit()
+
+    def _update_hint(self, spec: form.FieldSpec) -> None:
+        parts = [spec.default_text]
+        if spec.range_text():
+            parts.append(spec.range_text())
+        now = spec.applies == form.NOW
+        parts.append(f"<span style='color:{'#3fb950' if now else '#d29922'}'>{spec.applies_text}</span>")
+        self.hints[spec.name].setText(" · ".join(parts) + f"<br><span style='color:#7d8590'>"
+                                      f"{spec.description}</span>")
+
+    # -- values -----------------------------------------------------------------------------
+    def spec(self, name: str) -> form.FieldSpec:
+        return next(s for s in self.specs if s.name == name)
+
+    def set_value(self, name: str, value: Any) -> None:
+        spec, editor = self.spec(name), self.editors[name]
+        shown = form.to_editor(spec, value)
+        if isinstance(editor, ModelPicker):
+            editor.set_path(value)
+        elif isinstance(editor, QPlainTextEdit):
+            editor.setPlainText(shown or "")
+        elif isinstance(editor, QComboBox):
+            editor.setCurrentText(str(shown))
+        elif isinstance(editor, QCheckBox):
+            editor.setChecked(bool(shown))
+        elif isinstance(editor, QSpinBox | QDoubleSpinBox):
+            editor.setValue(shown)
+        elif isinstance(editor, QLineEdit):
+            editor.setText("" if shown is None else str(shown))
+
+    def value(self, name: str) -> Any:
+        spec, editor = self.spec(name), self.editors[name]
+        if isinstance(editor, ModelPicker):
+            shown: Any = editor.path()
+        elif isinstance(editor, QPlainTextEdit):
+            shown = editor.toPlainText()
+        elif isinstance(editor, QComboBox):
+            shown = editor.currentText()
+        elif isinstance(editor, QCheckBox):
+            shown = editor.isChecked()
+        elif isinstance(editor, QSpinBox | QDoubleSpinBox):
+            shown = editor.value()
+        else:
+            shown = editor.text()
+        return form.from_editor(spec, shown)
+
+    def values(self) -> dict[str, Any]:
+        return {spec.name: self.value(spec.name) for spec in self.specs}
+
+    def result_settings(self) -> Any:
+        """The settings the editors describe; ValueError with a readable message when invalid."""
+        return form.build(self.base, self.values(), self.specs)
+
+    def restore_defaults(self) -> None:
+        for spec in self.specs:
+            self.set_value(spec.name, spec.default)
+
+    def apply(self) -> bool:
+        try:
+            new = self.result_settings()
+        except (ValueError, TypeError) as exc:
+            self.error.setText(f"Not applied: {exc}")
+            self.error.show()
+            return False
+        self.error.hide()
+        self.base = new
+        self.applied.emit(new)
+        return True
+
+    def accept(self) -> None:
+        if self.apply():
+            super().accept()

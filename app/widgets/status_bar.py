@@ -1,0 +1,81 @@
+"""The status bar: model and device, tokens/s, time to first token, and the active-KV gauge.
+
+Invariant: it only formats what the controller reports; the gauge turns amber above the high
+watermark and red over the budget.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
+
+
+class StatusBar(QStatusBar):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("statusBar")
+        self.state = QLabel("Loading model…", objectName="statusState")
+        self.busy = QProgressBar(objectName="busy", maximumWidth=120, maximumHeight=12, textVisible=False)
+        self.busy.setRange(0, 0)
+        self.model = QLabel("", objectName="statusModel")
+        self.device = QLabel("", objectName="statusDevice")
+        self.speed = QLabel("— tok/s", objectName="statusSpeed")
+        self.ttft = QLabel("TTFT —", objectName="statusTtft")
+        self.gauge = QProgressBar(objectName="gauge", minimumWidth=220, maximumWidth=280, maximumHeight=16)
+        self.gauge.setFormat("KV 0 / 0")
+        self.gauge.setRange(0, 1)
+        self.gauge.setValue(0)
+        self.addWidget(self.state)
+        self.addWidget(self.busy)
+        for widget in (self.model, self.device, self.speed, self.ttft, self.gauge):
+            self.addPermanentWidget(widget)
+        self.high_watermark = 0.92
+        self.active = self.budget = 0
+
+    def set_model_state(self, state: str, detail: str) -> None:
+        text = {"loading": detail or "Loading model…", "ready": "Ready", "failed": "Model failed to load",
+                "unloaded": "Model unloaded (idle); it reloads on the next message"}.get(state, detail)
+        self.state.setText(text)
+        self.busy.setVisible(state == "loading")
+        if state == "loading":
+            self.busy.setRange(0, 0)
+
+    def set_model_info(self, info: Any) -> None:
+        self.model.setText(getattr(info, "name", "?"))
+        self.model.setToolTip(f"{getattr(info, 'path', '')}\n{getattr(info, 'description', '')}\n"
+                              f"context {getattr(info, 'n_ctx', '?')} · KV {getattr(info, 'kv_cache_type', '?')}")
+        device = getattr(info, "device", "CPU")
+        layers = getattr(info, "n_gpu_layers", 0)
+        self.device.setText(f"{device} · {layers} GPU layers" if device != "CPU" else "CPU")
+
+    def set_prefill(self, done: int, message: str) -> None:
+        self.state.setText(f"Prefill {message or done}")
+        self.busy.setVisible(True)
+        try:
+            got, total = (int(x) for x in message.split("/"))
+            self.busy.setRange(0, total)
+            self.busy.setValue(got)
+        except ValueError:
+            self.busy.setRange(0, 0)
+
+    def set_generating(self, generating: bool) -> None:
+        self.state.setText("Generating…" if generating else "Ready")
+        self.busy.setVisible(generating)
+        self.busy.setRange(0, 0)
+
+    def set_metrics(self, ttft: float, rate: float) -> None:
+        self.speed.setText(f"{rate:.1f} tok/s")
+        self.ttft.setText(f"TTFT {ttft * 1000:.0f} ms" if ttft < 10 else f"TTFT {ttft:.1f} s")
+
+    def set_stats(self, stats: dict[str, Any]) -> None:
+        self.active = int(stats.get("active_tokens", 0))
+        self.budget = max(1, int(stats.get("budget_tokens", 1)))
+        self.gauge.setRange(0, self.budget)
+        self.gauge.setValue(min(self.active, self.budget))
+        self.gauge.setFormat(f"KV {self.active} / {self.budget} tokens")
+        level = "over" if self.active > self.budget else (
+            "high" if self.active > self.budget * self.high_watermark else "ok")
+        self.gauge.setProperty("level", level)
+        self.gauge.style().unpolish(self.gauge)
+        self.gauge.style().polish(self.gauge)

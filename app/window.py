@@ -1,0 +1,246 @@
+"""The main window: sidebar, conversation, input, memory dock and status bar, wired to the controller.
+
+Invariant: the window only connects controller signals to widgets and user actions to
+controller methods; modal questions go through `confirm` / `ask_text` / `pick_files`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QSplitter,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from . import dialogs
+from .controller import ChatController
+from .resources import icon
+from .widgets.chat_view import ChatView
+from .widgets.conversation_list import ConversationSidebar
+from .widgets.input_bar import InputBar
+from .widgets.memory_panel import MemoryPanel
+from .widgets.settings_dialog import SettingsDialog
+from .widgets.status_bar import StatusBar
+
+
+class ErrorBanner(QWidget):
+    """A dismissible line above the conversation for readable errors (the app stays usable)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("errorBanner")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(14, 8, 8, 8)
+        self.label = QLabel(objectName="errorText")
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        close = QToolButton(text="×", objectName="bannerClose")
+        close.clicked.connect(self.hide)
+        row.addWidget(self.label, 1)
+        row.addWidget(close)
+        self.hide()
+
+    def show_message(self, text: str) -> None:
+        self.label.setText(text)
+        self.show()
+
+    def text(self) -> str:
+        return self.label.text() if self.isVisible() else ""
+
+
+class MainWindow(QMainWindow):
+    closed = Signal()
+
+    def __init__(self, controller: ChatController, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.confirm = dialogs.confirm
+        self.ask_text = dialogs.ask_text
+        self.pick_files = dialogs.pick_files
+        self.settings_dialog: SettingsDialog | None = None
+        self.setWindowTitle("Evoke Desk")
+        self.setWindowIcon(icon("evoke-desk"))
+        self.setAcceptDrops(True)
+        self.resize(1440, 900)
+        self._build()
+        self._wire()
+
+    # -- layout -----------------------------------------------------------------------------
+    def _build(self) -> None:
+        c = self.controller
+        self.sidebar = ConversationSidebar(c.conversations)
+        self.sidebar.setMinimumWidth(220)
+        self.title = QLabel("Evoke Desk", objectName="conversationTitle")
+        self.banner = ErrorBanner()
+        self.chat = ChatView()
+        self.input = InputBar()
+        centre = QWidget(objectName="centre")
+        col = QVBoxLayout(centre)
+        col.setContentsMargins(0, 0, 0, 0)
+        col.setSpacing(0)
+        header = QWidget(objectName="header")
+        hl = QHBoxLayout(header)
+        hl.setContentsMargins(24, 10, 12, 10)
+        hl.addWidget(self.title, 1)
+        col.addWidget(header)
+        col.addWidget(self.banner)
+        col.addWidget(self.chat, 1)
+        col.addWidget(self.input)
+        split = QSplitter(Qt.Orientation.Horizontal, objectName="mainSplit")
+        split.addWidget(self.sidebar)
+        split.addWidget(centre)
+        split.setStretchFactor(1, 1)
+        split.setSizes([270, 800])
+        self.setCentralWidget(split)
+        self.memory = MemoryPanel(c.blocks, c.events)
+        self.memory_dock = QDockWidget("Memory", self, objectName="memoryDock")
+        self.memory_dock.setWidget(self.memory)
+        self.memory_dock.setMinimumWidth(340)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.memory_dock)
+        self.resizeDocks([self.memory_dock], [400], Qt.Orientation.Horizontal)
+        self.status = StatusBar()
+        self.setStatusBar(self.status)
+        toolbar = self.addToolBar("Main")
+        toolbar.setObjectName("mainToolbar")
+        toolbar.setMovable(False)
+        toolbar.setIconSize(QSize(18, 18))
+        toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.new_action = QAction(icon("new"), "New", self, shortcut=QKeySequence.StandardKey.New,
+                                  triggered=c.new_conversation)
+        self.settings_action = QAction(icon("settings"), "Settings", self, shortcut=QKeySequence("Ctrl+,"),
+                                       triggered=self.open_settings)
+        self.memory_action = self.memory_dock.toggleViewAction()
+        self.memory_action.setIcon(icon("memory"))
+        self.memory_action.setText("Memory")
+        self.memory_action.setShortcut(QKeySequence("Ctrl+M"))
+        for action in (self.new_action, self.settings_action, self.memory_action):
+            toolbar.addAction(action)
+        menu = self.menuBar().addMenu("&File")
+        menu.addAction(self.new_action)
+        menu.addAction("Attach files…", self.attach_files)
+        menu.addSeparator()
+        menu.addAction(self.settings_action)
+        menu.addSeparator()
+        menu.addAction("Quit", QKeySequence.StandardKey.Quit, self.close)
+        view = self.menuBar().addMenu("&View")
+        view.addAction(self.memory_action)
+
+    def _wire(self) -> None:
+        c = self.controller
+        c.modelStateChanged.connect(self._model_state)
+        c.modelInfoChanged.connect(self.status.set_model_info)
+        c.currentChanged.connect(self._current_changed)
+        c.messagesReset.connect(self.chat.reset)
+        c.messageAdded.connect(self.chat.add)
+        c.replyProgress.connect(self.chat.update_streaming)
+        c.replyFinished.connect(self.chat.finish)
+        c.generatingChanged.connect(self.input.set_generating)
+        c.generatingChanged.connect(self.status.set_generating)
+        c.statsChanged.connect(self.status.set_stats)
+        c.statsChanged.connect(self.memory.set_stats)
+        c.turnMetrics.connect(self.status.set_metrics)
+        c.prefillProgress.connect(self.status.set_prefill)
+        c.attachmentsChanged.connect(self.input.set_attachments)
+        c.errorRaised.connect(self.banner.show_message)
+        c.settingsApplied.connect(lambda s: setattr(self.status, "high_watermark", s.high_watermark))
+        self.sidebar.newRequested.connect(c.new_conversation)
+        self.sidebar.activated.connect(c.open_conversation)
+        self.sidebar.renameRequested.connect(self.rename_conversation)
+        self.sidebar.deleteRequested.connect(self.delete_conversation)
+        self.sidebar.pinRequested.connect(c.pin_conversation)
+        self.input.submitted.connect(self.send)
+        self.input.stopClicked.connect(c.stop)
+        self.input.attachClicked.connect(self.attach_files)
+        self.input.removeAttachment.connect(c.remove_attachment)
+        self.input.prompt.filesDropped.connect(self.attach_paths)
+        self.input.prompt.largePaste.connect(self.offer_paste_as_file)
+        self.input.set_ready(False)
+
+    # -- reactions --------------------------------------------------------------------------
+    def _model_state(self, state: str, detail: str) -> None:
+        self.status.set_model_state(state, detail)
+        self.input.set_ready(state in ("ready", "unloaded"))
+
+    def _current_changed(self, conversation_id: str, title: str) -> None:
+        self.title.setText(title)
+        self.setWindowTitle(f"{title} — Evoke Desk")
+        self.sidebar.set_current(conversation_id)
+        self.input.prompt.setFocus()
+
+    # -- user actions -----------------------------------------------------------------------
+    def send(self, text: str) -> None:
+        if self.controller.send(text):
+            self.input.clear()
+            self.banner.hide()
+
+    def attach_files(self) -> None:
+        self.attach_paths(self.pick_files(self))
+
+    def attach_paths(self, paths: list[str]) -> None:
+        for path in paths:
+            self.controller.attach_file(path)
+
+    def offer_paste_as_file(self, text: str) -> None:
+        lines = text.count("\n") + 1
+        if self.confirm(self, "Large paste", f"The pasted text has {len(text):,} characters in {lines} lines.\n"
+                        "Attach it as a file? (It becomes file blocks the memory manager can evict and "
+                        "recover.)", "Attach as file"):
+            self.controller.attach_paste(text)
+        else:
+            self.input.prompt.insertPlainText(text)
+
+    def rename_conversation(self, conversation_id: str) -> None:
+        row = self.controller.conversations.row_of(conversation_id)
+        old = self.controller.conversations.rows[row].title if row >= 0 else ""
+        title = self.ask_text(self, "Rename conversation", "Title:", old)
+        if title:
+            self.controller.rename_conversation(conversation_id, title)
+
+    def delete_conversation(self, conversation_id: str) -> None:
+        row = self.controller.conversations.row_of(conversation_id)
+        title = self.controller.conversations.rows[row].title if row >= 0 else "this conversation"
+        if self.confirm(self, "Delete conversation", f"Delete “{title}” and its saved memory? "
+                        "This cannot be undone.", "Delete"):
+            self.controller.delete_conversation(conversation_id)
+
+    def open_settings(self) -> SettingsDialog:
+        dialog = SettingsDialog(self.controller.settings, self)
+        dialog.applied.connect(self.controller.apply_settings)
+        self.settings_dialog = dialog
+        dialog.open()
+        return dialog
+
+    # -- drag and drop ----------------------------------------------------------------------
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802
+        if event.mimeData().hasUrls():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802
+        paths = [u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()]
+        if paths:
+            self.attach_paths(paths)
+            event.acceptProposedAction()
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        if self.controller.generating:
+            self.controller.stop()
+        self.closed.emit()
+        super().closeEvent(event)
+
+    def grab_after(self, ms: int, path: str, widget: Any = None, then: Any = None) -> None:
+        """Save a PNG of `widget` (the window by default) after `ms`, then call `then`."""
+        def shoot() -> None:
+            (widget or self).grab().save(path)
+            if then is not None:
+                then()
+        QTimer.singleShot(ms, shoot)
