@@ -1,0 +1,37 @@
+# Evoke Desk: `make run` starts the app, `make test` runs every test. Both install first.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export QT_QPA_PLATFORM ?= offscreen
+
+.PHONY: install run chat test test-fast lint bench gpu clean
+
+$(STAMP): pyproject.toml packaging/install.sh native/rope_reanchor.c
+	bash packaging/install.sh
+	bash native/build.sh
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	@if [ -f app/__main__.py ]; then unset QT_QPA_PLATFORM; $(PY) -m app; else $(PY) -m evoke_engine chat; fi
+
+chat: install
+	$(PY) -m evoke_engine chat
+
+test: install
+	$(VENV)/bin/ruff check evoke_engine app tests
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+bench: install
+	$(PY) -m evoke_engine.bench restore --json
+	$(PY) -m evoke_engine.bench recall --json --seeds 10 --budget 512
+
+gpu:
+	bash native/build_cuda.sh
+
+clean:
+	rm -rf $(VENV) native/build

@@ -1,0 +1,103 @@
+"""`python -m evoke_engine chat`: the headless way to chat, with /stats for the memory counters.
+
+Invariant: the terminal shows every reply as it streams; Ctrl-C stops a reply, not the program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from . import Engine, EvokeError, Settings
+
+HELP = """commands: /stats  /blocks  /attach FILE  /budget N  /new  /quit"""
+
+
+def chat(args: argparse.Namespace) -> int:
+    overrides = {k: v for k, v in {"model_path": args.model, "budget_tokens": args.budget,
+                                   "recovery": args.recovery}.items() if v is not None}
+    try:
+        settings = Settings.load(**overrides)
+        print(f"loading {settings.model_path or 'the embedded SmolLM2-135M-Instruct'} ...", flush=True)
+        engine = Engine(settings)
+    except (EvokeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    info = engine.model_info()
+    print(f"{info.name} on {info.device}, context {info.n_ctx}, budget {settings.budget_tokens} tokens. {HELP}")
+    conv = engine.new_conversation()
+    attachments: list[tuple[str, str]] = []
+    try:
+        while True:
+            try:
+                line = input("\nyou> ")
+            except EOFError:
+                break
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/quit", "/exit"):
+                break
+            if text == "/stats":
+                stats = conv.stats()
+                print(json.dumps({k: v for k, v in stats.items() if k not in ("blocks", "events")}, indent=1))
+                continue
+            if text == "/blocks":
+                for block in conv.stats()["blocks"]:
+                    print(f"  {block['name']:<28} {block['state']:<9} {block['tokens']:>5} tokens")
+                continue
+            if text.startswith("/attach "):
+                path = Path(text.split(" ", 1)[1]).expanduser()
+                try:
+                    attachments.append((path.name, path.read_text(errors="replace")))
+                    print(f"attached {path.name}; it goes with your next message")
+                except OSError as exc:
+                    print(f"cannot read {path}: {exc.strerror}")
+                continue
+            if text.startswith("/budget "):
+                try:
+                    conv.set_budget(int(text.split()[1]))
+                except (ValueError, EvokeError) as exc:
+                    print(f"error: {exc}")
+                continue
+            if text == "/new":
+                conv = engine.new_conversation()
+                print("new conversation")
+                continue
+            print("evoke> ", end="", flush=True)
+            future = conv.submit(text, attachments, on_token=lambda p: print(p, end="", flush=True))
+            attachments = []
+            try:
+                reply = future.result()
+            except KeyboardInterrupt:
+                conv.cancel()
+                reply = future.result()
+            except EvokeError as exc:
+                print(f"\nerror: {exc}")
+                continue
+            stats = conv.stats()
+            print(f"\n[{reply.n_tokens} tokens, {reply.tokens_per_s:.1f} tok/s, first token {reply.ttft_s:.2f} s, "
+                  f"active {stats['active_tokens']}/{stats['budget_tokens']}, evictions {stats['evictions']}, "
+                  f"recoveries {stats['recoveries']}]")
+    finally:
+        engine.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evoke_engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("chat", help="chat in the terminal")
+    p.add_argument("--model", help="GGUF file (default: the embedded model)")
+    p.add_argument("--budget", type=int, help="active KV tokens per conversation")
+    p.add_argument("--recovery", choices=["kv_restore", "breadcrumb", "discard", "none"])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    return chat(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

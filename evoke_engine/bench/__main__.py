@@ -1,0 +1,74 @@
+"""`python -m evoke_engine.bench <name> --json`: measurements that print JSON.
+
+Invariant: each command prints one JSON object (with machine facts) on stdout and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import sys
+
+
+def machine() -> dict:
+    return {"machine": platform.machine(), "processor": _cpu_name(), "cores": os.cpu_count(),
+            "python": platform.python_version(), "date": datetime.date.today().isoformat()}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m evoke_engine.bench")
+    sub = parser.add_subparsers(dest="name", required=True)
+    p = sub.add_parser("restore", help="save+restore against re-prefill")
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--sizes", default="32,128,512,1024")
+    p.add_argument("--model", default=None)
+    p.add_argument("--n-ctx", type=int, default=4096)
+    p.add_argument("--n-gpu-layers", type=int, default=-1)
+    p = sub.add_parser("recall", help="attached-document passkey recall per recovery backend")
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--budget", type=int, default=512)
+    p.add_argument("--backends", default="none,discard,breadcrumb,kv_restore")
+    for name in ("switch", "reopen", "prewarm"):
+        p = sub.add_parser(name)
+        p.add_argument("--tokens", type=int, default=None)
+        p.add_argument("--trials", type=int, default=3)
+    for p in sub.choices.values():
+        p.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+    if args.name == "restore":
+        from .restore import run
+
+        result = run(tuple(int(s) for s in args.sizes.split(",")), trials=args.trials, n_ctx=args.n_ctx,
+                     model_path=args.model, n_gpu_layers=args.n_gpu_layers)
+    elif args.name == "recall":
+        from .recall import run
+
+        result = run(seeds=args.seeds, budget=args.budget, backends=tuple(args.backends.split(",")))
+    else:
+        from . import conversations
+
+        result = getattr(conversations, f"run_{args.name}")(tokens=args.tokens, trials=args.trials)
+    result["machine"] = machine()
+    json.dump(result, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

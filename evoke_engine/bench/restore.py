@@ -1,0 +1,108 @@
+"""`bench restore`: save + restore of a block against re-prefilling the same tokens, side by side.
+
+Invariant: every figure comes from the same context in one run (median of `trials`); the
+restore time includes re-anchoring and whatever K-shift cost the next decode pays.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from ..kv import KVCache, SavedKV
+from ..runtime import Runtime
+from ..settings import Settings
+
+SIZES = (32, 128, 512, 1024)
+
+
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000
+
+
+def _document(rt: Runtime, n_tokens: int) -> list[int]:
+    text = "\n".join(f"Section {i}: the service reads its configuration, validates field {i}, "
+                     f"and logs the value {i * 37 % 1000} before continuing." for i in range(400))
+    tokens = rt.tokenize(text)
+    assert len(tokens) >= n_tokens
+    return tokens[:n_tokens]
+
+
+def _next_decode_ms(rt: Runtime, kv: KVCache, seq: int, token: int) -> float:
+    """Time one token decoded at the tail, then remove it again."""
+    pos = kv.pos_max(seq) + 1
+    start = time.perf_counter()
+    rt.decode([token], seq, pos)
+    elapsed = _ms(start)
+    kv.drop(seq, pos, -1)
+    return elapsed
+
+
+def measure(rt: Runtime, kv: KVCache, n: int, trials: int, context_tokens: int) -> dict:
+    seq, probe = 0, 1
+    kv.drop(seq)
+    tokens = _document(rt, context_tokens + n)
+    rt.decode(tokens[:context_tokens], seq, 0, logits_last=False)
+    block = tokens[context_tokens - n:context_tokens]          # the last n tokens of the context
+    p0 = context_tokens - n
+    rows: dict[str, list[float]] = {k: [] for k in ("save", "restore", "restore_call", "next_decode_extra",
+                                                    "llama_shift_restore", "reprefill")}
+    for _ in range(trials):
+        baseline = statistics.median(_next_decode_ms(rt, kv, seq, probe) for _ in range(3))
+        start = time.perf_counter()
+        saved = kv.save(seq, p0, p0 + n)
+        rows["save"].append(_ms(start))
+        kv.evict(seq, p0, p0 + n)
+        kv.flush_pending_shifts()
+        # re-anchored restore at a new position: the tail after a 16-token gap of other text
+        gap = tokens[context_tokens:context_tokens + 16]
+        rt.decode(gap, seq, kv.pos_max(seq) + 1, logits_last=False)
+        at = kv.pos_max(seq) + 1
+        copy = SavedKV(bytearray(saved.data), saved.origin_pos, saved.n_tokens)
+        start = time.perf_counter()
+        kv.restore(copy, seq, at)
+        rows["restore_call"].append(_ms(start))
+        extra = max(0.0, _next_decode_ms(rt, kv, seq, probe) - baseline)
+        rows["next_decode_extra"].append(extra)
+        rows["restore"].append(rows["restore_call"][-1] + extra)
+        # the same restore through llama.cpp's own K-shift (what the native rotation replaces)
+        kv.drop(seq, at, -1)
+        geometry, kv.geometry = kv.geometry, None
+        copy = SavedKV(bytearray(saved.data), saved.origin_pos, saved.n_tokens)
+        start = time.perf_counter()
+        kv.restore(copy, seq, at)
+        call = _ms(start)
+        kv.geometry = geometry
+        rows["llama_shift_restore"].append(call + max(0.0, _next_decode_ms(rt, kv, seq, probe) - baseline))
+        kv.drop(seq, at, -1)
+        # re-prefill: decode the same tokens at the same tail position
+        start = time.perf_counter()
+        rt.decode(block, seq, at)
+        rows["reprefill"].append(_ms(start))
+        kv.drop(seq, at - len(gap), -1)
+        rt.decode(block, seq, at - len(gap), logits_last=False)    # back to the original layout
+        kv.flush_pending_shifts()
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    return {"tokens": n, "bytes": len(saved.data), "save_ms": round(med["save"], 3),
+            "restore_ms": round(med["restore"], 3), "restore_call_ms": round(med["restore_call"], 3),
+            "next_decode_extra_ms": round(med["next_decode_extra"], 3),
+            "llama_shift_restore_ms": round(med["llama_shift_restore"], 3),
+            "reprefill_ms": round(med["reprefill"], 2),
+            "speedup": round(med["reprefill"] / (med["save"] + med["restore"]), 1),
+            "speedup_with_llama_shift": round(med["reprefill"] / (med["save"] + med["llama_shift_restore"]), 1)}
+
+
+def run(sizes: tuple[int, ...] = SIZES, trials: int = 5, n_ctx: int = 4096, model_path: str | None = None,
+        context_tokens: int = 1536, n_gpu_layers: int = -1) -> dict:
+    settings = Settings(model_path=model_path, n_ctx=n_ctx, slots=2, n_gpu_layers=n_gpu_layers)
+    rt = Runtime(settings)
+    try:
+        kv = KVCache(rt)
+        rows = [measure(rt, kv, n, trials, max(context_tokens, n + 64)) for n in sizes]
+        info = rt.info()
+        return {"bench": "restore", "model": info.name, "model_desc": info.description, "device": info.device,
+                "n_ctx": rt.n_ctx, "kv_cache_type": settings.kv_cache_type, "trials": trials,
+                "native_reanchor": kv.geometry is not None, "reanchor_note": kv.reanchor_note,
+                "rows": rows}
+    finally:
+        rt.close()

@@ -1,0 +1,195 @@
+"""KV primitives on the real embedded model: round trips, re-anchoring, pending shifts, sharing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evoke_engine.kv import KVCache, SavedKV
+from evoke_engine.runtime import Runtime
+from evoke_engine.settings import Settings
+
+TEXT = " ".join(f"Item {i}: the parser reads field {i} and stores the value {i * 13 % 97} in the table."
+                for i in range(80))
+NEEDLE_DOC = ("<|im_start|>user\n" + " ".join(f"Line {i}: the pump in room {i} runs quietly." for i in range(12))
+              + " The passkey is 7431. " + " ".join(f"Line {i}: the fan in hall {i} is clean." for i in range(12, 30))
+              + "\nWhat is the passkey?<|im_end|>\n<|im_start|>assistant\nThe passkey is")
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    rt = Runtime(Settings(n_ctx=4096, slots=2, home=str(tmp_path_factory.mktemp("kv"))))
+    kv = KVCache(rt)
+    yield rt, kv
+    rt.close()
+
+
+@pytest.fixture()
+def clean(rig):
+    rt, kv = rig
+    for seq in range(rt.n_seq_max):
+        kv.drop(seq)
+    kv.shift_pending = False
+    return rt, kv
+
+
+def greedy(rt: Runtime, kv: KVCache, seq: int, n: int) -> list[int]:
+    out = []
+    for _ in range(n):
+        token = int(np.argmax(rt.logits()))
+        out.append(token)
+        rt.decode([token], seq, kv.pos_max(seq) + 1)
+    return out
+
+
+def test_native_reanchor_is_calibrated_on_the_default_model(clean):
+    rt, kv = clean
+    assert kv.reanchor_note == ""
+    assert kv.geometry is not None and kv.calibration_error < 1e-3
+
+
+def _needle(rt: Runtime) -> tuple[list[int], int, int]:
+    tokens = rt.tokenize(NEEDLE_DOC)
+    key = rt.tokenize(" The passkey is 7431.")
+    start = next(i for i in range(len(tokens)) if tokens[i:i + len(key)] == key)
+    return tokens, start - 40, start + 40                       # an 80-token block around the needle
+
+
+def test_round_trip_at_original_position_continues_identically(clean):
+    rt, kv = clean
+    tokens, p0, p1 = _needle(rt)
+    n = len(tokens)
+    rt.decode(tokens, 0, 0)
+    reference_logits = rt.logits()
+    reference = greedy(rt, kv, 0, 6)
+    assert "7431" in rt.detokenize(reference).replace(" ", "")
+    kv.drop(0)
+
+    rt.decode(tokens[:-1], 0, 0)
+    saved = kv.save(0, p0, p1)
+    kv.evict(0, p0, p1, compact=False)
+    kv.restore(saved, 0, p0)
+    assert kv.pos_max(0) == n - 2
+    rt.decode(tokens[-1:], 0, n - 1)
+    logits = rt.logits()
+    assert np.abs(logits - reference_logits).max() < 1.0
+    assert greedy(rt, kv, 0, 6) == reference
+
+
+def test_without_the_restore_the_needle_is_lost(clean):
+    """Control for the round trip: the evicted block really carries the answer."""
+    rt, kv = clean
+    tokens, p0, p1 = _needle(rt)
+    rt.decode(tokens[:-1], 0, 0)
+    kv.evict(0, p0, p1)
+    rt.decode(tokens[-1:], 0, kv.pos_max(0) + 1)
+    assert "7431" not in rt.detokenize(greedy(rt, kv, 0, 6)).replace(" ", "")
+
+
+def test_block_restored_at_the_tail_still_answers(clean):
+    """Evicted with compaction, later spliced back at the tail (re-anchored): the needle is recalled."""
+    rt, kv = clean
+    tokens, p0, p1 = _needle(rt)
+    question = rt.tokenize("\nWhat is the passkey?<|im_end|>\n<|im_start|>assistant\nThe passkey is")
+    body = tokens[:len(tokens) - len(question)]
+    rt.decode(body, 0, 0, logits_last=False)
+    saved = kv.save(0, p0, p1)
+    kv.evict(0, p0, p1)
+    tail = kv.pos_max(0) + 1
+    before = kv.native_reanchors
+    kv.restore(saved, 0, tail)
+    assert kv.native_reanchors == before + 1
+    assert kv.pos_max(0) == tail + (p1 - p0) - 1
+    rt.decode(question, 0, kv.pos_max(0) + 1)
+    assert "7431" in rt.detokenize(greedy(rt, kv, 0, 6)).replace(" ", "")
+
+
+def test_restore_at_a_new_position_matches_llama_cpp_shift(clean):
+    """The native re-anchor and llama.cpp's own K-shift give the same next-token logits."""
+    rt, kv = clean
+    tokens = rt.tokenize(TEXT)[:500]
+    rt.decode(tokens[:300], 0, 0)
+    saved = kv.save(0, 50, 150)
+    kv.evict(0, 50, 150)
+    assert kv.pos_max(0) == 199
+    rt.decode(tokens[300:320], 0, 200)                    # applies the compaction shift too
+
+    results = []
+    for native in (True, False):
+        seq = 0 if native else 1
+        if not native:
+            kv.share(0, 1, 0, 220)
+            kv.drop(1, 220, -1)
+        geometry = kv.geometry
+        if not native:
+            kv.geometry = None
+        try:
+            kv.restore(SavedKV(bytearray(saved.data), saved.origin_pos, saved.n_tokens), seq, 220)
+        finally:
+            kv.geometry = geometry
+        assert kv.pos_max(seq) == 319                      # contiguous: 220 + 100 tokens
+        rt.decode(tokens[400:404], seq, 320)
+        results.append((rt.logits(), greedy(rt, kv, seq, 6)))
+        if native:
+            kv.drop(0, 320, -1)
+    (native_logits, native_tokens), (shift_logits, shift_tokens) = results
+    print("native vs shift", np.abs(native_logits - shift_logits).max(), native_tokens, shift_tokens)
+    assert np.abs(native_logits - shift_logits).max() < 1.0
+    assert native_tokens == shift_tokens
+
+
+def test_save_after_compaction_applies_the_pending_shift_first(clean):
+    """Saving cells that carry a pending K-shift would store stale K (DESIGN fact 2)."""
+    rt, kv = clean
+    tokens = rt.tokenize(TEXT)[:300]
+    rt.decode(tokens, 0, 0)
+    kv.evict(0, 20, 120)                                   # [120, 300) now pending a shift to [20, 200)
+    assert kv.shift_pending
+    guarded = kv.save(0, 100, 164)                         # save() must flush first
+    assert not kv.shift_pending and kv.shift_flushes >= 1
+
+    kv.drop(0)
+    rt.decode(tokens, 0, 0)
+    kv.evict(0, 20, 120)
+    kv.shift_pending = False                               # pretend nothing is pending: the hazard
+    stale = kv.save(0, 100, 164)
+    kv.shift_pending = True
+    kv.flush_pending_shifts()
+    settled = kv.save(0, 100, 164)                         # after an explicit decode: the truth
+
+    assert bytes(guarded.data) == bytes(settled.data)
+    assert bytes(stale.data) != bytes(settled.data)
+
+
+def test_shared_prefix_cells_are_never_shifted(clean):
+    rt, kv = clean
+    prefix_seq = rt.prefix_seqs[0]
+    tokens = rt.tokenize(TEXT)[:260]
+    rt.decode(tokens[:60], prefix_seq, 0, logits_last=False)
+    before = bytes(kv._state_of(prefix_seq))
+    kv.share(prefix_seq, 0, 0, 60)
+    rt.decode(tokens[60:260], 0, 60)
+    kv.evict(0, 80, 180)                                   # compaction of the conversation only
+    rt.decode(tokens[:1], 0, kv.pos_max(0) + 1)            # applies the shift
+    assert kv.pos_max(prefix_seq) == 59
+    assert kv.pos_min(0) == 0 and kv.pos_max(0) == 160
+    assert bytes(kv._state_of(prefix_seq)) == before
+
+
+def test_runtime_refuses_calls_from_another_thread(clean):
+    import threading
+
+    rt, _ = clean
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(_call(rt.tokenize, "hello")))
+    thread.start()
+    thread.join()
+    assert isinstance(errors[0], RuntimeError)
+
+
+def _call(fn, *args):
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001
+        return exc
+    return None

@@ -1,0 +1,49 @@
+"""Settings: every default validates, bad values are refused with the reason, files round-trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from evoke_engine.settings import Settings
+
+
+def test_every_default_is_valid_and_described(tmp_path):
+    settings = Settings(home=str(tmp_path))
+    for row in Settings.describe():
+        assert row["description"] and row["group"] and row["applies"] in ("now", "reload")
+        assert getattr(settings, row["name"]) == row["default"]
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"budget_tokens": 10}, "budget_tokens"), ({"recovery": "magic"}, "choose one of"),
+    ({"low_watermark": 0.95}, "below"), ({"kv_cache_type": "q4_0"}, "kv_cache_type")])
+def test_bad_values_are_refused(tmp_path, change, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        Settings(home=str(tmp_path), **change)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    settings = Settings(home=str(tmp_path), budget_tokens=999, recovery="discard")
+    path = settings.save()
+    loaded = Settings.load(home=str(tmp_path))
+    assert path.exists() and loaded.budget_tokens == 999 and loaded.recovery == "discard"
+
+
+def test_unknown_and_invalid_files_fall_back(tmp_path):
+    path = tmp_path / "config" / "settings.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"budget_tokens": 700, "no_such_setting": 1}))
+    assert Settings.load(home=str(tmp_path)).budget_tokens == 700
+    path.write_text("{not json")
+    assert Settings.load(home=str(tmp_path)).budget_tokens == Settings.budget_tokens
+    path.write_text(json.dumps({"budget_tokens": -5}))
+    assert Settings.load(home=str(tmp_path)).budget_tokens == Settings.budget_tokens
+
+
+def test_reload_needed_only_for_model_settings(tmp_path):
+    a = Settings(home=str(tmp_path))
+    b = dataclasses.replace(a, budget_tokens=300, n_ctx=1024)
+    assert b.needs_reload(a) == ["n_ctx"]
