@@ -11,6 +11,7 @@ import json
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -28,10 +29,13 @@ from .runtime import ModelInfo, Runtime
 from .sampling import SamplingParams
 from .settings import Settings
 from .slots import Prefix, PrefixRegistry, SlotRegistry, prefix_key
+from .snapshot import SnapshotError, decode_payload, encode_payload
+from .store.errors import StoreError
 from .store.history import HistoryDB
+from .store.kvfiles import KVFileStore, model_hash
 from .template import ChatTemplate
-from .turn import Attachment, Reply, run_turn
-from .worker import FOREGROUND, NORMAL, EngineThread
+from .turn import Attachment, Reply, replay_turn, run_turn
+from .worker import BACKGROUND, FOREGROUND, NORMAL, EngineThread
 
 log = logging.getLogger(__name__)
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
@@ -73,23 +77,36 @@ class ConversationState:
     tools: list[dict]
     memory: ConversationMemory
     history: list[dict] = field(default_factory=list)     # template messages
-    cancel: threading.Event = field(default_factory=threading.Event)
-    snapshot: dict = field(default_factory=dict)
     prefix: Prefix | None = None
+    pinned: bool = False
+    last_used: float = 0.0
+
+    @property
+    def ttl_class(self) -> str:
+        return "extended" if self.pinned else "long"
 
 
 class Engine:
-    def __init__(self, settings: Settings | None = None, *, wait: bool = True, scheduler=None) -> None:
+    def __init__(self, settings: Settings | None = None, *, wait: bool = True, scheduler=None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.settings = settings or Settings()
+        self.clock = clock
         self.thread = EngineThread()
         self._subscribers: list[Callable[[EngineEvent], None]] = []
         self._states: dict[str, ConversationState] = {}
-        self._lock = threading.Lock()
+        self._snapshots: dict[str, dict] = {}
+        self._cancels: dict[str, threading.Event] = {}
         self.focused: str | None = None
+        self.last_activity = clock()
         self.history = HistoryDB(self.settings.data_dir / "history.sqlite3")
         self.rt: Runtime | None = None
+        self.kvfiles: KVFileStore | None = None
         self.ready: Future = self.thread.submit(self._load, self.settings, priority=FOREGROUND)
-        self.scheduler = scheduler
+        self.sweeps = None
+        if scheduler is not False:
+            from .scheduler import Sweeps
+
+            self.sweeps = Sweeps(self, scheduler)
         if wait:
             self.ready.result()
 
@@ -122,16 +139,43 @@ class Engine:
         self.embedder = Embedder(settings.embedder)
         self.slots = SlotRegistry(settings.slots)
         self.prefixes = PrefixRegistry(rt.prefix_seqs)
+        ttls = {"short": settings.ttl_short_s, "long": settings.ttl_long_s, "extended": settings.ttl_extended_s}
+        self.kvfiles = KVFileStore(settings.cache_dir, model_hash(rt.model_path, settings.kv_cache_type, rt.n_ctx,
+                                                                  settings.slots), ttls, clock=self.clock)
+        self.kvfiles.check(fix=True)
         if not rt.eviction_supported:
             self._emit(EngineEvent("error", f"{rt.eviction_note}; chat works without eviction"))
         self._prefix_for(self._default_system_prompt(), self._default_tools())   # prewarm
-        info = rt.info()
+        info = self._info = rt.info()
         self._emit(EngineEvent("model_loaded", f"{info.name} on {info.device}"))
         return info
 
     def model_info(self) -> ModelInfo:
         self.ready.result()
-        return self.rt.info()
+        return self._info
+
+    @property
+    def model_loaded(self) -> bool:
+        return self.rt is not None
+
+    def _ensure_model(self) -> None:
+        if self.rt is None:
+            self._load(self.settings)
+
+    def _unload(self) -> None:
+        """Persist every open conversation, then free the model and its context (VRAM)."""
+        if self.rt is None:
+            return
+        for state in list(self._states.values()):
+            self._release(state)
+        self.pool.close()
+        self.prefixes.clear()
+        self.rt.close()
+        self.rt = None
+        self._emit(EngineEvent("model_unloaded", "model unloaded after idle; it comes back on the next message"))
+
+    def unload_model(self) -> None:
+        self.thread.call(self._unload)
 
     def _default_system_prompt(self) -> str:
         return self.settings.system_prompt if self.settings.system_prompt is not None else default_system_prompt()
@@ -180,14 +224,16 @@ class Engine:
         self.kv.drop(slot)
         if prefix.tokens:
             self.kv.share(prefix.seq, slot, 0, len(prefix.tokens))
-        if not memory.table.blocks:
-            for name, text, tokens in prefix.pieces:
-                memory.table.append(Block(name=name, role=name, turn=0, tokens=list(tokens), text=text,
-                                          shared=True))
         memory.unpark(slot)
 
+    @staticmethod
+    def _add_prefix_blocks(state: ConversationState, prefix: Prefix) -> None:
+        for name, text, tokens in prefix.pieces:
+            state.memory.table.append(Block(name=name, role=name, turn=0, tokens=list(tokens), text=text,
+                                            shared=True))
+
     def _refresh(self, state: ConversationState) -> None:
-        state.snapshot = state.memory.stats()
+        self._snapshots[state.id] = state.memory.stats()
 
     # -- conversations ----------------------------------------------------------------------
     def new_conversation(self, system_prompt: str | None = None, tools: list[dict] | None = None,
@@ -202,27 +248,142 @@ class Engine:
 
     def _create_state(self, conversation_id: str, title: str, system_prompt: str,
                       tools: list[dict]) -> ConversationState:
-        memory = ConversationMemory(conversation_id, settings=self.settings, runtime=self.rt, kv=self.kv,
-                                    pool=self.pool, embedder=self.embedder, emit=self._emit)
-        state = ConversationState(id=conversation_id, title=title, system_prompt=system_prompt, tools=tools,
-                                  memory=memory)
+        self._ensure_model()
+        state = self._new_state(conversation_id, title, system_prompt, tools, pinned=False)
         prefix = self._prefix_for(system_prompt, tools)
         if len(prefix.tokens) >= self.settings.budget_tokens and self.settings.recovery != "none":
             raise BudgetError(f"the budget ({self.settings.budget_tokens} tokens) is not larger than the "
                               f"system prompt and tools ({len(prefix.tokens)} tokens)")
+        self.history.create_conversation(conversation_id, title, system_prompt, settings={"tools": tools})
+        self._add_prefix_blocks(state, prefix)
         self._states[conversation_id] = state
         self._ensure_slot(state)
-        self.history.create_conversation(conversation_id, title, system_prompt,
-                                         settings={"tools": [t["function"]["name"] for t in tools]})
+        state.last_used = self.clock()
         self._refresh(state)
         return state
+
+    def _new_state(self, conversation_id: str, title: str, system_prompt: str, tools: list[dict],
+                   pinned: bool) -> ConversationState:
+        memory = ConversationMemory(conversation_id, settings=self.settings, runtime=self.rt, kv=self.kv,
+                                    pool=self.pool, embedder=self.embedder, emit=self._emit)
+        return ConversationState(id=conversation_id, title=title, system_prompt=system_prompt, tools=tools,
+                                 memory=memory, pinned=pinned)
+
+    def _open_state(self, conversation_id: str) -> ConversationState:
+        """The open state of a conversation: in memory, else from its KV file, else rebuilt from history."""
+        self._ensure_model()
+        state = self._states.get(conversation_id)
+        if state is not None:
+            return state
+        row = self.history.get_conversation(conversation_id)
+        if row is None:
+            raise KeyError(f"no conversation {conversation_id}")
+        tools = row.settings.get("tools", []) if isinstance(row.settings, dict) else []
+        state = self._new_state(row.id, row.title, row.system_prompt, tools, row.pinned)
+        prefix = self._prefix_for(state.system_prompt, state.tools)
+        if not self._restore_from_file(state, prefix):
+            self._rebuild_from_history(state, prefix)
+        state.last_used = self.clock()
+        self._refresh(state)
+        return state
+
+    def _restore_from_file(self, state: ConversationState, prefix: Prefix) -> bool:
+        had_file = self.kvfiles.has(state.id)
+        payload = self.kvfiles.read(state.id)
+        if payload is None:
+            if had_file:
+                self._emit(EngineEvent("kv_rebuilt", "cache file unusable (corrupt, expired or of another "
+                                       "model): rebuilt from history", conversation_id=state.id))
+            return False
+        try:
+            snapshot = decode_payload(payload)
+            if snapshot.prefix_key != prefix.key:
+                raise SnapshotError("the system prompt or tools changed since it was saved")
+            state.memory.load_snapshot(snapshot, len(prefix.tokens))
+            state.history = snapshot.history
+            self._states[state.id] = state
+            self._ensure_slot(state)
+            state.memory.check()
+        except (SnapshotError, EvokeError, AssertionError) as exc:
+            log.warning("KV file of %s rejected: %s", state.id, exc)
+            self._states.pop(state.id, None)
+            if state.memory.seq is not None:
+                self.slots.release(state.id)
+            state.memory.release()
+            state.memory = self._new_state(state.id, state.title, state.system_prompt, state.tools,
+                                           state.pinned).memory
+            state.history = []
+            self.kvfiles.remove(state.id)
+            self._emit(EngineEvent("kv_rebuilt", f"cache file rejected ({exc}): rebuilt from history",
+                                   conversation_id=state.id))
+            return False
+        self._emit(EngineEvent("kv_restored", f"restored {state.memory.active_tokens} tokens from disk",
+                               conversation_id=state.id, tokens=state.memory.active_tokens))
+        return True
+
+    def _rebuild_from_history(self, state: ConversationState, prefix: Prefix) -> None:
+        """Re-prefill the conversation from SQLite (the source of truth)."""
+        self._add_prefix_blocks(state, prefix)
+        self._states[state.id] = state
+        self._ensure_slot(state)
+        messages = self.history.messages(state.id)
+        pending_user = None
+        for message in messages:
+            if message.role == "user":
+                pending_user = message
+            elif message.role == "assistant" and pending_user is not None:
+                replay_turn(state.memory, self.rt, self.template, state.history, pending_user.text,
+                            pending_user.attachments, message.text)
+                pending_user = None
+
+    def _persist(self, state: ConversationState, ttl_class: str | None = None) -> bool:
+        """Write the conversation's KV file; a failure is reported and loses nothing (SQLite has the text)."""
+        if not state.history:
+            return False
+        try:
+            payload = encode_payload(state.memory.snapshot(state.prefix.key, state.history))
+            self.kvfiles.write(state.id, ttl_class or state.ttl_class, payload)
+        except StoreError as exc:
+            self._emit(EngineEvent("error", f"could not save the KV cache: {exc}", conversation_id=state.id))
+            return False
+        self._emit(EngineEvent("kv_persisted", f"saved {len(payload) >> 20} MiB ({ttl_class or state.ttl_class})",
+                               conversation_id=state.id, tokens=state.memory.active_tokens))
+        return True
+
+    def _release(self, state: ConversationState, persist: bool = True) -> None:
+        """Persist (optionally) and drop a conversation from the context, the pool and memory."""
+        if persist:
+            self._persist(state)
+        if state.memory.seq is not None:
+            self.slots.release(state.id)
+        state.memory.release()
+        self._states.pop(state.id, None)
+        snapshot = self._snapshots.get(state.id)
+        if snapshot is not None:
+            snapshot["memory"] = "disk" if self.kvfiles.has(state.id) else "none"
+
+    def open_conversation(self, conversation_id: str) -> Conversation:
+        self.thread.call(self._open_state, conversation_id, priority=FOREGROUND)
+        return Conversation(self, conversation_id)
+
+    def persist(self, conversation_id: str, ttl_class: str | None = None) -> bool:
+        return self.thread.call(lambda: self._persist(self._open_state(conversation_id), ttl_class))
+
+    def release_conversation(self, conversation_id: str) -> None:
+        """Persist a conversation and free its slot and RAM (it reopens from disk)."""
+        def release() -> None:
+            state = self._states.get(conversation_id)
+            if state is not None:
+                self._release(state)
+        self.thread.call(release)
 
     def conversations(self) -> list[ConversationInfo]:
         rows = self.history.list_conversations()
         out = []
         for row in rows:
-            state = self._states.get(row.id)
-            memory = state.snapshot.get("memory", "none") if state else "none"
+            memory = self._snapshots.get(row.id, {}).get("memory")
+            if memory is None:
+                memory = "disk" if self.kvfiles is not None and self.kvfiles.has(row.id) else "none"
             out.append(ConversationInfo(row.id, row.title, row.updated_at, row.pinned, memory))
         return out
 
@@ -233,21 +394,21 @@ class Engine:
 
     def pin_conversation(self, conversation_id: str, pinned: bool) -> None:
         self.history.set_pinned(conversation_id, pinned)
+        state = self._states.get(conversation_id)
+        if state is not None:
+            state.pinned = pinned
 
     def delete_conversation(self, conversation_id: str) -> None:
         self.thread.call(self._forget, conversation_id)
         self.history.delete(conversation_id)
 
     def _forget(self, conversation_id: str) -> None:
-        state = self._states.pop(conversation_id, None)
-        if state is None:
-            return
-        memory = state.memory
-        if memory.seq is not None:
-            self.kv.drop(memory.seq)
-            self.slots.release(conversation_id)
-        for block in memory.table.blocks + ([memory.image] if memory.image else []):
-            self.pool.discard(block)
+        state = self._states.get(conversation_id)
+        if state is not None:
+            self._release(state, persist=False)
+        self._snapshots.pop(conversation_id, None)
+        if self.kvfiles is not None:
+            self.kvfiles.remove(conversation_id)
 
     def focus(self, conversation_id: str | None) -> None:
         """Requests of the focused conversation are served before the others."""
@@ -257,14 +418,16 @@ class Engine:
     def _submit_turn(self, conversation_id: str, text: str, attachments: Sequence[Attachment],
                      on_token: Callable[[str], None] | None, sampling: dict) -> Future:
         params = SamplingParams.from_settings(self.settings, **sampling)
-        state = self._states[conversation_id]
-        state.cancel.clear()
+        cancel = self._cancels.setdefault(conversation_id, threading.Event())
+        cancel.clear()
         priority = FOREGROUND if conversation_id == self.focused else NORMAL
-        return self.thread.submit(self._turn, state, text, list(attachments), params, on_token,
+        return self.thread.submit(self._turn, conversation_id, text, list(attachments), params, on_token, cancel,
                                   priority=priority)
 
-    def _turn(self, state: ConversationState, text: str, attachments: list[Attachment],
-              params: SamplingParams, on_token) -> Reply:
+    def _turn(self, conversation_id: str, text: str, attachments: list[Attachment], params: SamplingParams,
+              on_token, cancel: threading.Event) -> Reply:
+        self.last_activity = self.clock()
+        state = self._open_state(conversation_id)
         self._ensure_slot(state)
         self.history.add_message(state.id, "user", text, attachments)
 
@@ -274,9 +437,10 @@ class Engine:
 
         try:
             reply = run_turn(state.memory, self.rt, self.template, state.history, text, attachments, params,
-                             on_token, state.cancel, progress)
+                             on_token, cancel, progress)
         finally:
             self._refresh(state)
+            state.last_used = self.last_activity = self.clock()
         self.history.add_message(state.id, "assistant", reply.text)
         self._emit(EngineEvent("turn_done", f"{reply.n_tokens} tokens, stopped: {reply.stopped}",
                                conversation_id=state.id, tokens=reply.n_tokens))
@@ -288,14 +452,10 @@ class Engine:
             return
         self._closed = True
 
-        def shutdown() -> None:
-            if self.rt is not None:
-                self.pool.close()
-                self.rt.close()
-                self.rt = None
-
+        if self.sweeps is not None:
+            self.sweeps.shutdown()
         try:
-            self.thread.call(shutdown)
+            self.thread.call(self._unload)
         finally:
             self.thread.stop()
             self.history.close()
@@ -315,12 +475,9 @@ class Conversation:
         self.id = conversation_id
 
     @property
-    def _state(self) -> ConversationState:
-        return self.engine._states[self.id]
-
-    @property
     def title(self) -> str:
-        return self._state.title
+        row = self.engine.history.get_conversation(self.id)
+        return row.title if row else ""
 
     def submit(self, text: str, attachments: Sequence[Attachment] = (), *,
                on_token: Callable[[str], None] | None = None, **sampling) -> Future:
@@ -344,19 +501,22 @@ class Conversation:
                 self.cancel()
 
     def cancel(self) -> None:
-        self._state.cancel.set()
+        """Stop the running reply of this conversation (its partial text is kept)."""
+        event = self.engine._cancels.get(self.id)
+        if event is not None:
+            event.set()
 
     def stats(self) -> dict:
-        return dict(self._state.snapshot)
+        """The latest memory snapshot; never waits for the engine thread."""
+        return dict(self.engine._snapshots.get(self.id, {}))
 
     def messages(self) -> list[dict]:
         return [{"role": m.role, "text": m.text, "attachments": m.attachments, "created_at": m.created_at}
                 for m in self.engine.history.messages(self.id)]
 
     def set_budget(self, tokens: int) -> None:
-        state = self._state
-
         def apply() -> None:
+            state = self.engine._open_state(self.id)
             state.memory.set_budget(tokens)
             self.engine._refresh(state)
 
@@ -364,4 +524,4 @@ class Conversation:
 
     def check(self) -> None:
         """Assert the block table mirrors llama.cpp's sequence (tests)."""
-        self.engine.thread.call(self._state.memory.check)
+        self.engine.thread.call(lambda: self.engine._open_state(self.id).memory.check())

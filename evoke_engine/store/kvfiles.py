@@ -267,6 +267,20 @@ class KVFileStore:
                 return False
             return not self._is_expired(parse_ttl_class(files[0].path.name), files[0].mtime, self._clock())
 
+    def touch(self, conversation_id: str) -> bool:
+        """Restart the TTL of the conversation's unexpired file (keep-alive); False when there is none."""
+        with self._lock:
+            files = self._files_of(conversation_id)
+            now = self._clock()
+            if not files or self._is_expired(parse_ttl_class(files[0].path.name), files[0].mtime, now):
+                return False
+            try:
+                os.utime(files[0].path, (now, now))
+            except OSError as error:
+                log.warning("cannot refresh mtime of KV cache file %s: %s", files[0].path, error)
+                return False
+            return True
+
     def remove(self, conversation_id: str) -> bool:
         """Delete every file of the conversation; False when there was none."""
         with self._lock:

@@ -1,0 +1,110 @@
+"""The sweeps on an APScheduler 3 scheduler: keep-alive, eviction (idle, TTL, disk budget), model unload.
+
+Invariants: a job never touches llama.cpp itself; it only queues work on the engine thread at
+background priority, so sweeps never run beside a decode. Works headless (BackgroundScheduler)
+or in the Qt event loop (the app passes a QtScheduler; this module imports no Qt).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from .events import EngineEvent
+from .worker import BACKGROUND
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+KEEPALIVE_STALE_FRACTION = 0.8
+
+
+class Sweeps:
+    def __init__(self, engine: Engine, scheduler=None) -> None:
+        self.engine = engine
+        self.scheduler = scheduler if scheduler is not None else BackgroundScheduler(daemon=True)
+        self.runs: dict[str, int] = {"keepalive": 0, "eviction": 0, "model_idle": 0}
+        self.schedule()
+        if not self.scheduler.running:
+            self.scheduler.start()
+
+    def schedule(self) -> None:
+        """(Re)create the jobs from the engine's current settings."""
+        s = self.engine.settings
+        jobs = {"keepalive": (self._queue_keepalive, s.keepalive_interval_s),
+                "eviction": (self._queue_eviction, s.eviction_interval_s)}
+        if s.model_idle_unload_s > 0:
+            jobs["model_idle"] = (self._queue_idle_check, max(1, min(60, s.model_idle_unload_s // 4)))
+        elif self.scheduler.get_job("model_idle"):
+            self.scheduler.remove_job("model_idle")
+        for job_id, (fn, seconds) in jobs.items():
+            self.scheduler.add_job(fn, "interval", seconds=seconds, id=job_id, replace_existing=True,
+                                   coalesce=True, max_instances=1)
+
+    def jobs(self) -> list[dict]:
+        return [{"id": job.id, "next_run": job.next_run_time, "interval_s": job.trigger.interval.total_seconds(),
+                 "runs": self.runs.get(job.id, 0)} for job in self.scheduler.get_jobs()]
+
+    # -- jobs: queue on the engine thread, never wait ---------------------------------------
+    def _queue_keepalive(self) -> None:
+        self.engine.thread.submit(self.keepalive_sweep, priority=BACKGROUND)
+
+    def _queue_eviction(self) -> None:
+        self.engine.thread.submit(self.eviction_sweep, priority=BACKGROUND)
+
+    def _queue_idle_check(self) -> None:
+        self.engine.thread.submit(self.idle_check, priority=BACKGROUND)
+
+    # -- the sweeps (engine thread) -----------------------------------------------------------
+    def keepalive_sweep(self) -> None:
+        """Re-warm the default prefix if it was dropped; keep open conversations' files fresh."""
+        self.runs["keepalive"] += 1
+        eng = self.engine
+        if not eng.model_loaded:
+            return
+        eng._prefix_for(eng._default_system_prompt(), eng._default_tools())
+        now = eng.clock()
+        stale_after = eng.settings.ttl_short_s * KEEPALIVE_STALE_FRACTION
+        for state in list(eng._states.values()):
+            if now - state.last_used >= stale_after and eng.kvfiles.has(state.id):
+                eng.kvfiles.touch(state.id)
+
+    def eviction_sweep(self) -> list[str]:
+        """Persist and release conversations idle past their TTL; delete expired files; cap the disk."""
+        self.runs["eviction"] += 1
+        eng = self.engine
+        released = []
+        if eng.model_loaded:
+            now = eng.clock()
+            ttl = {"short": eng.settings.ttl_short_s, "long": eng.settings.ttl_long_s,
+                   "extended": eng.settings.ttl_extended_s}
+            for state in list(eng._states.values()):
+                if state.id != eng.focused and now - state.last_used > ttl[state.ttl_class]:
+                    eng._release(state)
+                    released.append(state.id)
+                    eng._emit(EngineEvent("released", "idle conversation saved to disk and released",
+                                          conversation_id=state.id))
+        if eng.kvfiles is not None:
+            eng.kvfiles.sweep_expired(all_models=True)
+            eng.kvfiles.enforce_disk_budget(eng.settings.disk_budget_bytes)
+        return released
+
+    def idle_check(self) -> bool:
+        """Unload the model after `model_idle_unload_s` without a message (0 = never)."""
+        self.runs["model_idle"] += 1
+        eng = self.engine
+        limit = eng.settings.model_idle_unload_s
+        if limit > 0 and eng.model_loaded and eng.clock() - eng.last_activity >= limit:
+            eng._unload()
+            return True
+        return False
+
+    def shutdown(self) -> None:
+        try:
+            if self.scheduler.running:
+                self.scheduler.shutdown(wait=False)
+        except Exception:  # noqa: BLE001 - a Qt scheduler may already be gone with its loop
+            log.debug("scheduler shutdown", exc_info=True)
