@@ -35,7 +35,7 @@ from .store.history import HistoryDB
 from .store.kvfiles import KVFileStore, model_hash
 from .template import ChatTemplate
 from .turn import Attachment, Reply, replay_turn, run_turn
-from .worker import BACKGROUND, FOREGROUND, NORMAL, EngineThread
+from .worker import FOREGROUND, NORMAL, EngineThread
 
 log = logging.getLogger(__name__)
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
