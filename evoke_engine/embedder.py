@@ -40,6 +40,11 @@ class Embedder:
                 self._model = SentenceTransformer(path, device="cpu")
         return self._model
 
+    def warm(self) -> None:
+        """Load the model now (the engine does this in the background after the LLM loads)."""
+        if self.enabled:
+            self._load()
+
     def embed(self, texts: list[str]) -> np.ndarray | None:
         """(len(texts), dim) unit vectors, or None when similarity is off."""
         if not self.enabled or not texts:

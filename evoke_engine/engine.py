@@ -35,7 +35,7 @@ from .store.history import HistoryDB
 from .store.kvfiles import KVFileStore, model_hash
 from .template import ChatTemplate
 from .turn import Attachment, Reply, replay_turn, run_turn
-from .worker import FOREGROUND, NORMAL, EngineThread
+from .worker import BACKGROUND, FOREGROUND, NORMAL, EngineThread
 
 log = logging.getLogger(__name__)
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
@@ -88,8 +88,9 @@ class ConversationState:
 
 class Engine:
     def __init__(self, settings: Settings | None = None, *, wait: bool = True, scheduler=None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, prewarm: bool = True) -> None:
         self.settings = settings or Settings()
+        self.prewarm = prewarm
         self.clock = clock
         self.thread = EngineThread()
         self._subscribers: list[Callable[[EngineEvent], None]] = []
@@ -145,7 +146,10 @@ class Engine:
         self.kvfiles.check(fix=True)
         if not rt.eviction_supported:
             self._emit(EngineEvent("error", f"{rt.eviction_note}; chat works without eviction"))
-        self._prefix_for(self._default_system_prompt(), self._default_tools())   # prewarm
+        if self.prewarm:
+            self._prefix_for(self._default_system_prompt(), self._default_tools())
+            if self.embedder.enabled and settings.recovery != "none":
+                self.thread.submit(self.embedder.warm, priority=BACKGROUND)
         info = self._info = rt.info()
         self._emit(EngineEvent("model_loaded", f"{info.name} on {info.device}"))
         return info
@@ -176,6 +180,10 @@ class Engine:
 
     def unload_model(self) -> None:
         self.thread.call(self._unload)
+
+    def wait_idle(self) -> None:
+        """Block until every job queued so far, background ones included, has run."""
+        self.thread.call(lambda: None, priority=BACKGROUND + 1)
 
     def _default_system_prompt(self) -> str:
         return self.settings.system_prompt if self.settings.system_prompt is not None else default_system_prompt()

@@ -59,7 +59,9 @@ class ConversationMemory:
         self.turn = 0
         self.counters = Counters()
         self.events: deque[EngineEvent] = deque(maxlen=200)
-        self.query: np.ndarray | None = None
+        self._query_text = ""
+        self._query: np.ndarray | None = None
+        self._query_ready = True
 
     # -- accounting -------------------------------------------------------------------------
     @property
@@ -83,6 +85,17 @@ class ConversationMemory:
                             time=time.time())
         self.events.append(event)
         self.emit(event)
+
+    # -- the current message, embedded only when a decision needs it ----------------------
+    def set_query(self, text: str) -> None:
+        self._query_text, self._query, self._query_ready = text, None, False
+
+    @property
+    def query(self) -> np.ndarray | None:
+        if not self._query_ready:
+            self._query = self.embedder.embed_one(self._query_text) if self._query_text.strip() else None
+            self._query_ready = True
+        return self._query
 
     # -- decoding new blocks ----------------------------------------------------------------
     def append_decoded(self, block: Block, *, current: Iterable[Block] = (), cancel=None) -> None:
@@ -162,6 +175,8 @@ class ConversationMemory:
         saved = self.candidates()
         if not saved or self.settings.recovery_top_k == 0 and not identity_hashes:
             return []
+        if self.settings.recovery_top_k == 0 or not self.embedder.enabled:
+            saved = [b for b in saved if b.hash in identity_hashes or (b.file_name and b.file_name in message)]
         self.ensure_embeddings(saved)
         residents = [b for b in self.table.resident if not b.shared]
         self.ensure_embeddings(residents)

@@ -94,7 +94,7 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     history.append(user_message)
     frame = template.assistant_frame(history)
     opening, closing = rt.tokenize(frame.opening), rt.tokenize(frame.closing)
-    memory.query = memory.embedder.embed_one(text or user_message["content"][:2000])
+    memory.set_query(text or user_message["content"][:2000])
 
     # Recovery, before the new tail: re-attached content (identity) and what the message needs.
     new_hashes = {b.hash for b in blocks if b.role == "file"}
@@ -230,7 +230,7 @@ def replay_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate,
     segment = template.segment(history, user_message)
     history.append(user_message)
     frame = template.assistant_frame(history)
-    memory.query = memory.embedder.embed_one(text) if memory.eviction_enabled else None
+    memory.set_query(text)
     for block in message_blocks(rt, segment, text, attachments, turn, memory.settings.block_tokens):
         memory.append_decoded(block)
     reply_tokens = rt.tokenize(frame.opening) + rt.tokenize(reply_text) + rt.tokenize(frame.closing)
