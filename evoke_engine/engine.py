@@ -7,6 +7,7 @@ SQLite history is written before a reply starts, so no user message is lost.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -177,6 +178,42 @@ class Engine:
         self.rt.close()
         self.rt = None
         self._emit(EngineEvent("model_unloaded", "model unloaded after idle; it comes back on the next message"))
+
+    def apply_settings(self, new: Settings) -> list[str]:
+        """Adopt the settings that apply now (the budget reaches open conversations at once) and
+        return the names that need `reload` to take effect."""
+        new.validate()
+        pending = new.needs_reload(self.settings)
+
+        def apply() -> None:
+            budget_changed = new.budget_tokens != self.settings.budget_tokens
+            for f in dataclasses.fields(Settings):
+                if f.metadata.get("applies") == "now":
+                    setattr(self.settings, f.name, getattr(new, f.name))
+            for state in self._states.values():
+                if budget_changed:
+                    state.memory.set_budget(self.settings.budget_tokens)
+                self._refresh(state)
+            if self.sweeps is not None:
+                self.sweeps.schedule()
+
+        self.thread.call(apply, priority=FOREGROUND)
+        return pending
+
+    def reload(self, new: Settings) -> Future:
+        """Load the model `new` names; on failure the previous model is loaded back and the error raised."""
+        def swap() -> ModelInfo:
+            old = self.settings
+            self._unload()
+            try:
+                self.settings = new
+                return self._load(new)
+            except EvokeError:
+                self.settings = old
+                self._load(old)
+                raise
+
+        return self.thread.submit(swap, priority=FOREGROUND)
 
     def unload_model(self) -> None:
         self.thread.call(self._unload)
