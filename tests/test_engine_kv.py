@@ -193,3 +193,21 @@ def _call(fn, *args):
     except Exception as exc:  # noqa: BLE001
         return exc
     return None
+
+
+def test_q8_0_cache_falls_back_to_llama_cpp_shift_and_still_recalls(tmp_path):
+    rt = Runtime(Settings(n_ctx=1024, slots=1, kv_cache_type="q8_0", home=str(tmp_path)))
+    try:
+        kv = KVCache(rt)
+        assert kv.geometry is None and "K-shift" in kv.reanchor_note
+        tokens, p0, p1 = _needle(rt)
+        question = rt.tokenize("\nWhat is the passkey?<|im_end|>\n<|im_start|>assistant\nThe passkey is")
+        rt.decode(tokens[:len(tokens) - len(question)], 0, 0, logits_last=False)
+        saved = kv.save(0, p0, p1)
+        kv.evict(0, p0, p1)
+        kv.restore(saved, 0, kv.pos_max(0) + 1)
+        assert kv.shift_pending
+        rt.decode(question, 0, kv.pos_max(0) + 1)
+        assert "7431" in rt.detokenize(greedy(rt, kv, 0, 6)).replace(" ", "")
+    finally:
+        rt.close()
