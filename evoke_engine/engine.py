@@ -145,6 +145,10 @@ class Engine:
         self.kvfiles = KVFileStore(settings.cache_dir, model_hash(rt.model_path, settings.kv_cache_type, rt.n_ctx,
                                                                   settings.slots), ttls, clock=self.clock)
         self.kvfiles.check(fix=True)
+        cells = settings.slots * settings.budget_tokens + 2 * settings.block_tokens
+        if settings.recovery != "none" and cells > rt.n_ctx:
+            self._emit(EngineEvent("error", f"{settings.slots} slots x {settings.budget_tokens} tokens may not fit "
+                                            f"in a context of {rt.n_ctx}; raise n_ctx or lower slots or budget"))
         if not rt.eviction_supported:
             self._emit(EngineEvent("error", f"{rt.eviction_note}; chat works without eviction"))
         if self.prewarm:

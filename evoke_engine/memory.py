@@ -18,6 +18,7 @@ import numpy as np
 
 from .blocks import Block, BlockState, BlockTable
 from .embedder import Embedder
+from .errors import BudgetError, RestoreError
 from .events import EngineEvent
 from .kv import KVCache, SavedKV
 from .policy import choose_recoveries, choose_victims, protected_blocks
@@ -193,7 +194,11 @@ class ConversationMemory:
         for pick in picks:
             self.make_room(pick.block.n_tokens, current=recovered)
             if self.settings.recovery == "kv_restore":
-                self._restore_block(pick.block)
+                try:
+                    self._restore_block(pick.block)
+                except RestoreError as exc:
+                    self._event("error", f"could not restore {pick.block.name}: {exc}", pick.block)
+                    continue
                 recovered.append(pick.block)
                 self._event("recovered", f"recovered {pick.block.name} ({pick.reason}, "
                                          f"similarity {pick.similarity:.2f})", pick.block)
@@ -205,7 +210,11 @@ class ConversationMemory:
 
     def _restore_block(self, block: Block) -> None:
         saved = self.pool.take(block)
-        self.kv.restore(saved, self.seq, self.active_tokens)
+        try:
+            self.kv.restore(saved, self.seq, self.active_tokens)
+        except RestoreError:
+            self.pool.put(block, saved)                   # still saved; nothing is lost
+            raise
         self.table.place_at_tail(block)
         block.recoveries += 1
         self.counters.recoveries += 1
@@ -226,8 +235,6 @@ class ConversationMemory:
     # -- budget -----------------------------------------------------------------------------
     def set_budget(self, tokens: int) -> None:
         if tokens <= self.prefix_tokens:
-            from .errors import BudgetError
-
             raise BudgetError(f"budget {tokens} is not larger than the shared prefix ({self.prefix_tokens} tokens)")
         self.budget_tokens = tokens
         if self.seq is not None and self.active_tokens > tokens:

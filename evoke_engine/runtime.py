@@ -18,7 +18,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from .errors import ModelLoadError, UnsupportedCacheError
+from .errors import ContextFullError, ModelLoadError, UnsupportedCacheError
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -294,11 +294,12 @@ class Cancelled(Exception):
     """Generation or decoding stopped at the caller's request."""
 
 
-class DecodeError(RuntimeError):
+class DecodeError(ContextFullError):
     def __init__(self, rc: int, n_ctx: int) -> None:
-        reason = {1: "no free KV cells (context full)", 2: "aborted", -1: "invalid batch"}.get(
+        reason = {1: "the context is full (no free KV cells)", 2: "aborted", -1: "invalid batch"}.get(
             rc, f"llama_decode returned {rc}")
-        super().__init__(f"decode failed: {reason}; context holds {n_ctx} tokens")
+        super().__init__(f"decode failed: {reason}; the context holds {n_ctx} tokens for all slots. "
+                         "Raise the context length, lower the budget or the slot count, or turn eviction on.")
         self.rc = rc
 
 
