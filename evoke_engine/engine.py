@@ -571,6 +571,20 @@ class Conversation:
 
         self.engine.thread.call(apply, priority=FOREGROUND)
 
+    def pin_block(self, name: str, pinned: bool = True, priority: float | None = None) -> None:
+        """Pin a block (never evicted) or change its priority multiplier (the harness knows best)."""
+        def apply() -> None:
+            state = self.engine._open_state(self.id)
+            block = state.memory.table.by_name(name)
+            if block is None:
+                raise KeyError(f"no block {name!r} in this conversation")
+            block.pinned = pinned
+            if priority is not None:
+                block.priority = priority
+            self.engine._refresh(state)
+
+        self.engine.thread.call(apply, priority=FOREGROUND)
+
     def check(self) -> None:
         """Assert the block table mirrors llama.cpp's sequence (tests)."""
         self.engine.thread.call(lambda: self.engine._open_state(self.id).memory.check())

@@ -129,3 +129,44 @@ def test_recovery_brings_back_a_needed_document_block(engine):
     assert result["evictions"] > 0 and result["recoveries"] > 0
     assert result["key_block_resident_at_probe"]
     assert "passkey" in result["reply"].lower()
+
+
+def _evict_document(engine, name: str):
+    conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
+    doc = long_document(10).replace("restarts", "reboots")
+    conv.send("Keep this.", attachments=[(name, doc)], max_tokens=6, temperature=0)
+    for question in QUESTIONS[:4]:
+        conv.send(question, attachments=[("filler.txt", long_document(6))], max_tokens=8, temperature=0)
+    blocks = {b["name"]: b["state"] for b in conv.stats()["blocks"]}
+    assert blocks[f"file:{name}#0"] == "ram"
+    return conv, doc
+
+
+def test_a_file_named_in_the_message_is_recovered(engine):
+    conv, _ = _evict_document(engine, "settings.py")
+    before = conv.stats()["recoveries"]
+    conv.send("What does settings.py say about port 8003?", max_tokens=8, temperature=0)
+    stats = conv.stats()
+    assert stats["recoveries"] > before
+    assert any("settings.py" in e["message"] and "named" in e["message"] for e in stats["events"])
+    conv.check()
+
+
+def test_reattached_content_comes_back_by_identity_instead_of_a_prefill(engine):
+    conv, doc = _evict_document(engine, "same.txt")
+    reply = conv.submit("Here it is again.", attachments=[("same.txt", doc)], max_tokens=6, temperature=0).result()
+    stats = conv.stats()
+    assert stats["identity_hits"] >= 1
+    assert reply.prefill_tokens < sum(b["tokens"] for b in stats["blocks"] if b["name"].startswith("file:same.txt#"))
+    conv.check()
+
+
+def test_pinned_blocks_are_never_evicted(engine):
+    conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
+    conv.send("Keep this.", attachments=[("keep.txt", long_document(6))], max_tokens=6, temperature=0)
+    conv.pin_block("file:keep.txt#0")
+    for question in QUESTIONS[:4]:
+        conv.send(question, attachments=[("filler.txt", long_document(6))], max_tokens=8, temperature=0)
+    blocks = {b["name"]: b for b in conv.stats()["blocks"]}
+    assert blocks["file:keep.txt#0"]["state"] == "resident" and blocks["file:keep.txt#0"]["pinned"]
+    assert conv.stats()["evictions"] > 0
