@@ -40,6 +40,7 @@ class EngineBridge(QObject):
     engineEvent = Signal(object)         # EngineEvent
     token = Signal(str, str)             # conversation id, text piece
     error = Signal(str)                  # an unhandled failure of a call
+    closing = Signal()                   # close() began: stop timers, expect no more results
     _deliver = Signal(object, object)    # callback, argument (runs on the GUI thread)
 
     def __init__(self, settings, *, engine_factory: Callable[..., Any] | None = None,
@@ -60,7 +61,14 @@ class EngineBridge(QObject):
     def call(self, fn: Callable[..., Any], *args: Any, on_done: Callable[[Any], None] | None = None,
              on_error: Callable[[BaseException], None] | None = None, urgent: bool = False,
              **kwargs: Any) -> Future:
-        """Run fn(*args, **kwargs) on the call thread; on_done/on_error run on the GUI thread."""
+        """Run fn(*args, **kwargs) on the call thread; on_done/on_error run on the GUI thread.
+
+        After `close` nothing runs: the returned future is already cancelled.
+        """
+        if self._closed:
+            future: Future = Future()
+            future.cancel()
+            return future
         pool = self._urgent if urgent else self._calls
         future = pool.submit(self._run, fn, args, kwargs)
         self.track(future, on_done=on_done, on_error=on_error)
@@ -90,7 +98,8 @@ class EngineBridge(QObject):
             self._deliver.emit(on_error or self._unhandled, exc)
 
     def _on_deliver(self, callback: Callable[[Any], None], argument: Any) -> None:
-        callback(argument)
+        if not self._closed:
+            callback(argument)
 
     def _unhandled(self, exc: BaseException) -> None:
         log.error("engine call failed: %s", error_text(exc), exc_info=exc)
@@ -117,7 +126,7 @@ class EngineBridge(QObject):
             self.scheduler_attached = True
         else:  # HOOK: the engine does not take scheduler= yet; its sweeps run on its own timer
             log.warning("Engine() takes no scheduler=; the scheduler does not run in the Qt loop")
-        engine = factory(self.settings, **kwargs)
+        engine = factory(self.settings.replace(), **kwargs)   # a copy: the engine updates its own in place
         engine.subscribe(self._on_engine_event)
         return engine
 
@@ -147,6 +156,7 @@ class EngineBridge(QObject):
         if self._closed:
             return
         self._closed = True
+        self.closing.emit()
         engine = self.engine
         if engine is not None:
             try:

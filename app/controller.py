@@ -87,6 +87,7 @@ class ChatController(QObject):
         bridge.engineEvent.connect(self._on_event)
         bridge.token.connect(self._on_token)
         bridge.error.connect(self.errorRaised)
+        bridge.closing.connect(self._shutdown)
 
     # -- model ------------------------------------------------------------------------------
     @property
@@ -103,6 +104,10 @@ class ChatController(QObject):
 
     def start(self) -> None:
         self.bridge.start()
+
+    def _shutdown(self) -> None:
+        for timer in (self._flush, self._stats_timer, self._list_timer):
+            timer.stop()
 
     def _set_model_state(self, state: str, detail: str = "") -> None:
         self.model_state = state
@@ -364,9 +369,14 @@ class ChatController(QObject):
         _, reload_names = changed(old, new, specs)
 
         def work() -> list[str]:
-            names = list(self.engine.apply_settings(new) or [])
-            if conv is not None and new.budget_tokens != old.budget_tokens:
-                conv.set_budget(new.budget_tokens)
+            apply = getattr(self.engine, "apply_settings", None)
+            if apply is None:   # engine without apply_settings (a contract gap): budget below still applies
+                log.warning("the engine has no apply_settings(); only the budget applies now")
+                names = list(new.needs_reload(old))
+                if conv is not None and new.budget_tokens != old.budget_tokens:
+                    conv.set_budget(new.budget_tokens)
+            else:
+                names = list(apply(new.replace()) or [])   # the engine applies the budget to open convs
             return names
 
         def done(names: list[str]) -> None:
@@ -384,7 +394,8 @@ class ChatController(QObject):
 
         def failed(exc: BaseException) -> None:
             self.settings = self.bridge.settings = old
-            self.bridge.call(self.engine.apply_settings, old, on_error=self._fail)
+            if hasattr(self.engine, "apply_settings"):
+                self.bridge.call(self.engine.apply_settings, old.replace(), on_error=self._fail)
             self.errorRaised.emit(f"The new model settings did not load ({error_text(exc)}); "
                                   f"still using {getattr(self.model_info, 'name', 'the previous model')}.")
             self._set_model_state("ready", getattr(self.model_info, "name", ""))
@@ -393,7 +404,7 @@ class ChatController(QObject):
             self._save(new)
             self.settingsApplied.emit(new)
             self.bridge.call(self.engine.model_info, on_done=self._model_ready, on_error=self._fail)
-        self.bridge.call(self.engine.reload, new, on_error=failed,
+        self.bridge.call(self.engine.reload, new.replace(), on_error=failed,
                          on_done=lambda fut: self.bridge.track(fut, on_done=loaded, on_error=failed))
 
     def _save(self, settings: Any) -> None:

@@ -40,7 +40,10 @@ class BlockStrip(QWidget):
         self.model = model
         self.setMinimumHeight(26)
         for sig in (model.modelReset, model.dataChanged):
-            sig.connect(self.update)
+            sig.connect(self._changed)
+
+    def _changed(self, *_: object) -> None:
+        self.update()
 
     def sizeHint(self) -> QSize:  # noqa: N802
         return QSize(280, 26)

@@ -1,0 +1,289 @@
+"""The window on the real engine and the embedded model (offscreen): stream, stop, keys, attach,
+budget, conversations, a bad model path, and no llama.cpp call on the GUI thread."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+from PySide6.QtCore import QMimeData, Qt, QUrl
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QDialogButtonBox
+
+from app.__main__ import build
+from evoke_engine import Settings
+
+pytestmark = [pytest.mark.gui, pytest.mark.qt_log_level_fail("WARNING"),
+              pytest.mark.qt_log_ignore("propagateSizeHints")]
+REPLY_MS = 120_000
+
+
+def wait_for(predicate, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        QTest.qWait(20)
+
+
+def test_settings(home) -> Settings:
+    return Settings(home=str(home), embedder="off", tools_enabled=False, max_tokens=24, temperature=0.0,
+                    n_ctx=4096, slots=3, n_threads=1)
+
+
+test_settings.__test__ = False   # a helper, not a test
+
+
+@pytest.fixture(scope="module")
+def llama_threads():
+    """Counts llama.cpp calls per thread name for every engine this module creates."""
+    import llama_cpp as ll
+
+    calls: Counter[str] = Counter()
+    patch = pytest.MonkeyPatch()
+
+    def recording(fn):
+        def wrapper(*args, **kwargs):
+            calls[threading.current_thread().name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    for name in dir(ll):
+        obj = getattr(ll, name)
+        if name.startswith("llama_") and callable(obj) and not isinstance(obj, type):
+            patch.setattr(ll, name, recording(obj))
+    yield calls
+    patch.undo()
+
+
+def open_desk(home, size=(1200, 800), settings: Settings | None = None):
+    bridge, controller, window = build(settings or test_settings(home), size)
+    window.show()
+    controller.start()
+    wait_for(lambda: controller.model_state == "ready" and controller.conv is not None)
+    return SimpleNamespace(bridge=bridge, c=controller, w=window, home=home)
+
+
+def close_desk(desk) -> None:
+    desk.w.close()
+    desk.bridge.close()
+
+
+@pytest.fixture(scope="module")
+def desk(qapp, tmp_path_factory, llama_threads):
+    desk = open_desk(tmp_path_factory.mktemp("desk-home"))
+    yield desk
+    close_desk(desk)
+
+
+def fresh_conversation(desk, qtbot) -> str:
+    old = desk.c.current_id
+    with qtbot.wait_signal(desk.c.currentChanged, timeout=REPLY_MS):
+        qtbot.mouseClick(desk.w.sidebar.new_button, Qt.MouseButton.LeftButton)
+    assert desk.c.current_id != old
+    qtbot.wait_until(lambda: not desk.c._stats_busy)
+    return desk.c.current_id
+
+
+def send_and_wait(desk, qtbot, text: str, **options):
+    with qtbot.wait_signal(desk.c.replyFinished, timeout=REPLY_MS) as reply:
+        assert desk.c.send(text, **options)
+    qtbot.wait_until(lambda: not desk.c._stats_busy and not desk.c.generating)
+    return reply.args[0]
+
+
+# -- chatting ----------------------------------------------------------------------------------
+def test_a_message_streams_token_by_token_and_completes(desk, qtbot):
+    fresh_conversation(desk, qtbot)
+    pieces, progress = [], []
+    desk.bridge.token.connect(lambda _cid, piece: pieces.append(piece))
+    desk.c.replyProgress.connect(progress.append)
+    desk.w.input.prompt.setPlainText("Name three primary colors.")
+    with qtbot.wait_signal(desk.c.replyFinished, timeout=REPLY_MS) as done:
+        qtbot.keyClick(desk.w.input.prompt, Qt.Key.Key_Return)
+        assert desk.w.input.stop_button.isVisibleTo(desk.w) and desk.w.input.prompt.toPlainText() == ""
+    message = done.args[0]
+    assert len(pieces) >= 3 and message.text == "".join(pieces)
+    assert progress and all(message.text.startswith(p) for p in progress)     # partial replies grew
+    assert desk.w.chat.bubbles[-2].text().strip() == "Name three primary colors."
+    assert desk.w.chat.last_text().strip()
+    assert "tok/s" in message.meta and desk.w.status.speed.text().endswith("tok/s")
+    assert desk.w.input.send_button.isVisibleTo(desk.w)
+
+
+def test_stop_cancels_mid_reply_and_keeps_the_partial_text(desk, qtbot):
+    fresh_conversation(desk, qtbot)
+    with qtbot.wait_signal(desk.c.replyProgress, timeout=REPLY_MS):
+        assert desk.c.send("Write a long story about a robot who learns to paint.", max_tokens=400)
+    with qtbot.wait_signal(desk.c.replyFinished, timeout=REPLY_MS) as done:
+        qtbot.mouseClick(desk.w.input.stop_button, Qt.MouseButton.LeftButton)
+    message = done.args[0]
+    assert message.stopped == "cancelled" and message.text.strip()
+    assert "stopped" in message.meta
+    history = desk.bridge.call(desk.c.conv.messages).result(timeout=30)
+    assert history[-1]["role"] == "assistant" and history[-1]["text"] == message.text
+    assert not desk.c.generating and desk.w.input.send_button.isVisibleTo(desk.w)
+
+
+def test_enter_sends_and_shift_enter_adds_a_line(desk, qtbot):
+    fresh_conversation(desk, qtbot)
+    prompt = desk.w.input.prompt
+    with qtbot.assert_not_emitted(desk.c.messageAdded, wait=100):
+        qtbot.keyClicks(prompt, "first line")
+        qtbot.keyClick(prompt, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+        qtbot.keyClicks(prompt, "second line")
+    assert prompt.toPlainText() == "first line\nsecond line"
+    with qtbot.wait_signal(desk.c.replyFinished, timeout=REPLY_MS):
+        qtbot.keyClick(prompt, Qt.Key.Key_Enter)
+    assert desk.c.messages[-2].text == "first line\nsecond line"
+    assert prompt.toPlainText() == ""
+
+
+# -- memory ------------------------------------------------------------------------------------
+def long_file(tmp_path, name="service_notes.txt", sections=14):
+    lines = [f"Section {i}: the {name} service keeps {i * 7} workers on port {4000 + i}, restarts after "
+             f"{i + 3} failures and logs to /var/log/svc{i}.log with rotation every {i + 1} days."
+             for i in range(sections)]
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_an_attached_file_shows_as_blocks_in_the_memory_panel(desk, qtbot, tmp_path):
+    fresh_conversation(desk, qtbot)
+    notes = long_file(tmp_path)
+    desk.w.pick_files = lambda parent: [str(notes)]
+    qtbot.mouseClick(desk.w.input.attach_button, Qt.MouseButton.LeftButton)
+    assert len(desk.w.input.chips) == 1
+    dropped = long_file(tmp_path, "dropped.md", 3)
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(dropped))])
+    desk.w.input.prompt.insertFromMimeData(mime)                 # what a drop or a file paste does
+    assert [n for n, _ in desk.c.pending] == ["service_notes.txt", "dropped.md"]
+    with qtbot.wait_signal(desk.c.statsChanged, timeout=REPLY_MS,
+                           check_params_cb=lambda s: s.get("turn", 0) >= 1):
+        send_and_wait(desk, qtbot, "Which port does section 3 use?")
+    names = [name for name, _, _ in desk.w.memory.block_rows()]
+    assert "file:service_notes.txt#0" in names and "file:service_notes.txt#1" in names
+    assert "file:dropped.md#0" in names and "user#1" in names and "assistant#1" in names
+    assert desk.w.input.chips == [] and "service_notes.txt" in desk.w.chat.bubbles[-2].chips.text()
+
+
+def test_lowering_the_budget_in_settings_evicts_and_the_gauge_stays_within_it(desk, qtbot, tmp_path):
+    fresh_conversation(desk, qtbot)
+    desk.c.attach_file(str(long_file(tmp_path, "big.txt", 18)))
+    send_and_wait(desk, qtbot, "Summarize the file.")
+    assert int(desk.c.stats["active_tokens"]) > 300 and desk.c.stats["evictions"] == 0
+    dialog = desk.w.open_settings()
+    assert dialog.spec("budget_tokens").applies_text == "applies now"
+    dialog.set_value("budget_tokens", 256)
+    with qtbot.wait_signal(desk.c.settingsApplied, timeout=REPLY_MS):
+        qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton)
+    qtbot.wait_until(lambda: desk.c.stats.get("budget_tokens") == 256 and not desk.c._stats_busy, timeout=30_000)
+    assert not dialog.isVisible()
+    assert any(text.startswith("evicted file:big.txt#") for text in desk.c.events.texts())
+    states = {state for _, _, state in desk.w.memory.block_rows()}
+    assert "ram" in states and int(desk.w.memory.counts()["evictions"]) > 0
+    assert desk.w.status.budget == 256 and desk.w.status.active <= 256
+    send_and_wait(desk, qtbot, "And what is on the last line?")
+    assert desk.w.status.active <= 256
+    saved = json.loads((desk.home / "config" / "settings.json").read_text())
+    assert saved["budget_tokens"] == 256
+
+
+def test_a_bad_budget_is_refused_in_the_dialog(desk, qtbot):
+    dialog = desk.w.open_settings()
+    dialog.set_value("low_watermark", 0.95)
+    dialog.set_value("high_watermark", 0.9)
+    with qtbot.assert_not_emitted(dialog.applied):
+        qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Apply), Qt.MouseButton.LeftButton)
+    assert dialog.isVisible() and "low_watermark" in dialog.error.text()
+    dialog.reject()
+
+
+# -- conversations -----------------------------------------------------------------------------
+def test_new_rename_pin_search_switch_and_delete_conversations(desk, qtbot):
+    first = fresh_conversation(desk, qtbot)
+    send_and_wait(desk, qtbot, "Say hello.")
+    second = fresh_conversation(desk, qtbot)
+    assert desk.w.chat.bubbles == []
+    qtbot.wait_until(lambda: desk.w.sidebar.visible_ids()[:2] == [second, first])
+    desk.w.ask_text = lambda *args: "Greeting chat"
+    desk.w.rename_conversation(first)
+    qtbot.wait_until(lambda: "Greeting chat" in desk.w.sidebar.visible_titles())
+    desk.c.pin_conversation(first, True)
+    qtbot.wait_until(lambda: desk.w.sidebar.visible_ids()[0] == first)
+    desk.w.sidebar.search.setText("greeting")
+    assert desk.w.sidebar.visible_titles() == ["Greeting chat"]
+    desk.w.sidebar.search.clear()
+    with qtbot.wait_signal(desk.c.messagesReset, timeout=REPLY_MS):              # switch back by click
+        rect = desk.w.sidebar.view.visualRect(desk.w.sidebar.proxy.index(0, 0))
+        qtbot.mouseClick(desk.w.sidebar.view.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+    assert desk.c.current_id == first and desk.w.title.text() == "Greeting chat"
+    assert [b.role for b in desk.w.chat.bubbles] == ["user", "assistant"]
+    desk.w.confirm = lambda *args: False
+    desk.w.delete_conversation(second)
+    QTest.qWait(200)
+    assert second in desk.w.sidebar.visible_ids()
+    desk.w.confirm = lambda *args: True
+    desk.w.delete_conversation(second)
+    qtbot.wait_until(lambda: second not in desk.w.sidebar.visible_ids())
+
+
+def test_history_survives_closing_and_reopening_the_window(qapp, qtbot, tmp_path, llama_threads):
+    first = open_desk(tmp_path)
+    try:
+        send_and_wait(first, qtbot, "Remember the word banana.")
+        conversation_id, reply = first.c.current_id, first.c.messages[-1].text
+        first.w.ask_text = lambda *args: "Fruit talk"
+        first.w.rename_conversation(conversation_id)
+        qtbot.wait_until(lambda: "Fruit talk" in first.w.sidebar.visible_titles())
+    finally:
+        close_desk(first)
+    second = open_desk(tmp_path)
+    try:
+        qtbot.wait_until(lambda: len(second.w.chat.bubbles) == 2, timeout=30_000)
+        assert second.c.current_id == conversation_id and second.w.title.text() == "Fruit talk"
+        assert second.w.sidebar.visible_titles() == ["Fruit talk"]
+        assert [m.text for m in second.c.messages] == ["Remember the word banana.", reply]
+        send_and_wait(second, qtbot, "What word did I ask you to remember?")
+        assert len(second.w.chat.bubbles) == 4
+    finally:
+        close_desk(second)
+
+
+# -- errors and threads ------------------------------------------------------------------------
+def test_a_bad_model_path_shows_an_error_and_the_previous_model_keeps_working(desk, qtbot, tmp_path):
+    fresh_conversation(desk, qtbot)
+    name = desk.c.model_info.name
+    dialog = desk.w.open_settings()
+    dialog.editors["model_path"].set_path(str(tmp_path / "missing-model.gguf"))
+    with qtbot.wait_signal(desk.c.errorRaised, timeout=REPLY_MS) as error:
+        qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton)
+    assert "missing-model.gguf" in error.args[0] and "not found" in error.args[0]
+    qtbot.wait_until(lambda: desk.c.model_state == "ready")
+    assert "missing-model.gguf" in desk.w.banner.text() and desk.c.settings.model_path is None
+    message = send_and_wait(desk, qtbot, "Say OK.")
+    assert message.text.strip() and desk.c.model_info.name == name and message.stopped != "error"
+
+
+def test_llama_cpp_never_runs_on_the_gui_thread(desk, qtbot, llama_threads):
+    fresh_conversation(desk, qtbot)
+    before = sum(llama_threads.values())
+    send_and_wait(desk, qtbot, "Count to three.")
+    assert sum(llama_threads.values()) > before                        # the recorder saw this turn
+    assert threading.main_thread().name not in llama_threads, dict(llama_threads)
+    assert set(llama_threads) == {"evoke-engine"}, dict(llama_threads)     # nor on the app's call threads
+
+
+def test_the_engine_scheduler_runs_in_the_qt_event_loop(desk):
+    from app.scheduler import QtEventLoopScheduler
+
+    scheduler = desk.bridge.scheduler
+    assert desk.bridge.scheduler_attached and isinstance(scheduler, QtEventLoopScheduler)
+    assert scheduler.running and scheduler.get_jobs()             # the engine's sweeps are on it
+    assert scheduler._host.thread() is desk.w.thread() and scheduler._host.active
