@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from .attachments import AttachmentError, paste_name, read_text_attachment
 from .bridge import EngineBridge, error_text
+from .messages import DEFAULT_TITLES, ChatMessage, Stream, title_from
 from .models import BlockTableModel, ConversationListModel, EventLogModel
 from .settings_form import changed, field_specs
 
@@ -22,29 +22,6 @@ log = logging.getLogger(__name__)
 STATE_OF_EVENT = {"evicted": "ram", "spilled": "disk", "dropped": "dropped", "recovered": "resident"}
 MEMORY_EVENTS = {"evicted", "recovered", "spilled", "dropped", "kv_persisted", "kv_restored", "kv_rebuilt",
                  "error"}
-
-
-@dataclass
-class ChatMessage:
-    role: str                                  # user | assistant
-    text: str
-    attachments: list[tuple[str, int]] = field(default_factory=list)   # (name, characters)
-    stopped: str = ""                          # eos | max_tokens | cancelled | ...
-    meta: str = ""                             # "42 tokens · 31.0 tok/s · first token 0.21 s"
-
-    @classmethod
-    def from_history(cls, row: dict[str, Any]) -> ChatMessage:
-        atts = [(str(a[0]), len(a[1]) if len(a) > 1 else 0) for a in row.get("attachments") or []]
-        return cls(row.get("role", "user"), row.get("text", ""), atts)
-
-
-@dataclass
-class Stream:
-    conversation_id: str
-    started: float
-    text: str = ""
-    pieces: int = 0
-    first_at: float | None = None
 
 
 class ChatController(QObject):
@@ -77,6 +54,7 @@ class ChatController(QObject):
         self.pending: list[tuple[str, str]] = []
         self.stream: Stream | None = None
         self.stats: dict[str, Any] = {}
+        self.title = ""
         self._stats_busy = self._stats_dirty = False
         self._flush = QTimer(self, singleShot=True, interval=40, timeout=self._emit_progress)
         self._stats_timer = QTimer(self, singleShot=True, interval=150, timeout=self.refresh_stats)
@@ -157,7 +135,8 @@ class ChatController(QObject):
         self.conv = conv
         self.events.clear()
         self.blocks.set_blocks([])
-        self.currentChanged.emit(str(conv.id), conv.title or "Untitled")
+        self.title = conv.title or "Untitled"
+        self.currentChanged.emit(str(conv.id), self.title)
         self.bridge.call(conv.messages, on_done=lambda rows: self._history(conv, rows), on_error=self._fail)
         self.refresh_stats()
         self.refresh_conversations()
@@ -176,6 +155,7 @@ class ChatController(QObject):
             return
         def done(_: Any) -> None:
             if conversation_id == self.current_id:
+                self.title = title
                 self.currentChanged.emit(conversation_id, title)
             self.refresh_conversations()
         self.bridge.call(self.engine.rename_conversation, conversation_id, title, on_done=done,
@@ -291,9 +271,19 @@ class ChatController(QObject):
             self.messages[-1] = message
             self.replyFinished.emit(message)
         self.turnMetrics.emit(float(ttft or 0.0), float(rate or 0.0))
+        if stream is not None and stream.conversation_id == self.current_id:
+            self._auto_title()
         self.generatingChanged.emit(False)
         self.refresh_stats()
         self.refresh_conversations()
+
+    def _auto_title(self) -> None:
+        """Name an untitled conversation after its first message (the user can rename it)."""
+        if self.title not in DEFAULT_TITLES:
+            return
+        first = next((m for m in self.messages if m.role == "user"), None)
+        if first is not None and (title := title_from(first.text, first.attachments)):
+            self.rename_conversation(self.current_id, title)
 
     def _reply_failed(self, exc: BaseException) -> None:
         stream, self.stream = self.stream, None

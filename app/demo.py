@@ -23,8 +23,8 @@ class DemoTurn:
     max_tokens: int = 96
 
 
-MAIN_DEMO = [DemoTurn("What does this class do? Show how to use it in a short code example.",
-                      ["ring_buffer.py"], 110)]
+MAIN_DEMO = [DemoTurn("Explain RingBuffer briefly, then show a usage example in a python code block.",
+                      ["ring_buffer.py"], 130)]
 MEMORY_DEMO = [DemoTurn("Summarize this configuration file in one sentence.", ["gateway_config.py"], 48),
                DemoTurn("Which port does the cache section use?", [], 32),
                DemoTurn("Now list three sections of the file.", ["ring_buffer.py"], 40)]

@@ -162,3 +162,11 @@ def test_many_python_side_emits_cannot_exhaust_true(qapp):
     qtcompat.guard_true_refcount()
     leak = qtcompat.true_refcount_leak_per_emit()
     assert leak == 0 or sys.getrefcount(True) > 1 << 39     # PySide6 6.12 on 3.11: padded
+
+
+def test_titles_come_from_the_first_line_or_the_first_attachment():
+    from app.messages import title_from
+
+    assert title_from("\n  Fix the parser bug\nmore", []) == "Fix the parser bug"
+    assert title_from("word " * 30, []).endswith("…") and len(title_from("word " * 30, [])) <= 49
+    assert title_from("", [("notes.md", 10)]) == "notes.md"

@@ -10,7 +10,7 @@ from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSizePolicy, QTextBrowser, QVBoxLayout, QWidget
 
-from ..controller import ChatMessage
+from ..messages import ChatMessage
 from ..render import render_markdown, render_plain
 
 

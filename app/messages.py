@@ -1,0 +1,44 @@
+"""What the window shows of a conversation: chat messages, the reply being streamed, titles.
+
+Plain data, no Qt: a ChatMessage is what one bubble renders; a Stream is one reply in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_TITLES = {"New conversation", "Untitled", ""}
+
+
+def title_from(text: str, attachments: list[tuple[str, int]], limit: int = 48) -> str:
+    """A short title: the first line of the message, cut at a word, else the first attachment's name."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    if not line:
+        return attachments[0][0] if attachments else ""
+    if len(line) > limit:
+        line = line[:limit].rsplit(" ", 1)[0].rstrip(",.;:") + "…"
+    return line
+
+
+@dataclass
+class ChatMessage:
+    role: str                                  # user | assistant
+    text: str
+    attachments: list[tuple[str, int]] = field(default_factory=list)   # (name, characters)
+    stopped: str = ""                          # eos | max_tokens | cancelled | ...
+    meta: str = ""                             # "42 tokens · 31.0 tok/s · first token 0.21 s"
+
+    @classmethod
+    def from_history(cls, row: dict[str, Any]) -> ChatMessage:
+        atts = [(str(a[0]), len(a[1]) if len(a) > 1 else 0) for a in row.get("attachments") or []]
+        return cls(row.get("role", "user"), row.get("text", ""), atts)
+
+
+@dataclass
+class Stream:
+    conversation_id: str
+    started: float
+    text: str = ""
+    pieces: int = 0
+    first_at: float | None = None
