@@ -158,16 +158,17 @@ class ConversationMemory:
             self._event("error", f"protected blocks hold {self.active_tokens} tokens, over the budget "
                                  f"of {self.budget_tokens}")
         self.counters.max_active_at_turn_end = max(self.counters.max_active_at_turn_end, self.active_tokens)
-        self.kv.flush_pending_shifts()
+        self.kv.flush_pending_shifts()       # pay the K-shift now, after the reply, not before the next one
 
     # -- recovery ---------------------------------------------------------------------------
     def candidates(self) -> list[Block]:
         backend = self.settings.recovery
         if backend == "kv_restore":
             return [b for b in self.table.saved() if b in self.pool]
-        if backend == "breadcrumb":
+        if backend == "breadcrumb":                      # dropped blocks whose marker is not in context now
+            marked = {b.name.removeprefix("breadcrumb:") for b in self.table.resident if b.role == "breadcrumb"}
             return [b for b in self.table.blocks if b.state is BlockState.DROPPED and b.role != "breadcrumb"
-                    and not b.name.startswith("breadcrumb")]
+                    and b.name not in marked]
         return []
 
     def recover(self, message: str, *, message_tokens: int, reply_reserve: int,
