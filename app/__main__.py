@@ -23,6 +23,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--screenshot", metavar="FILE", help="save the main window after a demo exchange")
     parser.add_argument("--memory-screenshot", metavar="FILE", help="save the memory panel after evictions")
     parser.add_argument("--settings-screenshot", metavar="FILE", help="save the settings dialog")
+    parser.add_argument("--settings-tab", default="Memory", help="tab shown by --settings-screenshot")
     parser.add_argument("--size", default="1440x900", help="window size WxH (screenshots)")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args(argv)
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     window.show()
     if args.settings_screenshot:
         from .demo import settings_screenshot
-        settings_screenshot(window, args.settings_screenshot)
+        settings_screenshot(window, args.settings_screenshot, args.settings_tab)
     else:
         controller.start()
     if args.screenshot or args.memory_screenshot:

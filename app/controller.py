@@ -39,6 +39,7 @@ class ChatController(QObject):
     attachmentsChanged = Signal(list)          # [(name, characters)]
     settingsApplied = Signal(object)
     errorRaised = Signal(str)
+    warningRaised = Signal(str)                # engine-wide warnings (e.g. a setting that may not fit)
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -347,7 +348,7 @@ class ChatController(QObject):
         if block and kind in STATE_OF_EVENT:
             self.blocks.set_state(block, STATE_OF_EVENT[kind])
         if kind == "error":
-            self.errorRaised.emit(message)
+            (self.errorRaised if conv_id is not None else self.warningRaised).emit(message)
         if conv_id is not None and not self._stats_timer.isActive():
             self._stats_timer.start()
 

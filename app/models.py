@@ -193,7 +193,7 @@ class EventLogModel(QAbstractListModel):
         if not index.isValid():
             return None
         row = self.rows[index.row()]
-        if role == Qt.ItemDataRole.DisplayRole:
+        if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.ToolTipRole):
             return f"{time.strftime('%H:%M:%S', time.localtime(row.time))}  {row.text}"
         if role == StateRole:
             return row.kind

@@ -26,8 +26,10 @@ def icon(name: str) -> QIcon:
 
 
 def stylesheet() -> str:
+    """The style sheet, with @ICONS@ replaced by the icons folder (QSS urls are not file-relative)."""
     path = resources_dir() / "style.qss"
-    return path.read_text(encoding="utf-8") if path.exists() else ""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return text.replace("@ICONS@", (resources_dir() / "icons").as_posix())
 
 
 def demo_file(name: str) -> Path:

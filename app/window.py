@@ -50,9 +50,16 @@ class ErrorBanner(QWidget):
         row.addWidget(close)
         self.hide()
 
-    def show_message(self, text: str) -> None:
+    def show_message(self, text: str, level: str = "error") -> None:
         self.label.setText(text)
+        self.setProperty("level", level)
+        for widget in (self, self.label):
+            widget.style().unpolish(widget)
+            widget.style().polish(widget)
         self.show()
+
+    def show_warning(self, text: str) -> None:
+        self.show_message(text, "warning")
 
     def text(self) -> str:
         return self.label.text() if self.isVisible() else ""
@@ -152,6 +159,7 @@ class MainWindow(QMainWindow):
         c.prefillProgress.connect(self.status.set_prefill)
         c.attachmentsChanged.connect(self.input.set_attachments)
         c.errorRaised.connect(self.banner.show_message)
+        c.warningRaised.connect(self.banner.show_warning)
         c.settingsApplied.connect(lambda s: setattr(self.status, "high_watermark", s.high_watermark))
         self.sidebar.newRequested.connect(c.new_conversation)
         self.sidebar.activated.connect(c.open_conversation)

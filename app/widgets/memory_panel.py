@@ -158,6 +158,8 @@ class MemoryPanel(QWidget):
         self.events.setModel(events_model)
         self.events.setItemDelegate(EventDelegate(self.events))
         self.events.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.events.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.events.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         events_layout.addWidget(self.events)
         split.addWidget(events_box)
         split.setSizes([320, 200])

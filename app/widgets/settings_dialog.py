@@ -79,15 +79,21 @@ class SettingsDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Settings — Evoke Desk")
         self.setObjectName("settingsDialog")
-        self.resize(820, 640)
+        self.resize(860, 740)
         self.base = settings
         self.specs = form.field_specs(type(settings))
         self.editors: dict[str, QWidget] = {}
         self.hints: dict[str, QLabel] = {}
         layout = QVBoxLayout(self)
+        note = QLabel("Settings marked <span style='color:#3fb950'>applies now</span> take effect at once "
+                      "(a lower budget evicts the open conversation down to it); those marked "
+                      "<span style='color:#d29922'>after model reload</span> reload the model when you press "
+                      "OK or Apply. Saved under " + str(settings.config_dir) + ".", objectName="settingsNote")
+        note.setWordWrap(True)
+        layout.addWidget(note)
         self.tabs = QTabWidget(objectName="settingsTabs")
         for group, specs in form.grouped(self.specs).items():
-            self.tabs.addTab(self._page(specs), form.GROUP_TITLES.get(group, group))
+            self.tabs.addTab(self._page(specs), form.GROUP_TITLES.get(group, group).replace("&", "&&"))
         layout.addWidget(self.tabs, 1)
         self.error = QLabel(objectName="settingsError")
         self.error.setWordWrap(True)
@@ -147,6 +153,7 @@ class SettingsDialog(QDialog):
         if spec.kind == "choice":
             combo = QComboBox()
             combo.addItems(list(spec.choices or ()))
+            combo.setMaximumWidth(260)
             return combo
         if spec.kind == "bool":
             return QCheckBox()
