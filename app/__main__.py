@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     shooting = args.screenshot or args.memory_screenshot or args.settings_screenshot
     if shooting and not os.environ.get("EVOKE_HOME"):
         os.environ["EVOKE_HOME"] = tempfile.mkdtemp(prefix="evoke-desk-shot-")
-    app = make_application([sys.argv[0]])
+    app = make_application(["evoke-desk"])          # argv[0] names the X11 WM class (StartupWMClass)
     from evoke_engine import Settings
     overrides: dict = {}
     if args.model:
