@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict, deque
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -21,13 +22,15 @@ from .settings_form import changed, field_specs
 log = logging.getLogger(__name__)
 STATE_OF_EVENT = {"evicted": "ram", "spilled": "disk", "dropped": "dropped", "recovered": "resident"}
 MEMORY_EVENTS = {"evicted", "recovered", "spilled", "dropped", "kv_persisted", "kv_restored", "kv_rebuilt",
-                 "error"}
+                 "parked", "error"}
+EVENTS_KEPT = 300
 
 
 class ChatController(QObject):
     modelStateChanged = Signal(str, str)       # loading | ready | failed | unloaded, detail
     modelInfoChanged = Signal(object)
-    currentChanged = Signal(str, str)          # conversation id, title
+    currentChanged = Signal(str, str)          # conversation id, title (another conversation opened)
+    titleChanged = Signal(str, str)            # conversation id, new title of the open conversation
     messagesReset = Signal(list)               # [ChatMessage]
     messageAdded = Signal(object)              # ChatMessage
     replyProgress = Signal(str)                # the streaming reply so far
@@ -56,6 +59,7 @@ class ChatController(QObject):
         self.stream: Stream | None = None
         self.stats: dict[str, Any] = {}
         self.title = ""
+        self._event_log: dict[str, deque[tuple[str, str, float]]] = defaultdict(lambda: deque(maxlen=EVENTS_KEPT))
         self._stats_busy = self._stats_dirty = False
         self._flush = QTimer(self, singleShot=True, interval=40, timeout=self._emit_progress)
         self._stats_timer = QTimer(self, singleShot=True, interval=150, timeout=self.refresh_stats)
@@ -134,7 +138,8 @@ class ChatController(QObject):
 
     def _opened(self, conv: Any) -> None:
         self.conv = conv
-        self.events.clear()
+        kept = sorted([*self._event_log[""], *self._event_log[str(conv.id)]], key=lambda e: e[2])
+        self.events.set_rows(kept[-EVENTS_KEPT:])
         self.blocks.set_blocks([])
         self.title = conv.title or "Untitled"
         self.currentChanged.emit(str(conv.id), self.title)
@@ -157,7 +162,7 @@ class ChatController(QObject):
         def done(_: Any) -> None:
             if conversation_id == self.current_id:
                 self.title = title
-                self.currentChanged.emit(conversation_id, title)
+                self.titleChanged.emit(conversation_id, title)
             self.refresh_conversations()
         self.bridge.call(self.engine.rename_conversation, conversation_id, title, on_done=done,
                          on_error=self._fail)
@@ -340,11 +345,13 @@ class ChatController(QObject):
             return
         if kind not in MEMORY_EVENTS and kind not in ("model_unloaded", "load_failed"):
             return
+        block = getattr(event, "block", None)
+        text = message if block is None or block in message else f"{kind} {block}"
+        when = float(getattr(event, "time", 0) or time.time())
+        self._event_log[conv_id or ""].append((kind, text, when))   # shown again when it is reopened
         if conv_id not in (None, self.current_id):
             return
-        block = getattr(event, "block", None)
-        self.events.append(kind, message if block is None or block in message else f"{kind} {block}",
-                           getattr(event, "time", None))
+        self.events.append(kind, text, when)
         if block and kind in STATE_OF_EVENT:
             self.blocks.set_state(block, STATE_OF_EVENT[kind])
         if kind == "error":

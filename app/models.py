@@ -179,8 +179,12 @@ class EventLogModel(QAbstractListModel):
         self.endInsertRows()
 
     def clear(self) -> None:
+        self.set_rows([])
+
+    def set_rows(self, rows: list[tuple[str, str, float]]) -> None:
+        """Replace the list with (kind, text, time) rows, oldest first."""
         self.beginResetModel()
-        self.rows = []
+        self.rows = [EventRow(when, kind, text) for kind, text, when in rows[-self.limit:]]
         self.endResetModel()
 
     def texts(self) -> list[str]:

@@ -147,6 +147,7 @@ class MainWindow(QMainWindow):
         c.modelStateChanged.connect(self._model_state)
         c.modelInfoChanged.connect(self.status.set_model_info)
         c.currentChanged.connect(self._current_changed)
+        c.titleChanged.connect(self._title_changed)
         c.messagesReset.connect(self.chat.reset)
         c.messageAdded.connect(self.chat.add)
         c.replyProgress.connect(self.chat.update_streaming)
@@ -180,10 +181,13 @@ class MainWindow(QMainWindow):
         self.input.set_ready(state in ("ready", "unloaded"))
 
     def _current_changed(self, conversation_id: str, title: str) -> None:
-        self.title.setText(title)
-        self.setWindowTitle(f"{title} — Evoke Desk")
+        self._title_changed(conversation_id, title)
         self.sidebar.set_current(conversation_id)
         self.input.prompt.setFocus()
+
+    def _title_changed(self, _conversation_id: str, title: str) -> None:
+        self.title.setText(title)
+        self.setWindowTitle(f"{title} — Evoke Desk")
 
     # -- user actions -----------------------------------------------------------------------
     def send(self, text: str) -> None:
