@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QSettings, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -81,6 +81,7 @@ class MainWindow(QMainWindow):
         self.resize(1440, 900)
         self._build()
         self._wire()
+        self._restore_layout()
 
     # -- layout -----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -243,7 +244,21 @@ class MainWindow(QMainWindow):
             self.attach_paths(paths)
             event.acceptProposedAction()
 
+    def _layout_store(self) -> QSettings:
+        path = self.controller.settings.config_dir / "window.ini"
+        return QSettings(str(path), QSettings.Format.IniFormat)
+
+    def _restore_layout(self) -> None:
+        store = self._layout_store()
+        if store.contains("geometry"):
+            self.restoreGeometry(store.value("geometry"))
+            self.restoreState(store.value("state"))
+
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        store = self._layout_store()
+        store.setValue("geometry", self.saveGeometry())
+        store.setValue("state", self.saveState())
+        store.sync()
         if self.controller.generating:
             self.controller.stop()
         self.closed.emit()

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from PySide6.QtCore import QMimeData, Qt, QUrl
 from PySide6.QtTest import QTest
-from PySide6.QtWidgets import QDialogButtonBox
+from PySide6.QtWidgets import QDialogButtonBox, QToolButton
 
 from app.__main__ import build
 from evoke_engine import Settings
@@ -143,6 +143,40 @@ def test_enter_sends_and_shift_enter_adds_a_line(desk, qtbot):
     assert prompt.toPlainText() == ""
 
 
+def test_a_large_paste_offers_to_attach_it_as_a_file(desk, qtbot):
+    prompt, big = desk.w.input.prompt, "\n".join(f"line {i}: value = {i * i}" for i in range(80))
+    prompt.clear()
+    mime = QMimeData()
+    mime.setText(big)
+    desk.w.confirm = lambda *args: False                  # "no": it goes into the box as text
+    prompt.insertFromMimeData(mime)
+    assert prompt.toPlainText() == big and desk.c.pending == []
+    prompt.clear()
+    desk.w.confirm = lambda *args: True                   # "attach as file"
+    prompt.insertFromMimeData(mime)
+    assert prompt.toPlainText() == "" and desk.c.pending == [("pasted-1.txt", big)]
+    assert len(desk.w.input.chips) == 1
+    qtbot.mouseClick(desk.w.input.chips[0].findChild(QToolButton), Qt.MouseButton.LeftButton)
+    assert desk.c.pending == [] and desk.w.input.chips == []
+    small = QMimeData()
+    small.setText("short text")
+    prompt.insertFromMimeData(small)
+    assert prompt.toPlainText() == "short text"
+    prompt.clear()
+
+
+def test_copy_link_puts_the_code_block_on_the_clipboard(desk, qtbot):
+    from PySide6.QtGui import QGuiApplication
+
+    from app.messages import ChatMessage
+    from app.widgets.chat_view import MessageBubble
+
+    bubble = MessageBubble(ChatMessage("assistant", "Use:\n```python\nprint('hi')\n```\nor\n```sh\necho hi\n```"))
+    qtbot.addWidget(bubble)
+    bubble.body.anchorClicked.emit(QUrl("copy:1"))
+    assert QGuiApplication.clipboard().text() == "echo hi" and "copied" in bubble.footer.text()
+
+
 # -- memory ------------------------------------------------------------------------------------
 def long_file(tmp_path, name="service_notes.txt", sections=14):
     lines = [f"Section {i}: the {name} service keeps {i * 7} workers on port {4000 + i}, restarts after "
@@ -164,9 +198,12 @@ def test_an_attached_file_shows_as_blocks_in_the_memory_panel(desk, qtbot, tmp_p
     mime.setUrls([QUrl.fromLocalFile(str(dropped))])
     desk.w.input.prompt.insertFromMimeData(mime)                 # what a drop or a file paste does
     assert [n for n, _ in desk.c.pending] == ["service_notes.txt", "dropped.md"]
+    prefill: list[tuple[int, str]] = []
+    desk.c.prefillProgress.connect(lambda done, text: prefill.append((done, text)))
     with qtbot.wait_signal(desk.c.statsChanged, timeout=REPLY_MS,
                            check_params_cb=lambda s: s.get("turn", 0) >= 1):
         send_and_wait(desk, qtbot, "Which port does section 3 use?")
+    assert prefill and prefill[-1][1].count("/") == 1                  # long prefill showed progress
     names = [name for name, _, _ in desk.w.memory.block_rows()]
     assert "file:service_notes.txt#0" in names and "file:service_notes.txt#1" in names
     assert "file:dropped.md#0" in names and "user#1" in names and "assistant#1" in names
