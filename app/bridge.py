@@ -130,6 +130,20 @@ class EngineBridge(QObject):
         engine.subscribe(self._on_engine_event)
         return engine
 
+    def restart(self, settings) -> None:
+        """Replace an engine whose model never loaded by a new one on `settings` (off the GUI thread)."""
+        old, self.engine = self.engine, None
+        self.settings = settings
+        self.scheduler = QtEventLoopScheduler()          # the old engine shuts its scheduler down
+        self.scheduler_attached = False
+        self.modelLoading.emit()
+
+        def work() -> Any:
+            if old is not None:
+                old.close()
+            return self._create()
+        self.call(work, on_done=self._created, on_error=self._load_failed)
+
     def _created(self, engine: Any) -> None:
         self.engine = engine
         self.track(engine.ready, on_done=lambda _: self._loaded(), on_error=self._load_failed)

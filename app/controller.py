@@ -363,6 +363,12 @@ class ChatController(QObject):
     def apply_settings(self, new: Any) -> None:
         """Apply what applies now (the budget to the open conversation at once), reload for the rest."""
         old, conv = self.settings, self.conv
+        if self.model_info is None and self.model_state == "failed":
+            self.settings = new                 # no model ever loaded here: start a fresh engine on `new`
+            self.bridge.restart(new.replace())
+            self._save(new)
+            self.settingsApplied.emit(new)
+            return
         specs = field_specs(type(new))
         _, reload_names = changed(old, new, specs)
 

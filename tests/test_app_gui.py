@@ -336,6 +336,28 @@ def test_a_bad_model_path_shows_an_error_and_the_previous_model_keeps_working(de
     assert message.text.strip() and desk.c.model_info.name == name and message.stopped != "error"
 
 
+def test_a_bad_model_path_at_start_shows_an_error_and_settings_recover(qapp, qtbot, tmp_path):
+    settings = test_settings(tmp_path).replace(model_path=str(tmp_path / "gone.gguf"))
+    bridge, controller, window = build(settings, (1000, 700))
+    window.show()
+    try:
+        with qtbot.wait_signal(controller.modelStateChanged, timeout=REPLY_MS,
+                               check_params_cb=lambda state, detail: state == "failed"):
+            controller.start()
+        assert "gone.gguf" in window.banner.text() and not window.input.send_button.isEnabled()
+        dialog = window.open_settings()
+        dialog.editors["model_path"].set_path(None)                     # back to the embedded model
+        qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton)
+        qtbot.wait_until(lambda: controller.model_state == "ready" and controller.conv is not None,
+                         timeout=REPLY_MS)
+        assert window.input.send_button.isEnabled()
+        desk = SimpleNamespace(bridge=bridge, c=controller, w=window)
+        assert send_and_wait(desk, qtbot, "Say OK.").text.strip()
+    finally:
+        window.close()
+        bridge.close()
+
+
 def test_llama_cpp_never_runs_on_the_gui_thread(desk, qtbot, llama_threads):
     fresh_conversation(desk, qtbot)
     before = sum(llama_threads.values())
