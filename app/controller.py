@@ -17,7 +17,7 @@ from .attachments import AttachmentError, paste_name, read_text_attachment
 from .bridge import EngineBridge, error_text
 from .messages import DEFAULT_TITLES, ChatMessage, Stream, title_from
 from .models import BlockTableModel, ConversationListModel, EventLogModel
-from .settings_form import changed, field_specs
+from .settings_flow import SettingsFlow
 
 log = logging.getLogger(__name__)
 STATE_OF_EVENT = {"evicted": "ram", "spilled": "disk", "dropped": "dropped", "recovered": "resident"}
@@ -26,7 +26,7 @@ MEMORY_EVENTS = {"evicted", "recovered", "spilled", "dropped", "kv_persisted", "
 EVENTS_KEPT = 300
 
 
-class ChatController(QObject):
+class ChatController(SettingsFlow, QObject):
     modelStateChanged = Signal(str, str)       # loading | ready | failed | unloaded, detail
     modelInfoChanged = Signal(object)
     currentChanged = Signal(str, str)          # conversation id, title (another conversation opened)
@@ -144,6 +144,8 @@ class ChatController(QObject):
         self.title = conv.title or "Untitled"
         self.currentChanged.emit(str(conv.id), self.title)
         self.bridge.call(conv.messages, on_done=lambda rows: self._history(conv, rows), on_error=self._fail)
+        if hasattr(self.engine, "focus"):           # the open conversation's requests go first
+            self.bridge.call(self.engine.focus, str(conv.id), on_error=self._fail)
         self.refresh_stats()
         self.refresh_conversations()
 
@@ -216,7 +218,7 @@ class ChatController(QObject):
         text = text.strip()
         if (not text and not self.pending) or self.generating or self.conv is None:
             return False
-        if self.model_state != "ready" and self.model_state != "unloaded":
+        if self.model_state not in ("ready", "unloaded"):
             return False
         conv, attachments = self.conv, list(self.pending)
         self.pending = []
@@ -358,61 +360,3 @@ class ChatController(QObject):
             (self.errorRaised if conv_id is not None else self.warningRaised).emit(message)
         if conv_id is not None and not self._stats_timer.isActive():
             self._stats_timer.start()
-
-    # -- settings ---------------------------------------------------------------------------
-    def apply_settings(self, new: Any) -> None:
-        """Apply what applies now (the budget to the open conversation at once), reload for the rest."""
-        old, conv = self.settings, self.conv
-        if self.model_info is None and self.model_state == "failed":
-            self.settings = new                 # no model ever loaded here: start a fresh engine on `new`
-            self.bridge.restart(new.replace())
-            self._save(new)
-            self.settingsApplied.emit(new)
-            return
-        specs = field_specs(type(new))
-        _, reload_names = changed(old, new, specs)
-
-        def work() -> list[str]:
-            apply = getattr(self.engine, "apply_settings", None)
-            if apply is None:   # engine without apply_settings (a contract gap): budget below still applies
-                log.warning("the engine has no apply_settings(); only the budget applies now")
-                names = list(new.needs_reload(old))
-                if conv is not None and new.budget_tokens != old.budget_tokens:
-                    conv.set_budget(new.budget_tokens)
-            else:
-                names = list(apply(new.replace()) or [])   # the engine applies the budget to open convs
-            return names
-
-        def done(names: list[str]) -> None:
-            self.settings = self.bridge.settings = new
-            if names or reload_names:
-                self.reload(new, old)
-            else:
-                self._save(new)
-                self.settingsApplied.emit(new)
-            self.refresh_stats()
-        self.bridge.call(work, on_done=done, on_error=self._fail)
-
-    def reload(self, new: Any, old: Any) -> None:
-        self._set_model_state("loading", "Reloading model…")
-
-        def failed(exc: BaseException) -> None:
-            self.settings = self.bridge.settings = old
-            if hasattr(self.engine, "apply_settings"):
-                self.bridge.call(self.engine.apply_settings, old.replace(), on_error=self._fail)
-            self.errorRaised.emit(f"The new model settings did not load ({error_text(exc)}); "
-                                  f"still using {getattr(self.model_info, 'name', 'the previous model')}.")
-            self._set_model_state("ready", getattr(self.model_info, "name", ""))
-
-        def loaded(_: Any) -> None:
-            self._save(new)
-            self.settingsApplied.emit(new)
-            self.bridge.call(self.engine.model_info, on_done=self._model_ready, on_error=self._fail)
-        self.bridge.call(self.engine.reload, new.replace(), on_error=failed,
-                         on_done=lambda fut: self.bridge.track(fut, on_done=loaded, on_error=failed))
-
-    def _save(self, settings: Any) -> None:
-        try:
-            settings.save()
-        except OSError as exc:
-            self.errorRaised.emit(f"Settings could not be saved: {exc}")

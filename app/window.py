@@ -133,6 +133,9 @@ class MainWindow(QMainWindow):
         self.memory_action.setShortcut(QKeySequence("Ctrl+M"))
         for action in (self.new_action, self.settings_action, self.memory_action):
             toolbar.addAction(action)
+        self.stop_action = QAction("Stop generating", self, shortcut=QKeySequence(Qt.Key.Key_Escape),
+                                   triggered=c.stop)
+        self.addAction(self.stop_action)
         menu = self.menuBar().addMenu("&File")
         menu.addAction(self.new_action)
         menu.addAction("Attach files…", self.attach_files)

@@ -1,0 +1,76 @@
+"""Applying settings from the dialog: what applies now goes to the engine at once, the rest reloads.
+
+Invariants: a reload that fails leaves the previous model and settings in place (and says so);
+settings reach disk only once they took effect; the engine always gets its own copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .bridge import error_text
+from .settings_form import changed, field_specs
+
+log = logging.getLogger(__name__)
+
+
+class SettingsFlow:
+    """Mixed into ChatController (uses its bridge, settings, conv, model state and signals)."""
+
+    def apply_settings(self, new: Any) -> None:
+        """Apply what applies now (the budget to the open conversation at once), reload for the rest."""
+        old, conv = self.settings, self.conv
+        if self.model_info is None and self.model_state == "failed":
+            self.settings = new                 # no model ever loaded here: start a fresh engine on `new`
+            self.bridge.restart(new.replace())
+            self._save(new)
+            self.settingsApplied.emit(new)
+            return
+        specs = field_specs(type(new))
+        _, reload_names = changed(old, new, specs)
+
+        def work() -> list[str]:
+            apply = getattr(self.engine, "apply_settings", None)
+            if apply is None:   # engine without apply_settings (a contract gap): budget below still applies
+                log.warning("the engine has no apply_settings(); only the budget applies now")
+                names = list(new.needs_reload(old))
+                if conv is not None and new.budget_tokens != old.budget_tokens:
+                    conv.set_budget(new.budget_tokens)
+            else:
+                names = list(apply(new.replace()) or [])   # the engine applies the budget to open convs
+            return names
+
+        def done(names: list[str]) -> None:
+            self.settings = self.bridge.settings = new
+            if names or reload_names:
+                self.reload(new, old)
+            else:
+                self._save(new)
+                self.settingsApplied.emit(new)
+            self.refresh_stats()
+        self.bridge.call(work, on_done=done, on_error=self._fail)
+
+    def reload(self, new: Any, old: Any) -> None:
+        self._set_model_state("loading", "Reloading model…")
+
+        def failed(exc: BaseException) -> None:
+            self.settings = self.bridge.settings = old
+            if hasattr(self.engine, "apply_settings"):
+                self.bridge.call(self.engine.apply_settings, old.replace(), on_error=self._fail)
+            self.errorRaised.emit(f"The new model settings did not load ({error_text(exc)}); "
+                                  f"still using {getattr(self.model_info, 'name', 'the previous model')}.")
+            self._set_model_state("ready", getattr(self.model_info, "name", ""))
+
+        def loaded(_: Any) -> None:
+            self._save(new)
+            self.settingsApplied.emit(new)
+            self.bridge.call(self.engine.model_info, on_done=self._model_ready, on_error=self._fail)
+        self.bridge.call(self.engine.reload, new.replace(), on_error=failed,
+                         on_done=lambda fut: self.bridge.track(fut, on_done=loaded, on_error=failed))
+
+    def _save(self, settings: Any) -> None:
+        try:
+            settings.save()
+        except OSError as exc:
+            self.errorRaised.emit(f"Settings could not be saved: {exc}")
