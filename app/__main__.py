@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv if argv is not None else sys.argv[1:])
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("apscheduler").setLevel(logging.WARNING)   # one line per sweep otherwise
     shooting = args.screenshot or args.memory_screenshot or args.settings_screenshot
     if shooting and not os.environ.get("EVOKE_HOME"):
         os.environ["EVOKE_HOME"] = tempfile.mkdtemp(prefix="evoke-desk-shot-")

@@ -170,3 +170,13 @@ def test_titles_come_from_the_first_line_or_the_first_attachment():
     assert title_from("\n  Fix the parser bug\nmore", []) == "Fix the parser bug"
     assert title_from("word " * 30, []).endswith("…") and len(title_from("word " * 30, [])) <= 49
     assert title_from("", [("notes.md", 10)]) == "notes.md"
+
+
+def test_stall_probe_reports_gaps_beyond_the_tick(qapp):
+    from app.bench import StallProbe
+
+    probe = StallProbe()
+    probe.gaps["turn"] = [10.0] * 98 + [70.0, 12.0]
+    summary = probe.summary("turn")
+    assert summary["ticks"] == 100 and summary["stall_max_ms"] == 60.0 and summary["stalls_over_50ms"] == 1
+    assert summary["stall_p50_ms"] == 0.0 and probe.summary("missing") == {"ticks": 0}
