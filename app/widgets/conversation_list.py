@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import QModelIndex, QPoint, QRect, QSize, QSortFilterProxyModel, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QPainter, QPen
+from PySide6.QtGui import QColor, QFont, QKeySequence, QPainter, QPen, QShortcut
 from PySide6.QtWidgets import (
     QLineEdit,
     QListView,
@@ -119,9 +119,18 @@ class ConversationSidebar(QWidget):
         self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.view.customContextMenuRequested.connect(self._menu)
         self.view.clicked.connect(lambda index: self.activated.emit(index.data(IdRole)))
+        self.view.doubleClicked.connect(lambda index: self.renameRequested.emit(index.data(IdRole)))
+        for key, signal in ((Qt.Key.Key_F2, self.renameRequested), (Qt.Key.Key_Delete, self.deleteRequested)):
+            shortcut = QShortcut(QKeySequence(key), self.view, context=Qt.ShortcutContext.WidgetShortcut)
+            shortcut.activated.connect(lambda signal=signal: self._on_current(signal))
         layout.addWidget(self.view, 1)
         self._current = ""
         model.modelReset.connect(self._reselect)
+
+    def _on_current(self, signal) -> None:
+        index = self.view.currentIndex()
+        if index.isValid():
+            signal.emit(index.data(IdRole))
 
     def visible_titles(self) -> list[str]:
         return [self.proxy.index(r, 0).data() for r in range(self.proxy.rowCount())]
