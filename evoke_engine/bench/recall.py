@@ -49,8 +49,10 @@ def run_one(engine: Engine, seed: int, *, fillers: int = 6) -> dict:
     document, passkey, depth = make_document(rng)
     conv = engine.new_conversation(system_prompt=SYSTEM, tools=[])
     largest = 0
+    # The acknowledgement is capped at 3 tokens so it cannot repeat the passkey: a reply that
+    # quoted it would keep the digits resident in an assistant block and blur what recall measures.
     conv.send("Please read this document and reply OK.", attachments=[("document.txt", document)],
-              max_tokens=16, temperature=0)
+              max_tokens=3, temperature=0)
     largest = max(largest, conv.stats()["active_tokens"])
     for question in rng.sample(FILLERS, fillers):
         conv.send(question, max_tokens=80, temperature=0)
