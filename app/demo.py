@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QObject, QTimer
+from PySide6.QtCore import QObject, Qt, QTimer
 from PySide6.QtWidgets import QApplication
 
 from .resources import demo_file
@@ -75,6 +75,9 @@ class DemoDirector(QObject):
             QTimer.singleShot(300, self._next)
 
     def _shoot(self) -> None:
+        if self.target == "memory":                  # wide enough that event lines are not cut
+            self.window.resizeDocks([self.window.memory_dock], [560], Qt.Orientation.Horizontal)
+            QApplication.processEvents()
         widget = {"window": self.window, "memory": self.window.memory_dock}[self.target]
         if not widget.grab().save(self.path):
             self._fail(f"could not write {self.path}")
