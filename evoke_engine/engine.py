@@ -145,16 +145,17 @@ class Engine:
         self.kvfiles = KVFileStore(settings.cache_dir, model_hash(rt.model_path, settings.kv_cache_type, rt.n_ctx,
                                                                   settings.slots), ttls, clock=self.clock)
         self.kvfiles.check(fix=True)
-        cells = settings.slots * settings.budget_tokens + 2 * settings.block_tokens
-        if settings.recovery != "none" and cells > rt.n_ctx:
-            self._emit(EngineEvent("error", f"{settings.slots} slots x {settings.budget_tokens} tokens may not fit "
-                                            f"in a context of {rt.n_ctx}; raise n_ctx or lower slots or budget"))
         if not rt.eviction_supported:
             self._emit(EngineEvent("error", f"{rt.eviction_note}; chat works without eviction"))
+        shared = 0
         if self.prewarm:
-            self._prefix_for(self._default_system_prompt(), self._default_tools())
+            shared = len(self._prefix_for(self._default_system_prompt(), self._default_tools()).tokens)
             if self.embedder.enabled and settings.recovery != "none":
                 self.thread.submit(self.embedder.warm, priority=BACKGROUND)
+        cells = shared + settings.slots * max(0, settings.budget_tokens - shared) + 2 * settings.block_tokens
+        if settings.recovery != "none" and cells > rt.n_ctx:
+            self._emit(EngineEvent("error", f"{settings.slots} slots of {settings.budget_tokens} tokens may not fit "
+                                            f"in a context of {rt.n_ctx}; raise n_ctx or lower slots or budget"))
         info = self._info = rt.info()
         self._emit(EngineEvent("model_loaded", f"{info.name} on {info.device}"))
         return info

@@ -151,9 +151,10 @@ class ConversationMemory:
             self._event("evicted", f"evicted {block.name} ({block.n_tokens} tokens)", block)
         return victims
 
-    def end_turn(self) -> None:
+    def end_turn(self, *, keep: Iterable[Block] = ()) -> None:
+        """Evict to the low watermark if the turn crossed the high one; `keep` (this turn's recoveries) stays."""
         if self.eviction_enabled and self.active_tokens > int(self.budget_tokens * self.settings.high_watermark):
-            self.evict_to(int(self.budget_tokens * self.settings.low_watermark))
+            self.evict_to(int(self.budget_tokens * self.settings.low_watermark), current=keep)
         if self.active_tokens > self.budget_tokens and self.eviction_enabled:
             self._event("error", f"protected blocks hold {self.active_tokens} tokens, over the budget "
                                  f"of {self.budget_tokens}")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .blocks import Block
+from .blocks import Block, BlockState
 from .memory import ConversationMemory
 from .runtime import Cancelled, Runtime
 from .sampling import SamplerChain, SamplingParams
@@ -127,7 +127,7 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     reply.recovered = [b.name for b in recovered]
     history.append({"role": "assistant", "content": reply.text})
     memory.focus.update(memory.query)
-    memory.end_turn()
+    memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT])
     return reply
 
 
