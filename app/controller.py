@@ -127,11 +127,18 @@ class ChatController(SettingsFlow, QObject):
             self.bridge.call(self.engine.conversations, on_done=self.conversations.set_conversations,
                              on_error=lambda exc: log.warning("listing conversations: %s", exc))
 
+    def _engine_or_say(self) -> bool:
+        if self.engine is None or self.model_state == "failed":
+            self.errorRaised.emit("No model is loaded: choose a model in Settings.")
+            return False
+        return True
+
     def new_conversation(self) -> None:
-        self.bridge.call(self.engine.new_conversation, on_done=self._opened, on_error=self._fail)
+        if self._engine_or_say():
+            self.bridge.call(self.engine.new_conversation, on_done=self._opened, on_error=self._fail)
 
     def open_conversation(self, conversation_id: str) -> None:
-        if conversation_id == self.current_id:
+        if conversation_id == self.current_id or not self._engine_or_say():
             return
         self.bridge.call(self.engine.open_conversation, conversation_id, on_done=self._opened,
                          on_error=self._fail)
