@@ -90,7 +90,7 @@ class ConversationState:
 class Engine:
     def __init__(self, settings: Settings | None = None, *, wait: bool = True, scheduler=None,
                  clock: Callable[[], float] = time.time, prewarm: bool = True) -> None:
-        self.settings = settings or Settings()
+        self.settings = dataclasses.replace(settings) if settings is not None else Settings()   # ours to mutate
         self.prewarm = prewarm
         self.clock = clock
         self.thread = EngineThread()
@@ -207,6 +207,8 @@ class Engine:
 
     def reload(self, new: Settings) -> Future:
         """Load the model `new` names; on failure the previous model is loaded back and the error raised."""
+        new = dataclasses.replace(new)
+
         def swap() -> ModelInfo:
             old = self.settings
             self._unload()
@@ -215,10 +217,13 @@ class Engine:
                 return self._load(new)
             except EvokeError:
                 self.settings = old
-                self._load(old)
+                if self.ready.exception() is None:         # the previous model had loaded: bring it back
+                    self._load(old)
                 raise
 
-        return self.thread.submit(swap, priority=FOREGROUND)
+        future = self.thread.submit(swap, priority=FOREGROUND)
+        future.add_done_callback(lambda f: None if f.exception() else setattr(self, "ready", f))
+        return future
 
     def unload_model(self) -> None:
         self.thread.call(self._unload)
