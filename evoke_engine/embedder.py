@@ -48,7 +48,7 @@ class Embedder:
     def warm(self) -> None:
         """Load the model now (the engine does this in the background after the LLM loads)."""
         if self.enabled:
-            self._load()
+            self._load().encode(["warm up"], show_progress_bar=False)     # first inference allocates
 
     def embed(self, texts: list[str]) -> np.ndarray | None:
         """(len(texts), dim) unit vectors, or None when similarity is off."""

@@ -424,12 +424,12 @@ class Engine:
     def persist(self, conversation_id: str, ttl_class: str | None = None) -> bool:
         return self.thread.call(lambda: self._persist(self._open_state(conversation_id), ttl_class))
 
-    def release_conversation(self, conversation_id: str) -> None:
-        """Persist a conversation and free its slot and RAM (it reopens from disk)."""
+    def release_conversation(self, conversation_id: str, persist: bool = True) -> None:
+        """Persist a conversation (unless told not to) and free its slot and RAM."""
         def release() -> None:
             state = self._states.get(conversation_id)
             if state is not None:
-                self._release(state)
+                self._release(state, persist=persist)
         self.thread.call(release)
 
     def conversations(self) -> list[ConversationInfo]:

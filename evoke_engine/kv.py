@@ -25,7 +25,7 @@ class SavedKV:
     `origin_pos` is the position the bytes are anchored at (updated when they are re-anchored).
     """
 
-    data: bytearray
+    data: bytearray | memoryview      # writable, so restore and re-anchoring need no copy
     origin_pos: int
     n_tokens: int
 

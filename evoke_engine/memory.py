@@ -44,6 +44,13 @@ class Counters:
 log = logging.getLogger(__name__)
 
 
+def _writable(data) -> bytearray | memoryview:
+    """A buffer llama.cpp can read from without a copy (copies only read-only input)."""
+    if isinstance(data, memoryview) and not data.readonly or isinstance(data, bytearray):
+        return data
+    return bytearray(data)
+
+
 class ConversationMemory:
     def __init__(self, conversation_id: str, *, settings: Settings, runtime: Runtime, kv: KVCache,
                  pool: SavedPool, embedder: Embedder, emit: Callable[[EngineEvent], None]) -> None:
@@ -160,6 +167,8 @@ class ConversationMemory:
                                  f"of {self.budget_tokens}")
         self.counters.max_active_at_turn_end = max(self.counters.max_active_at_turn_end, self.active_tokens)
         self.kv.flush_pending_shifts()       # pay the K-shift now, after the reply, not before the next one
+        if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
+            self.ensure_embeddings(b for b in self.table.resident if not b.shared)
 
     # -- recovery ---------------------------------------------------------------------------
     def candidates(self) -> list[Block]:
@@ -299,14 +308,14 @@ class ConversationMemory:
             block.pos = None
             if index in snapshot.saved:
                 data, origin, n_tokens = snapshot.saved[index]
-                self.pool.put(block, SavedKV(bytearray(data), origin, n_tokens))
+                self.pool.put(block, SavedKV(_writable(data), origin, n_tokens))
             else:
                 block.state = BlockState.DROPPED
         self.table.check()
         if snapshot.image is not None:
             data, origin, n_tokens = snapshot.image
             image = Block(name="slot-image", role="image", turn=snapshot.turn, tokens=[], text="")
-            self.pool.put(image, SavedKV(bytearray(data), origin, n_tokens))
+            self.pool.put(image, SavedKV(_writable(data), origin, n_tokens))
             self.image = image
         self.turn = snapshot.turn
         self.budget_tokens = snapshot.budget_tokens

@@ -7,13 +7,17 @@ header (model hash, checksum) has already been verified before `decode_payload` 
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .blocks import Block, BlockState
 
 FORMAT = 1
+Buffer = bytes | bytearray | memoryview
 
 
 class SnapshotError(ValueError):
@@ -28,8 +32,8 @@ class Snapshot:
     budget_tokens: int
     history: list[dict]
     blocks: list[Block]
-    image: tuple[bytes, int, int] | None                  # (bytes, origin_pos, n_tokens) of the slot
-    saved: dict[int, tuple[bytes, int, int]] = field(default_factory=dict)   # block index -> bytes
+    image: tuple[Buffer, int, int] | None                 # (bytes, origin_pos, n_tokens) of the slot
+    saved: dict[int, tuple[Buffer, int, int]] = field(default_factory=dict)  # block index -> bytes
     counters: dict = field(default_factory=dict)
     focus: list[float] | None = None
 
@@ -38,7 +42,9 @@ def _block_head(block: Block) -> dict:
     return {"name": block.name, "role": block.role, "turn": block.turn, "tokens": block.tokens,
             "text": block.text, "state": block.state.value, "shared": block.shared, "pinned": block.pinned,
             "priority": block.priority, "file_name": block.file_name, "hash": block.hash,
-            "recoveries": block.recoveries, "pos": block.pos}
+            "recoveries": block.recoveries, "pos": block.pos,
+            "embedding": None if block.embedding is None
+            else base64.b64encode(block.embedding.astype(np.float16).tobytes()).decode()}
 
 
 def encode_payload(snapshot: Snapshot) -> bytes:
@@ -61,23 +67,24 @@ def encode_payload(snapshot: Snapshot) -> bytes:
     return struct.pack("<I", len(head_bytes)) + head_bytes + b"".join(blobs)
 
 
-def decode_payload(payload: bytes) -> Snapshot:
+def decode_payload(payload: bytes | bytearray) -> Snapshot:
+    """Blobs come back as memoryviews into `payload` (no copy; writable when it is a bytearray)."""
     try:
         (head_len,) = struct.unpack_from("<I", payload, 0)
         if 4 + head_len > len(payload):
             raise SnapshotError("head longer than the payload")
-        head = json.loads(payload[4:4 + head_len])
+        head = json.loads(bytes(payload[4:4 + head_len]))
         if head.get("format") != FORMAT:
             raise SnapshotError(f"snapshot format {head.get('format')} (this version reads {FORMAT})")
         body = memoryview(payload)[4 + head_len:]
 
-        def blob(key: str) -> tuple[bytes, int, int] | None:
+        def blob(key: str) -> tuple[memoryview, int, int] | None:
             if key not in head["spans"]:
                 return None
             offset, length, origin, n_tokens = head["spans"][key]
             if offset < 0 or length < 0 or offset + length > len(body):
                 raise SnapshotError(f"blob {key} outside the payload")
-            return bytes(body[offset:offset + length]), origin, n_tokens
+            return body[offset:offset + length], origin, n_tokens
 
         blocks = []
         for row in head["blocks"]:
@@ -85,6 +92,9 @@ def decode_payload(payload: bytes) -> Snapshot:
                           text=row["text"], state=BlockState(row["state"]), shared=row["shared"],
                           pinned=row["pinned"], priority=row["priority"], file_name=row["file_name"],
                           hash=row["hash"], recoveries=row["recoveries"], pos=row.get("pos"))
+            if row.get("embedding"):
+                vector = np.frombuffer(base64.b64decode(row["embedding"]), dtype=np.float16).astype(np.float32)
+                block.embedding = vector / (np.linalg.norm(vector) + 1e-12)
             blocks.append(block)
         saved = {}
         for index in range(len(blocks)):
@@ -97,5 +107,5 @@ def decode_payload(payload: bytes) -> Snapshot:
                         focus=head.get("focus"))
     except SnapshotError:
         raise
-    except (struct.error, ValueError, KeyError, TypeError) as exc:
+    except (struct.error, ValueError, KeyError, TypeError, base64.binascii.Error) as exc:
         raise SnapshotError(f"unreadable snapshot: {exc}") from exc

@@ -450,7 +450,7 @@ def test_threads_share_one_store_and_end_consistent(store: KVFileStore) -> None:
                     store.write(conversation_id, rng.choice(TTL_CLASSES), payload_of(step, 2000))
                 elif action < 0.9:
                     payload = store.read(conversation_id)
-                    assert payload is None or payload in {payload_of(n, 2000) for n in range(40)}
+                    assert payload is None or bytes(payload) in {payload_of(n, 2000) for n in range(40)}
                 else:
                     store.remove(conversation_id)
                 store.sweep_expired(max_files=2)

@@ -220,14 +220,15 @@ class KVFileStore:
 
     # -- reading -------------------------------------------------------------------------------------
 
-    def _read_checked(self, path: Path) -> bytes:
+    def _read_checked(self, path: Path) -> bytearray:
         with open(path, "rb") as file:
             header = validate_header(file.read(HEADER_SIZE), os.fstat(file.fileno()).st_size, self.model_hash)
-            payload = file.read(header.payload_length)
-        validate_payload(header, payload)
+            payload = bytearray(header.payload_length)       # writable: K/V splices straight from it
+            got = file.readinto(payload)
+        validate_payload(header, payload if got == len(payload) else payload[:got])
         return payload
 
-    def read(self, conversation_id: str) -> bytes | None:
+    def read(self, conversation_id: str) -> bytearray | None:
         """The conversation's payload, or None when absent, expired or invalid (those files are removed).
 
         A hit refreshes the file's mtime to `clock()`, which is what TTL expiry and the LRU budget use.
