@@ -15,7 +15,12 @@ $PIP install -q --upgrade pip wheel
 TORCH_VERSION=2.13.0
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   links="${PIP_FIND_LINKS:-} $($PIP config get global.find-links 2>/dev/null || true)"
-  local_cpu_wheel=$(for d in $links; do ls "$d"/torch-"$TORCH_VERSION"+cpu-*.whl 2>/dev/null; done | head -n 1)
+  local_cpu_wheel=""
+  for d in $links; do
+    for wheel in "$d"/torch-"$TORCH_VERSION"+cpu-*.whl; do
+      [ -f "$wheel" ] && local_cpu_wheel=$wheel
+    done
+  done
   if command -v nvidia-smi >/dev/null 2>&1; then
     $PIP install -q "torch==$TORCH_VERSION"                     # PyPI's default build carries CUDA
   elif [ -n "$local_cpu_wheel" ]; then
