@@ -13,10 +13,6 @@ class ModelLoadError(EvokeError):
     """The model file is missing, is not GGUF, or llama.cpp refused it."""
 
 
-class UnsupportedCacheError(EvokeError):
-    """The model's cache kind (recurrent, hybrid, sliding window) cannot evict blocks."""
-
-
 class BudgetError(EvokeError):
     """The budget cannot hold what must stay resident (e.g. the shared prefix)."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from .errors import ContextFullError, ModelLoadError, UnsupportedCacheError
+from .errors import ContextFullError, ModelLoadError
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -303,5 +303,5 @@ class DecodeError(ContextFullError):
         self.rc = rc
 
 
-__all__ = ["Runtime", "ModelInfo", "Cancelled", "DecodeError", "UnsupportedCacheError",
+__all__ = ["Runtime", "ModelInfo", "Cancelled", "DecodeError",
            "default_model_path", "check_model_file"]

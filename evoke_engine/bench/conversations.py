@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 from ..engine import Engine, default_tools
 from ..runtime import default_model_path
@@ -155,7 +156,7 @@ def _decode_user_tokens_only(engine: Engine, message: str) -> float:
     """The floor: decode the user's tokens (and the generation prompt) on the cached prefix, sample one."""
     import numpy as np
 
-    conv = engine._create_state(uuid4_hex(), "floor", engine._default_system_prompt(), engine._default_tools())
+    conv = engine._create_state(uuid.uuid4().hex, "floor", engine._default_system_prompt(), engine._default_tools())
     memory, rt, template = conv.memory, engine.rt, engine.template
     user = {"role": "user", "content": message}
     text = template.segment([], user) + template.assistant_frame([user]).opening
@@ -167,12 +168,6 @@ def _decode_user_tokens_only(engine: Engine, message: str) -> float:
     engine._forget(conv.id)
     engine.history.delete(conv.id)
     return elapsed
-
-
-def uuid4_hex() -> str:
-    import uuid
-
-    return uuid.uuid4().hex
 
 
 def run_prewarm(tokens: int | None = None, trials: int = 5) -> dict:

@@ -61,7 +61,6 @@ def run_one(engine: Engine, seed: int, *, fillers: int = 6) -> dict:
     reply = conv.send(PROBE, max_tokens=24, temperature=0)
     stats = conv.stats()
     largest = max(largest, stats["active_tokens"])
-    engine.thread.call(lambda: None)
     state = engine._states[conv.id]
     key_block = next((b for b in state.memory.table.blocks if passkey in b.text and b.role == "file"), None)
     resident_at_probe = key_block is not None and key_block.state.value == "resident"
