@@ -15,7 +15,8 @@ from evoke_engine import EditError, Engine, ImportFormatError, Settings
 GREEDY = {"temperature": 0, "max_tokens": 12}
 DOCUMENT = ("Deployment notes\n\nThe staging host restarts at midnight.\n\n"
             "The passkey is 7316. Remember the passkey 7316.\n\nLogs rotate every week.\n")
-PROBE = "What is the passkey in the document? Answer with the number."        # answered from turn 1's file: a wrong cache shows
+# answered from turn 1's file, so a wrong cache shows
+PROBE = "What is the passkey in the document? Answer with the number."
 TURNS = ["Please read notes.txt.", "Name a color of the sky.", "What is two plus three?"]
 
 
