@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--budget", type=int, default=512)
     p.add_argument("--backends", default="none,discard,breadcrumb,kv_restore")
+    p = sub.add_parser("edit", help="regenerate, edit 3 turns back and fork against re-prefill")
+    p.add_argument("--tokens", type=int, default=None)
+    p.add_argument("--trials", type=int, default=3)
     for name in ("switch", "reopen", "prewarm"):
         p = sub.add_parser(name)
         p.add_argument("--tokens", type=int, default=None)
@@ -61,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         from .recall import run
 
         result = run(seeds=args.seeds, budget=args.budget, backends=tuple(args.backends.split(",")))
+    elif args.name == "edit":
+        from .edit import run
+
+        result = run(tokens=args.tokens, trials=args.trials)
     else:
         from . import conversations
 
