@@ -15,13 +15,14 @@ QUESTION = "What does node 5 hold?"
 def wide_embedder(tmp_path_factory):
     """A second local embedder of another dimension: the bundled MiniLM followed by a 384 -> 768 layer."""
     import torch
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense
 
     from evoke_engine.embedder import bundled_model_path
 
     torch.manual_seed(0)
     base = SentenceTransformer(bundled_model_path(), device="cpu")
-    dense = models.Dense(in_features=384, out_features=768, activation_function=torch.nn.Identity())
+    dense = Dense(in_features=384, out_features=768, activation_function=torch.nn.Identity())
     path = tmp_path_factory.mktemp("wide-embedder") / "wide-768"
     SentenceTransformer(modules=[*base, dense], device="cpu").save(str(path))
     return str(path)
