@@ -19,29 +19,26 @@ from .store.history import MessageRow
 from .turn import render_user_content
 
 
-def replayed_turns(messages: Sequence[MessageRow]) -> list[tuple[MessageRow, MessageRow]]:
-    """The (user, assistant) pairs a rebuild from history replays, in order."""
-    pairs, pending_user = [], None
-    for message in messages:
-        if message.role == "user":
-            pending_user = message
-        elif message.role == "assistant" and pending_user is not None:
-            pairs.append((pending_user, message))
-            pending_user = None
-    return pairs
-
-
 def expected_history(messages: Sequence[MessageRow]) -> list[tuple[str, str]]:
-    """(role, content) of the template history a rebuild from `messages` produces."""
-    out = []
-    for user, assistant in replayed_turns(messages):
-        out += [("user", render_user_content(user.text, user.attachments)), ("assistant", assistant.text)]
-    return out
+    """(role, content) of the template history a rebuild from `messages` produces (every live message)."""
+    return [(m.role, m.text if m.role == "assistant" else render_user_content(m.text, m.attachments))
+            for m in messages]
+
+
+def _focus_texts(messages: Sequence[MessageRow]) -> list[str]:
+    """The texts a rebuild feeds the task focus: at each reply, the input message last replayed before it."""
+    texts, last_input = [], ""
+    for message in messages:
+        if message.role != "assistant":
+            last_input = message.text
+        elif last_input.strip():
+            texts.append(last_input)
+    return texts
 
 
 def focus_from_history(messages: Sequence[MessageRow], embedder: Embedder, settings: Settings) -> list[float] | None:
-    """The task focus a rebuild computes: the EMA over the replayed user messages' vectors."""
-    texts = [user.text for user, _ in replayed_turns(messages) if user.text.strip()]
+    """The task focus a rebuild computes: the EMA over the replayed input messages' vectors."""
+    texts = _focus_texts(messages)
     vectors = embedder.embed(texts) if texts else None
     if vectors is None:
         return None

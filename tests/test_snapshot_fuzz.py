@@ -99,7 +99,7 @@ def test_the_unmutated_file_restores_and_gives_the_rebuilds_reply(rig):
     assert reply == rig.reference
 
 
-@settings(max_examples=24, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=12, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_fuzzed_snapshots_never_break_a_conversation(rig, data):
     payload, _ = mutate(rig.payload, data)
