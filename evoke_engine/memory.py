@@ -336,11 +336,20 @@ class ConversationMemory:
             block.sibling_shared = False                 # the image comes back into private cells
 
     def unpark(self, seq: int) -> None:
-        """Back into a slot whose prefix cells were already shared in: restore the image in place."""
+        """Back into a slot whose prefix cells were already shared in: restore the image in place.
+        Raises RestoreError when the image is lost (the caller rebuilds the conversation)."""
         self.seq = seq
         if self.image is not None:
-            self.kv.restore(self.pool.take(self.image), seq, self.prefix_tokens)
-            self.image = None
+            image, self.image = self.image, None
+            self.kv.restore(self.pool.take(image), seq, self.prefix_tokens)
+
+    def set_embedder(self, embedder: Embedder) -> None:
+        """Use another embedder: vectors of the old one are of another space, so they are forgotten."""
+        self.embedder = embedder
+        for block in self.table.blocks:
+            block.embedding = None
+        self.focus.vector = None
+        self._query_ready = False
 
     # -- persistence ------------------------------------------------------------------------
     def snapshot(self, prefix_key: str, history: list[dict]) -> Snapshot:
