@@ -750,6 +750,17 @@ class Conversation:
         """The latest memory snapshot; never waits for the engine thread."""
         return dict(self.engine._snapshots.get(self.id, {}))
 
+    def template_history(self) -> list[dict]:
+        """A copy of the template messages (system excluded) the KV was built from (benches, tests)."""
+        return self.engine.thread.call(lambda: [dict(m) for m in self.engine._open_state(self.id).history])
+
+    def blocks(self, *, with_text: bool = False) -> list[dict]:
+        """One summary per block (as in `stats()["blocks"]`), with each block's text when asked."""
+        def read() -> list[dict]:
+            table = self.engine._open_state(self.id).memory.table
+            return [{**b.summary(), **({"text": b.text} if with_text else {})} for b in table.blocks]
+        return self.engine.thread.call(read)
+
     def messages(self) -> list[dict]:
         return [{"role": m.role, "text": m.text, "attachments": m.attachments, "created_at": m.created_at,
                  "id": m.id, "extra": m.extra} for m in self.engine.history.messages(self.id)]

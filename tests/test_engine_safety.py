@@ -141,3 +141,16 @@ def test_every_applies_now_setting_reaches_the_object_that_uses_it(tmp_path):
             assert pending == []
             assert engine.settings_in_use(conv.id)[name] == new, f"{name} did not reach its user"
         conv.check()
+
+
+def test_benches_read_history_and_blocks_through_public_calls(engine):
+    conv = engine.new_conversation(**BRIEF)
+    conv.send("Read this.", [("note.txt", "The passkey is 4242.")], max_tokens=4, temperature=0)
+    history = conv.template_history()
+    assert [m["role"] for m in history] == ["user", "assistant"]
+    history.clear()                                                 # a copy: the engine's is untouched
+    assert len(conv.template_history()) == 2
+    blocks = conv.blocks(with_text=True)
+    assert any(b["role"] == "file" and "4242" in b["text"] and b["state"] == "resident" for b in blocks)
+    assert [{k: v for k, v in b.items() if k != "text"} for b in blocks] == conv.stats()["blocks"]
+    assert "text" not in conv.blocks()[0]
