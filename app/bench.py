@@ -99,7 +99,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         if not controller.send(text, **options):
             raise RuntimeError(f"{phase}: the message could not be sent")
         _wait(lambda: not controller.generating, 600)
-        _wait(lambda: not controller._stats_busy, 30)
+        _wait(lambda: not controller.stats_pending, 30)
         seconds = time.perf_counter() - started
         stats = controller.stats
         reply = controller.messages[-1]
@@ -113,7 +113,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
     previous = controller.current_id
     controller.new_conversation()
     _wait(lambda: controller.current_id != previous, 60)
-    _wait(lambda: not controller._stats_busy, 30)
+    _wait(lambda: not controller.stats_pending, 30)
     controller.apply_settings(controller.settings.replace(budget_tokens=args.budget, block_tokens=64))
     _wait(lambda: controller.settings.budget_tokens == args.budget, 60)
     controller.attach_file(str(demo_file("gateway_config.py")))

@@ -324,6 +324,11 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         self.refresh_stats()
 
     # -- memory view ------------------------------------------------------------------------
+    @property
+    def stats_pending(self) -> bool:
+        """A stats request is in flight (tests and the GUI bench wait for it to land)."""
+        return self._stats_busy
+
     def refresh_stats(self) -> None:
         """Ask for the open conversation's stats; coalesces calls while one is in flight."""
         conv = self.conv

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import InvariantError
+
 
 class BlockState(enum.Enum):
     RESIDENT = "resident"     # in the context, attended to
@@ -56,7 +58,8 @@ class Block:
 
     @property
     def end(self) -> int:
-        assert self.pos is not None, f"{self.name} is not resident"
+        if self.pos is None:
+            raise InvariantError(f"{self.name} is not resident")
         return self.pos + self.n_tokens
 
     def summary(self) -> dict[str, Any]:
@@ -101,7 +104,8 @@ class BlockTable:
 
     def remove_resident(self, block: Block, new_state: BlockState) -> tuple[int, int]:
         """Take `block` out of the resident run; later blocks move down. Returns its old range."""
-        assert not block.shared, f"shared block {block.name} cannot leave the context"
+        if block.shared:
+            raise InvariantError(f"shared block {block.name} cannot leave the context")
         index = self.resident.index(block)
         p0, p1 = block.pos, block.end
         del self.resident[index]
@@ -123,9 +127,11 @@ class BlockTable:
     def check(self) -> None:
         pos = 0
         for block in self.resident:
-            assert block.state is BlockState.RESIDENT, block.name
-            assert block.pos == pos, f"{block.name} at {block.pos}, expected {pos}"
+            if block.state is not BlockState.RESIDENT:
+                raise InvariantError(f"{block.name} is in the resident run but {block.state.value}")
+            if block.pos != pos:
+                raise InvariantError(f"{block.name} at {block.pos}, expected {pos}")
             pos += block.n_tokens
         for block in self.blocks:
-            if block.state is not BlockState.RESIDENT:
-                assert block.pos is None and block not in self.resident, block.name
+            if block.state is not BlockState.RESIDENT and (block.pos is not None or block in self.resident):
+                raise InvariantError(f"{block.name} is {block.state.value} but still has a position")

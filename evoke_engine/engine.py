@@ -19,10 +19,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import editing
+from . import editing, live_settings
 from .blocks import Block
 from .embedder import Embedder
-from .errors import BudgetError, EvokeError
+from .errors import BudgetError, EvokeError, RestoreError
 from .events import EngineEvent
 from .exchange import parse_json, to_json, to_markdown
 from .kv import KVCache
@@ -110,7 +110,8 @@ class Engine:
         self._subscribers: list[Callable[[EngineEvent], None]] = []
         self._states: dict[str, ConversationState] = {}
         self._snapshots: dict[str, dict] = {}
-        self._cancels: dict[str, threading.Event] = {}
+        self._cancels: dict[str, set[threading.Event]] = {}     # one Event per queued or running turn
+        self._cancels_lock = threading.Lock()
         self.focused: str | None = None
         self.last_activity = clock()
         self.history = HistoryDB(self.settings.data_dir / "history.sqlite3")
@@ -154,7 +155,7 @@ class Engine:
         self.embedder = Embedder(settings.embedder)
         self.slots = SlotRegistry(settings.slots)
         self.prefixes = PrefixRegistry(rt.prefix_seqs)
-        ttls = {"short": settings.ttl_short_s, "long": settings.ttl_long_s, "extended": settings.ttl_extended_s}
+        ttls = live_settings.ttl_seconds(settings)
         self.kvfiles = KVFileStore(settings.cache_dir, model_hash(rt.model_path, settings.kv_cache_type, rt.n_ctx,
                                                                   settings.slots), ttls, clock=self.clock)
         self.kvfiles.check(fix=True)
@@ -204,19 +205,12 @@ class Engine:
         pending = new.needs_reload(self.settings)
 
         def apply() -> None:
-            budget_changed = new.budget_tokens != self.settings.budget_tokens
-            embedder_changed = new.embedder != self.settings.embedder
-            for f in dataclasses.fields(Settings):
-                if f.metadata.get("applies") == "now":
-                    setattr(self.settings, f.name, getattr(new, f.name))
-            if embedder_changed and self.rt is not None:
-                self._switch_embedder()
+            old = dataclasses.replace(self.settings)
+            for name in live_settings.now_fields():
+                setattr(self.settings, name, getattr(new, name))
+            live_settings.push(self, old, [state.memory for state in self._states.values()])
             for state in self._states.values():
-                if budget_changed:
-                    state.memory.set_budget(self.settings.budget_tokens)
                 self._refresh(state)
-            if self.sweeps is not None:
-                self.sweeps.schedule()
 
         self.thread.call(apply, priority=FOREGROUND)
         return pending
@@ -230,6 +224,11 @@ class Engine:
             state.memory.adopt_embedder(self.embedder, focus)
         if self.embedder.enabled and self.settings.recovery != "none":
             self.thread.submit(self.embedder.warm, priority=BACKGROUND)
+
+    def settings_in_use(self, conversation_id: str) -> dict:
+        """Each "applies now" setting as the object that uses it holds it (tests, diagnostics)."""
+        return self.thread.call(lambda: live_settings.in_use(self, self._open_state(conversation_id).memory),
+                                priority=FOREGROUND)
 
     def reload(self, new: Settings) -> Future:
         """Load the model `new` names; on failure the previous model is loaded back and the error raised."""
@@ -306,7 +305,23 @@ class Engine:
         self.kv.drop(slot)
         if prefix.tokens:
             self.kv.share(prefix.seq, slot, 0, len(prefix.tokens))
-        memory.unpark(slot)
+        try:
+            memory.unpark(slot)
+        except RestoreError as exc:                 # its parked bytes are gone (a spill file deleted)
+            self._rebuild_lost(state, exc)
+
+    def _rebuild_lost(self, state: ConversationState, error: Exception) -> None:
+        """The conversation's saved K/V could not come back: drop it and re-prefill from SQLite, in place."""
+        log.warning("KV of %s lost (%s): rebuilt from history", state.id, error)
+        state.memory.release()
+        if self.slots.slot_of(state.id) is not None:
+            self.slots.release(state.id)
+        state.memory = self._new_state(state.id, state.title, state.system_prompt, state.tools,
+                                       state.pinned).memory
+        state.history = []
+        self._emit(EngineEvent("kv_rebuilt", f"saved K/V lost ({error}): rebuilt from history",
+                               conversation_id=state.id))
+        self._rebuild_from_history(state, self._prefix_for(state.system_prompt, state.tools))
 
     @staticmethod
     def _add_prefix_blocks(state: ConversationState, prefix: Prefix) -> None:
@@ -486,15 +501,20 @@ class Engine:
         return out
 
     def rename_conversation(self, conversation_id: str, title: str) -> None:
-        self.history.rename(conversation_id, title)
-        if conversation_id in self._states:
-            self._states[conversation_id].title = title
+        def rename() -> None:
+            self.history.rename(conversation_id, title)
+            state = self._states.get(conversation_id)
+            if state is not None:
+                state.title = title
+        self.thread.call(rename, priority=FOREGROUND)
 
     def pin_conversation(self, conversation_id: str, pinned: bool) -> None:
-        self.history.set_pinned(conversation_id, pinned)
-        state = self._states.get(conversation_id)
-        if state is not None:
-            state.pinned = pinned
+        def pin() -> None:
+            self.history.set_pinned(conversation_id, pinned)
+            state = self._states.get(conversation_id)
+            if state is not None:
+                state.pinned = pinned
+        self.thread.call(pin, priority=FOREGROUND)
 
     def delete_conversation(self, conversation_id: str) -> None:
         self.thread.call(self._forget, conversation_id)
@@ -516,11 +536,29 @@ class Engine:
     def _submit_turn(self, conversation_id: str, job: Callable, on_token: Callable[[str], None] | None,
                      sampling: dict, *args, **kwargs) -> Future:
         params = SamplingParams.from_settings(self.settings, **sampling)
-        cancel = self._cancels.setdefault(conversation_id, threading.Event())
-        cancel.clear()
+        cancel = threading.Event()                   # this turn's own: a later submit never clears it
+        with self._cancels_lock:
+            self._cancels.setdefault(conversation_id, set()).add(cancel)
         priority = FOREGROUND if conversation_id == self.focused else NORMAL
-        return self.thread.submit(job, conversation_id, *args, params=params, on_token=on_token, cancel=cancel,
-                                  priority=priority, **kwargs)
+        future = self.thread.submit(job, conversation_id, *args, params=params, on_token=on_token, cancel=cancel,
+                                    priority=priority, **kwargs)
+        future.add_done_callback(lambda _: self._turn_finished(conversation_id, cancel))
+        return future
+
+    def _turn_finished(self, conversation_id: str, cancel: threading.Event) -> None:
+        with self._cancels_lock:
+            events = self._cancels.get(conversation_id)
+            if events is not None:
+                events.discard(cancel)
+                if not events:
+                    del self._cancels[conversation_id]
+
+    def cancel(self, conversation_id: str) -> None:
+        """Stop the running and queued turns of a conversation (partial text is kept)."""
+        with self._cancels_lock:
+            events = list(self._cancels.get(conversation_id, ()))
+        for event in events:
+            event.set()
 
     def _turn(self, conversation_id: str, text: str, attachments: list[Attachment] | None, *,
               params: SamplingParams, on_token, cancel: threading.Event, role: str = "user",
@@ -729,14 +767,23 @@ class Conversation:
                 self.cancel()
 
     def cancel(self) -> None:
-        """Stop the running reply of this conversation (its partial text is kept)."""
-        event = self.engine._cancels.get(self.id)
-        if event is not None:
-            event.set()
+        """Stop the running and queued replies of this conversation (their partial text is kept)."""
+        self.engine.cancel(self.id)
 
     def stats(self) -> dict:
         """The latest memory snapshot; never waits for the engine thread."""
         return dict(self.engine._snapshots.get(self.id, {}))
+
+    def template_history(self) -> list[dict]:
+        """A copy of the template messages (system excluded) the KV was built from (benches, tests)."""
+        return self.engine.thread.call(lambda: [dict(m) for m in self.engine._open_state(self.id).history])
+
+    def blocks(self, *, with_text: bool = False) -> list[dict]:
+        """One summary per block (as in `stats()["blocks"]`), with each block's text when asked."""
+        def read() -> list[dict]:
+            table = self.engine._open_state(self.id).memory.table
+            return [{**b.summary(), **({"text": b.text} if with_text else {})} for b in table.blocks]
+        return self.engine.thread.call(read)
 
     def messages(self) -> list[dict]:
         return [{"role": m.role, "text": m.text, "attachments": m.attachments, "created_at": m.created_at,

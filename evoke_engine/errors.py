@@ -29,5 +29,10 @@ class EditError(EvokeError):
     """A conversation edit that cannot apply (no such message, wrong role, a history the template refuses)."""
 
 
+class InvariantError(AssertionError):
+    """Engine state broke one of its invariants (a bug, not the environment). Raised explicitly, so it
+    survives `python -O`; an AssertionError so callers and tests that expect one still catch it."""
+
+
 class ImportFormatError(EvokeError):
     """An imported conversation file is not one this version can read."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from .blocks import Block, BlockState, BlockTable
 from .embedder import Embedder
-from .errors import BudgetError, RestoreError
+from .errors import BudgetError, InvariantError, RestoreError
 from .events import EngineEvent
 from .kv import KVCache, SavedKV
 from .policy import choose_recoveries, choose_victims, protected_blocks
@@ -323,7 +323,8 @@ class ConversationMemory:
     # -- slot parking -----------------------------------------------------------------------
     def park(self) -> None:
         """Leave the slot: the slot's own tokens are saved as one image; shared cells stay shared."""
-        assert self.seq is not None
+        if self.seq is None:
+            raise InvariantError(f"conversation {self.id} is not in a slot: nothing to park")
         start = self.prefix_tokens
         if self.active_tokens > start:
             image = Block(name="slot-image", role="image", turn=self.turn,
@@ -336,11 +337,12 @@ class ConversationMemory:
             block.sibling_shared = False                 # the image comes back into private cells
 
     def unpark(self, seq: int) -> None:
-        """Back into a slot whose prefix cells were already shared in: restore the image in place."""
+        """Back into a slot whose prefix cells were already shared in: restore the image in place.
+        Raises RestoreError when the image is lost (the caller rebuilds the conversation)."""
         self.seq = seq
         if self.image is not None:
-            self.kv.restore(self.pool.take(self.image), seq, self.prefix_tokens)
-            self.image = None
+            image, self.image = self.image, None
+            self.kv.restore(self.pool.take(image), seq, self.prefix_tokens)
 
     # -- persistence ------------------------------------------------------------------------
     def snapshot(self, prefix_key: str, history: list[dict]) -> Snapshot:
@@ -362,7 +364,8 @@ class ConversationMemory:
 
     def load_snapshot(self, snapshot: Snapshot, prefix_tokens: int) -> None:
         """Adopt a snapshot's table while out of a slot; `unpark` then restores its image."""
-        assert self.seq is None and not self.table.blocks
+        if self.seq is not None or self.table.blocks:
+            raise InvariantError("a snapshot is loaded into a fresh memory, out of any slot")
         resident = sorted((b for b in snapshot.blocks if b.state is BlockState.RESIDENT), key=lambda b: b.pos)
         shared = sum(b.n_tokens for b in resident if b.shared)
         total = sum(b.n_tokens for b in resident)
@@ -422,9 +425,8 @@ class ConversationMemory:
 
     def check(self) -> None:
         self.table.check()
-        if self.seq is not None:
-            assert self.kv.pos_max(self.seq) == self.active_tokens - 1, (
-                f"pos_max {self.kv.pos_max(self.seq)} != active {self.active_tokens} - 1")
+        if self.seq is not None and self.kv.pos_max(self.seq) != self.active_tokens - 1:
+            raise InvariantError(f"pos_max {self.kv.pos_max(self.seq)} != active {self.active_tokens} - 1")
 
     def stats(self) -> dict:
         c = self.counters

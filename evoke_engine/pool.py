@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .blocks import Block, BlockState
+from .errors import RestoreError
 from .kv import SavedKV
 
 log = logging.getLogger(__name__)
@@ -73,17 +74,32 @@ class SavedPool:
             self._holders[str(path)] += 1
             target.state = BlockState.DISK
 
+    def set_budget(self, ram_budget_bytes: int) -> None:
+        """Adopt a new RAM budget now: past it, the least recently used entries spill at once."""
+        if ram_budget_bytes < 0:
+            raise ValueError(f"ram_budget_bytes must be >= 0, got {ram_budget_bytes}")
+        self.ram_budget_bytes = ram_budget_bytes
+        self._spill_past_budget()
+
     def take(self, block: Block) -> SavedKV:
         """Remove and return the bytes of `block` (from RAM or its spill file). Bytes a fork still
-        holds are handed out too: a restore re-anchors them in place and updates `origin_pos` for both."""
+        holds are handed out too: a restore re-anchors them in place and updates `origin_pos` for both.
+        Raises RestoreError when the pool does not hold the block or its spill file cannot be read;
+        the entry is gone then and the block DROPPED (its text still rebuilds it)."""
         key = id(block)
         if key in self._ram:
             _, saved = self._ram.pop(key)
             self._let_go(id(saved), saved.nbytes)
             return saved
+        if key not in self._disk:
+            block.state = BlockState.DROPPED
+            raise RestoreError(f"the pool holds no saved bytes of {block.name}")
         _, path, origin, n_tokens = self._disk.pop(key)
         try:
             data = bytearray(path.read_bytes())
+        except OSError as exc:
+            block.state = BlockState.DROPPED
+            raise RestoreError(f"the spill file of {block.name} is unreadable: {exc}") from exc
         finally:
             self._let_go(str(path), path=path)
         return SavedKV(data=data, origin_pos=origin, n_tokens=n_tokens)

@@ -95,7 +95,8 @@ def parse(blob: bytes | bytearray, geometry: RopeGeometry) -> BlobLayout | None:
 
 def shift(blob: bytearray, layout: BlobLayout, geometry: RopeGeometry, delta: int) -> None:
     """In place: every cell's position += delta and every K row rotated by delta."""
-    assert _native is not None
+    if _native is None:
+        raise RuntimeError("the native RoPE re-anchor library is not loaded (run native/build.sh)")
     cells = np.ndarray((layout.n_cells,), dtype="<i4", buffer=blob, offset=layout.positions_offset,
                        strides=(layout.cell_stride,))
     cells += delta

@@ -79,8 +79,7 @@ class Sweeps:
         released = []
         if eng.model_loaded:
             now = eng.clock()
-            ttl = {"short": eng.settings.ttl_short_s, "long": eng.settings.ttl_long_s,
-                   "extended": eng.settings.ttl_extended_s}
+            ttl = eng.kvfiles.ttl_seconds             # one source of truth with the files' own expiry
             for state in list(eng._states.values()):
                 if state.id != eng.focused and now - state.last_used > ttl[state.ttl_class]:
                     eng._release(state)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import InvariantError
+
 
 class SlotRegistry:
     def __init__(self, n_slots: int) -> None:
@@ -35,8 +37,10 @@ class SlotRegistry:
         return next((c for c in self._lru if c != exclude), None)
 
     def pin(self, conversation_id: str, slot: int) -> None:
-        assert slot not in self._holder, f"slot {slot} is held by {self._holder[slot]}"
-        assert conversation_id not in self._lru, f"{conversation_id} already holds a slot"
+        if slot in self._holder:
+            raise InvariantError(f"slot {slot} is held by {self._holder[slot]}")
+        if conversation_id in self._lru:
+            raise InvariantError(f"{conversation_id} already holds a slot")
         self._holder[slot] = conversation_id
         self._lru[conversation_id] = slot
         self.load[slot] += 1

@@ -38,6 +38,10 @@ class EngineThread:
             return fn(*args, **kwargs)
         return self.submit(fn, *args, priority=priority, **kwargs).result()
 
+    def pending(self) -> int:
+        """Jobs queued and not yet started (approximate while other threads submit)."""
+        return self._queue.qsize()
+
     def on_thread(self) -> bool:
         return threading.current_thread() is self.thread
 

@@ -85,14 +85,14 @@ def fresh_conversation(desk, qtbot) -> str:
     with qtbot.wait_signal(desk.c.currentChanged, timeout=REPLY_MS):
         qtbot.mouseClick(desk.w.sidebar.new_button, Qt.MouseButton.LeftButton)
     assert desk.c.current_id != old
-    qtbot.wait_until(lambda: not desk.c._stats_busy)
+    qtbot.wait_until(lambda: not desk.c.stats_pending)
     return desk.c.current_id
 
 
 def send_and_wait(desk, qtbot, text: str, **options):
     with qtbot.wait_signal(desk.c.replyFinished, timeout=REPLY_MS) as reply:
         assert desk.c.send(text, **options)
-    qtbot.wait_until(lambda: not desk.c._stats_busy and not desk.c.generating)
+    qtbot.wait_until(lambda: not desk.c.stats_pending and not desk.c.generating)
     return reply.args[0]
 
 
@@ -222,7 +222,7 @@ def test_lowering_the_budget_in_settings_evicts_and_the_gauge_stays_within_it(de
     dialog.set_value("budget_tokens", 256)
     with qtbot.wait_signal(desk.c.settingsApplied, timeout=REPLY_MS):
         qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton)
-    qtbot.wait_until(lambda: desk.c.stats.get("budget_tokens") == 256 and not desk.c._stats_busy, timeout=30_000)
+    qtbot.wait_until(lambda: desk.c.stats.get("budget_tokens") == 256 and not desk.c.stats_pending, timeout=30_000)
     assert not dialog.isVisible()
     assert int(desk.c.stats["evictions"]) > evictions_before
     assert any(text.startswith("evicted file:big.txt#") for text in desk.c.events.texts()[events_before:])

@@ -5,7 +5,10 @@ from __future__ import annotations
 import builtins
 import errno
 
+import pytest
+
 from evoke_engine.blocks import Block, BlockState
+from evoke_engine.errors import RestoreError
 from evoke_engine.kv import SavedKV
 from evoke_engine.pool import SavedPool
 
@@ -61,3 +64,26 @@ def test_discard_and_peek(tmp_path):
     assert data == bytes([7]) * 100 and (origin, n) == (10, 4) and a in pool
     pool.discard(a)
     assert a not in pool and pool.ram_bytes == 0
+
+
+def test_a_deleted_spill_file_is_a_restore_error_and_the_block_is_dropped(tmp_path):
+    pool = SavedPool(0, tmp_path)
+    a = block("a")
+    pool.put(a, saved(100, 1))
+    assert a.state is BlockState.DISK
+    for path in pool.spill_dir.glob("*.kv"):
+        path.unlink()
+    with pytest.raises(RestoreError, match="spill file"):
+        pool.take(a)
+    assert a not in pool and a.state is BlockState.DROPPED and pool.disk_bytes() == 0
+    with pytest.raises(RestoreError, match="holds no saved bytes"):
+        pool.take(a)
+
+
+def test_a_lower_ram_budget_spills_at_once(tmp_path):
+    pool = SavedPool(10_000, tmp_path)
+    a, b = block("a"), block("b")
+    pool.put(a, saved(400, 1))
+    pool.put(b, saved(400, 2))
+    pool.set_budget(500)
+    assert pool.ram_budget_bytes == 500 and a.state is BlockState.DISK and b.state is BlockState.RAM

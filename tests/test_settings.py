@@ -14,7 +14,15 @@ def test_every_default_is_valid_and_described(tmp_path):
     settings = Settings(home=str(tmp_path))
     for row in Settings.describe():
         assert row["description"] and row["group"] and row["applies"] in ("now", "reload")
-        assert getattr(settings, row["name"]) == row["default"]
+        default = row["default"]                   # checked against its own declaration, not by validate()
+        if row["choices"]:
+            assert default in row["choices"], row["name"]
+        if row["low"] is not None and default is not None:
+            assert row["low"] <= default <= row["high"], row["name"]
+        kinds = {"int": int, "float": (int, float), "str": str, "bool": bool}
+        declared = str(row["type"]).split(" | ")[0]
+        assert default is None or isinstance(default, kinds[declared]), row["name"]
+        assert getattr(settings, row["name"]) == default
 
 
 @pytest.mark.parametrize("change, fragment", [

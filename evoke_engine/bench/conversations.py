@@ -58,7 +58,7 @@ def run_switch(tokens: int | None = None, trials: int = 3) -> dict:
             convs[name].send("Read this file and reply OK.", [(f"{name}.txt", doc)], max_tokens=4, temperature=0)
             sizes[name] = convs[name].stats()["active_tokens"]
         engine.wait_idle()
-        histories = {name: [{"role": "system", "content": SYSTEM}, *engine._states[conv.id].history]
+        histories = {name: [{"role": "system", "content": SYSTEM}, *conv.template_history()]
                      for name, conv in convs.items()}
         order = ["A", "B"] * (trials + 1)
         for i, name in enumerate(order):

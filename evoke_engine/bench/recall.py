@@ -61,9 +61,8 @@ def run_one(engine: Engine, seed: int, *, fillers: int = 6) -> dict:
     reply = conv.send(PROBE, max_tokens=24, temperature=0)
     stats = conv.stats()
     largest = max(largest, stats["active_tokens"])
-    state = engine._states[conv.id]
-    key_block = next((b for b in state.memory.table.blocks if passkey in b.text and b.role == "file"), None)
-    resident_at_probe = key_block is not None and key_block.state.value == "resident"
+    key_block = next((b for b in conv.blocks(with_text=True) if passkey in b["text"] and b["role"] == "file"), None)
+    resident_at_probe = key_block is not None and key_block["state"] == "resident"
     engine.delete_conversation(conv.id)
     return {"seed": seed, "passed": passed(reply, passkey), "reply": reply.strip()[:80], "passkey": passkey,
             "depth": depth, "evictions": stats["evictions"], "recoveries": stats["recoveries"],

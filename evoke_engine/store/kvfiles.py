@@ -120,6 +120,21 @@ class KVFileStore:
 
     # -- helpers -------------------------------------------------------------------------------------
 
+    @property
+    def ttl_seconds(self) -> dict[str, float]:
+        """Lifetime of each TTL class in seconds (a copy)."""
+        with self._lock:
+            return dict(self._ttl_seconds)
+
+    def set_ttl_seconds(self, ttl_seconds: Mapping[str, float]) -> None:
+        """Adopt new lifetimes now: reads, `has`, `touch` and sweeps judge expiry by them from here on."""
+        ttl = dict(ttl_seconds)
+        missing = [ttl_class for ttl_class in TTL_CLASSES if ttl_class not in ttl]
+        if missing:
+            raise ValueError(f"ttl_seconds lacks TTL classes {missing}; needs all of {list(TTL_CLASSES)}")
+        with self._lock:
+            self._ttl_seconds = ttl
+
     def _relative(self, path: Path) -> str:
         return f"{path.parent.name}/{path.name}"
 
