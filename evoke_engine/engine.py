@@ -785,6 +785,15 @@ class Conversation:
             return [{**b.summary(), **({"text": b.text} if with_text else {})} for b in table.blocks]
         return self.engine.thread.call(read)
 
+    def vector_dims(self) -> tuple[set[int], int | None]:
+        """Dimensions of the block embeddings (computed where missing) and of the task focus (diagnostics)."""
+        def read() -> tuple[set[int], int | None]:
+            memory = self.engine._open_state(self.id).memory
+            memory.ensure_embeddings(memory.table.blocks)
+            dims = {b.embedding.shape[0] for b in memory.table.blocks if b.embedding is not None}
+            return dims, None if memory.focus.vector is None else memory.focus.vector.shape[0]
+        return self.engine.thread.call(read)
+
     def messages(self) -> list[dict]:
         return [{"role": m.role, "text": m.text, "attachments": m.attachments, "created_at": m.created_at,
                  "id": m.id, "extra": m.extra} for m in self.engine.history.messages(self.id)]

@@ -67,11 +67,5 @@ def test_three_saved_conversations_reopen_after_an_embedder_switch(tmp_path, wid
 
         conv = engine.open_conversation(ids[0])                    # the vectors now come from the new embedder
 
-        def dims() -> tuple[set[int], int]:
-            memory = engine._states[ids[0]].memory
-            memory.ensure_embeddings(memory.table.blocks)
-            return {b.embedding.shape[0] for b in memory.table.blocks if b.embedding is not None}, \
-                memory.focus.vector.shape[0]
-
-        assert engine.thread.call(dims) == ({768}, 768)
+        assert conv.vector_dims() == ({768}, 768)
         assert conv.send(QUESTION, max_tokens=4, temperature=0) == before[ids[0]]
