@@ -4,10 +4,18 @@ Public API: Engine, Conversation, Settings, Reply, EngineEvent and the error cla
 """
 
 from .engine import Conversation, ConversationInfo, Engine
-from .errors import BudgetError, ContextFullError, EvokeError, ModelLoadError, RestoreError
+from .errors import (
+                     BudgetError,
+                     ContextFullError,
+                     EditError,
+                     EvokeError,
+                     ImportFormatError,
+                     ModelLoadError,
+                     RestoreError,
+)
 from .events import EngineEvent
 from .settings import Settings
 from .turn import Reply
 
 __all__ = ["Engine", "Conversation", "ConversationInfo", "Settings", "Reply", "EngineEvent", "EvokeError",
-           "ModelLoadError", "BudgetError", "ContextFullError", "RestoreError"]
+           "ModelLoadError", "BudgetError", "ContextFullError", "RestoreError", "EditError", "ImportFormatError"]

@@ -2,11 +2,13 @@
 
 Invariants: resident blocks occupy contiguous positions [0, active_tokens) in table order
 (`BlockTable.check`); a block is in exactly one state; a shared (prefix) block is never
-moved or evicted; content hashes are set once, from the block's token ids.
+moved or evicted; content hashes are set once, from the block's token ids; a block whose cells a
+forked sibling conversation may also hold (`sibling_shared`) is copied out before its cells move.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 from dataclasses import dataclass, field
@@ -36,6 +38,7 @@ class Block:
     state: BlockState = BlockState.RESIDENT
     pos: int | None = None    # first position while resident
     shared: bool = False      # cells shared with a prefix sequence
+    sibling_shared: bool = False  # cells possibly shared with a forked conversation's sequence
     pinned: bool = False
     priority: float = 1.0
     file_name: str | None = None
@@ -59,7 +62,16 @@ class Block:
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "role": self.role, "state": self.state.value,
                 "tokens": self.n_tokens, "pos": self.pos, "turn": self.turn,
-                "pinned": self.pinned, "shared": self.shared, "recoveries": self.recoveries}
+                "pinned": self.pinned, "shared": self.shared, "sibling_shared": self.sibling_shared,
+                "recoveries": self.recoveries}
+
+    def message_key(self) -> tuple[int, str]:
+        """Which message of the history this block belongs to: (turn, "input" | "reply")."""
+        return self.turn, "reply" if self.role == "assistant" else "input"
+
+    def clone(self) -> Block:
+        """The same block for a forked conversation (same tokens, text, embedding and state)."""
+        return dataclasses.replace(self)
 
 
 class BlockTable:
@@ -98,6 +110,12 @@ class BlockTable:
         block.pos = None
         block.state = new_state
         return p0, p1
+
+    def forget(self, block: Block) -> None:
+        """Remove a non-resident block from the conversation for good (its message is gone)."""
+        if block.state is BlockState.RESIDENT:
+            raise ValueError(f"{block.name} is resident: take it out of the context first")
+        self.blocks.remove(block)
 
     def saved(self) -> list[Block]:
         return [b for b in self.blocks if b.state in (BlockState.RAM, BlockState.DISK)]

@@ -19,10 +19,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import editing
 from .blocks import Block
 from .embedder import Embedder
 from .errors import BudgetError, EvokeError
 from .events import EngineEvent
+from .exchange import parse_json, to_json, to_markdown
 from .kv import KVCache
 from .memory import ConversationMemory
 from .pool import SavedPool
@@ -32,10 +34,10 @@ from .settings import Settings
 from .slots import Prefix, PrefixRegistry, SlotRegistry, prefix_key
 from .snapshot import SnapshotError, decode_payload, encode_payload
 from .store.errors import StoreError
-from .store.history import HistoryDB
+from .store.history import DELETED, HistoryDB
 from .store.kvfiles import KVFileStore, model_hash
 from .template import ChatTemplate
-from .turn import Attachment, Reply, replay_turn, run_turn
+from .turn import Attachment, Reply, number_turns, regenerate_reply, replay_input, replay_reply, run_turn
 from .worker import BACKGROUND, FOREGROUND, NORMAL, EngineThread
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,11 @@ def default_system_prompt() -> str:
 
 def default_tools() -> list[dict]:
     return json.loads((RESOURCES / "tools.json").read_text())
+
+
+def system_message(system_prompt: str, tools: list[dict]) -> dict:
+    """The template message that opens every conversation: the system prompt with the tool schemas."""
+    return {"role": "system", "content": system_prompt + tools_text(tools)}
 
 
 def tools_text(tools: list[dict]) -> str:
@@ -66,6 +73,7 @@ class ConversationInfo:
     updated_at: float
     pinned: bool
     memory: str            # slot | ram | disk | none
+    forked_from: str | None = None
     source: str = "app"    # app | api (made through the OpenAI-compatible endpoint)
 
 
@@ -86,6 +94,10 @@ class ConversationState:
     @property
     def ttl_class(self) -> str:
         return "extended" if self.pinned else "long"
+
+    @property
+    def system_message(self) -> dict:
+        return system_message(self.system_prompt, self.tools)
 
 
 class Engine:
@@ -242,11 +254,8 @@ class Engine:
     # -- prefixes and slots (engine thread) ------------------------------------------------
     def _prefix_for(self, system_prompt: str, tools: list[dict]) -> Prefix:
         rt = self.rt
-        system = [{"role": "system", "content": system_prompt}]
-        native = bool(tools) and self.template.render(system, tools=tools) != self.template.render(system)
-        extra = "" if native else tools_text(tools)      # the GGUF's template renders tools when it can
-        segment = self.template.render([{"role": "system", "content": system_prompt + extra}],
-                                       tools=tools if native else None)
+        extra = tools_text(tools)
+        segment = self.template.segment([], system_message(system_prompt, tools))
         split = segment.find(extra) if extra else -1
         texts = [("system", segment)] if split < 0 else [("system", segment[:split]), ("tools", segment[split:])]
         texts = [(name, text) for name, text in texts if text]
@@ -265,14 +274,15 @@ class Engine:
                 log.info("prefix %s displaced by %s", displaced.key, key)
         return prefix
 
-    def _ensure_slot(self, state: ConversationState) -> None:
+    def _ensure_slot(self, state: ConversationState, keep: str | None = None) -> None:
+        """Put the conversation in a slot, parking the least recently used other one (never `keep`)."""
         memory = state.memory
         if memory.seq is not None:
             self.slots.touch(state.id)
             return
         slot = self.slots.free_slot()
         if slot is None:
-            oldest = self.slots.least_recent()
+            oldest = self.slots.least_recent(exclude=keep)
             self._states[oldest].memory.park()
             slot = self.slots.release(oldest)
             self._emit(EngineEvent("parked", f"conversation left slot {slot}", conversation_id=oldest))
@@ -361,6 +371,7 @@ class Engine:
                 raise SnapshotError("the system prompt or tools changed since it was saved")
             state.memory.load_snapshot(snapshot, len(prefix.tokens))
             state.history = snapshot.history
+            number_turns(state.history)
             self._states[state.id] = state
             self._ensure_slot(state)
             state.memory.check()
@@ -386,15 +397,15 @@ class Engine:
         self._add_prefix_blocks(state, prefix)
         self._states[state.id] = state
         self._ensure_slot(state)
-        messages = self.history.messages(state.id)
-        pending_user = None
-        for message in messages:
-            if message.role == "user":
-                pending_user = message
-            elif message.role == "assistant" and pending_user is not None:
-                replay_turn(state.memory, self.rt, self.template, state.history, pending_user.text,
-                            pending_user.attachments, message.text)
-                pending_user = None
+        system = state.system_message
+        for message in self.history.messages(state.id):
+            if message.role == "assistant":
+                replay_reply(state.memory, self.rt, self.template, state.history, message.text, system=system)
+            else:
+                replay_input(state.memory, self.rt, self.template, state.history, message.text,
+                             message.attachments, system=system, role=message.role, extra=message.extra)
+        if state.history and state.history[-1]["role"] != "assistant":
+            state.memory.end_turn()
 
     def _persist(self, state: ConversationState, ttl_class: str | None = None) -> bool:
         """Write the conversation's KV file; a failure is reported and loses nothing (SQLite has the text)."""
@@ -444,8 +455,10 @@ class Engine:
             memory = self._snapshots.get(row.id, {}).get("memory")
             if memory is None:
                 memory = "disk" if self.kvfiles is not None and self.kvfiles.has(row.id) else "none"
+            parent = row.settings.get("forked_from") if isinstance(row.settings, dict) else None
             source = row.settings.get("source", "app") if isinstance(row.settings, dict) else "app"
-            out.append(ConversationInfo(row.id, row.title, row.updated_at, row.pinned, memory, source))
+            out.append(ConversationInfo(row.id, row.title, row.updated_at, row.pinned, memory,
+                                        forked_from=parent if isinstance(parent, str) else None, source=source))
         return out
 
     def rename_conversation(self, conversation_id: str, title: str) -> None:
@@ -483,21 +496,33 @@ class Engine:
         self.focused = conversation_id
 
     # -- turns ------------------------------------------------------------------------------
-    def _submit_turn(self, conversation_id: str, text: str, attachments: Sequence[Attachment],
-                     on_token: Callable[[str], None] | None, sampling: dict) -> Future:
+    def _submit_turn(self, conversation_id: str, job: Callable, on_token: Callable[[str], None] | None,
+                     sampling: dict, *args, **kwargs) -> Future:
         params = SamplingParams.from_settings(self.settings, **sampling)
         cancel = self._cancels.setdefault(conversation_id, threading.Event())
         cancel.clear()
         priority = FOREGROUND if conversation_id == self.focused else NORMAL
-        return self.thread.submit(self._turn, conversation_id, text, list(attachments), params, on_token, cancel,
-                                  priority=priority)
+        return self.thread.submit(job, conversation_id, *args, params=params, on_token=on_token, cancel=cancel,
+                                  priority=priority, **kwargs)
 
-    def _turn(self, conversation_id: str, text: str, attachments: list[Attachment], params: SamplingParams,
-              on_token, cancel: threading.Event) -> Reply:
+    def _turn(self, conversation_id: str, text: str, attachments: list[Attachment] | None, *,
+              params: SamplingParams, on_token, cancel: threading.Event, role: str = "user",
+              extra: dict | None = None, edit_index: int | None = None) -> Reply:
+        """One turn; with `edit_index`, user message `edit_index` and all after it are replaced first.
+        Any failure but a cancel rolls the turn back: history, SQLite and KV as before it began."""
         self.last_activity = self.clock()
         state = self._open_state(conversation_id)
         self._ensure_slot(state)
-        self.history.add_message(state.id, "user", text, attachments)
+        replaced, superseded = None, []
+        if edit_index is not None:
+            replaced, superseded = editing.rewind_for_edit(self, state, edit_index)
+            state = self._states[conversation_id]
+            if attachments is None:
+                attachments = replaced.attachments
+        attachments = list(attachments or [])
+        n_before = len(state.history)
+        user_row = self.history.add_message(state.id, role, text, attachments, extra=extra,
+                                            previous_id=replaced.id if replaced else None)
 
         def progress(done: int, total: int) -> None:
             if total > self.settings.block_tokens * 2:
@@ -505,7 +530,10 @@ class Engine:
 
         try:
             reply = run_turn(state.memory, self.rt, self.template, state.history, text, attachments, params,
-                             on_token, cancel, progress)
+                             on_token, cancel, progress, system=state.system_message, role=role, extra=extra)
+        except BaseException as exc:
+            self._roll_back(state, n_before, user_row, superseded, exc)
+            raise
         finally:
             self._refresh(state)
             state.last_used = self.last_activity = self.clock()
@@ -513,6 +541,97 @@ class Engine:
         self._emit(EngineEvent("turn_done", f"{reply.n_tokens} tokens, stopped: {reply.stopped}",
                                conversation_id=state.id, tokens=reply.n_tokens))
         return reply
+
+    def _roll_back(self, state: ConversationState, n_before: int, user_row: int, superseded: list,
+                   error: BaseException) -> None:
+        """Undo a failed turn: its message leaves the live history (kept as deleted), an edit's old
+        messages come back, and the KV returns to where it was (or is rebuilt from SQLite)."""
+        self.history.hide_messages(state.id, [user_row], DELETED)
+        if superseded:
+            self.history.restore_messages(state.id, [r.id for r in superseded])
+            editing.discard_state(self, state, f"the edit failed: {error}")
+            return
+        try:
+            editing.truncate_state(self, state, n_before)
+        except Exception as exc:  # noqa: BLE001
+            editing.discard_state(self, state, f"the failed turn could not be undone: {exc}")
+        self._emit(EngineEvent("error", f"the turn failed and was rolled back: {error}", conversation_id=state.id))
+
+    def _regenerate(self, conversation_id: str, *, params: SamplingParams, on_token,
+                    cancel: threading.Event) -> Reply:
+        self.last_activity = self.clock()
+        state = self._open_state(conversation_id)
+        old = editing.rewind_for_regenerate(self, state)
+        state = self._states[conversation_id]
+        try:
+            reply = regenerate_reply(state.memory, self.rt, self.template, state.history, params, on_token, cancel,
+                                     system=state.system_message)
+        except BaseException as exc:
+            self.history.restore_messages(state.id, [old.id])
+            editing.discard_state(self, state, f"the regenerate failed: {exc}")
+            raise
+        finally:
+            self._refresh(state)
+            state.last_used = self.last_activity = self.clock()
+        self.history.add_message(state.id, "assistant", reply.text, previous_id=old.id)
+        self._emit(EngineEvent("turn_done", f"regenerated: {reply.n_tokens} tokens, stopped: {reply.stopped}",
+                               conversation_id=state.id, tokens=reply.n_tokens))
+        return reply
+
+    # -- editing ----------------------------------------------------------------------------
+    def regenerate(self, conversation_id: str, *, on_token: Callable[[str], None] | None = None,
+                   **sampling) -> Future:
+        """Drop the last reply (its cells and its live row) and sample a new one: no prefill."""
+        return self._submit_turn(conversation_id, self._regenerate, on_token, sampling)
+
+    def edit(self, conversation_id: str, message_index: int, new_text: str,
+             attachments: Sequence[Attachment] | None = None, *, on_token: Callable[[str], None] | None = None,
+             **sampling) -> Future:
+        """Replace user message `message_index` (and drop all after it, KV rolled back) and send `new_text`;
+        `attachments=None` keeps the message's own. The old rows stay as superseded versions."""
+        return self._submit_turn(conversation_id, self._turn, on_token, sampling, new_text,
+                                 None if attachments is None else list(attachments), edit_index=message_index)
+
+    def truncate(self, conversation_id: str, n_messages: int) -> None:
+        """Keep the first `n_messages` live messages; the rest leave the history and the KV."""
+        self.thread.call(editing.truncate, self, conversation_id, n_messages, priority=FOREGROUND)
+        self.thread.call(lambda: self._refresh(self._states[conversation_id]) if conversation_id in self._states
+                         else None)
+
+    def fork(self, conversation_id: str, message_index: int) -> Conversation:
+        """A new conversation with the messages up to `message_index`, its KV cells shared with the parent."""
+        child_id = self.thread.call(editing.fork, self, conversation_id, message_index, priority=FOREGROUND)
+        return Conversation(self, child_id)
+
+    def delete_message(self, conversation_id: str, message_index: int) -> None:
+        """Remove one message from the conversation (kept as deleted until `compact_history`)."""
+        self.thread.call(editing.delete_message, self, conversation_id, message_index, priority=FOREGROUND)
+
+    def compact_history(self, conversation_id: str) -> int:
+        """Erase the superseded and deleted rows kept for undo; returns how many went."""
+        return self.history.compact(conversation_id)
+
+    def export(self, conversation_id: str, format: str = "markdown") -> str:
+        row = self.history.get_conversation(conversation_id)
+        if row is None:
+            raise KeyError(f"no conversation {conversation_id}")
+        messages = self.history.messages(conversation_id)
+        if format == "markdown":
+            return to_markdown(row, messages)
+        if format == "json":
+            return to_json(row, messages)
+        raise ValueError(f"unknown export format {format!r} (markdown or json)")
+
+    def import_conversation(self, data: str | bytes | dict) -> Conversation:
+        """A new conversation from `export(..., "json")`; its KV is built when it is first opened."""
+        imported = parse_json(data)
+        conversation_id = uuid.uuid4().hex
+        with self.history.transaction():
+            self.history.create_conversation(conversation_id, imported.title, imported.system_prompt,
+                                             settings={"tools": imported.tools, "imported": True})
+            for m in imported.messages:
+                self.history.add_message(conversation_id, m.role, m.text, m.attachments, extra=m.extra)
+        return Conversation(self, conversation_id)
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
@@ -548,9 +667,33 @@ class Conversation:
         return row.title if row else ""
 
     def submit(self, text: str, attachments: Sequence[Attachment] = (), *,
-               on_token: Callable[[str], None] | None = None, **sampling) -> Future:
-        """Start a turn; the Future gives the Reply. `on_token` runs on the engine thread."""
-        return self.engine._submit_turn(self.id, text, attachments, on_token, sampling)
+               on_token: Callable[[str], None] | None = None, role: str = "user", extra: dict | None = None,
+               **sampling) -> Future:
+        """Start a turn; the Future gives the Reply. `on_token` runs on the engine thread. `role="tool"`
+        with `extra={"tool_call_id": ...}` sends a tool result as the turn's input."""
+        if role not in ("user", "tool"):
+            raise ValueError(f"a turn's input is a user or tool message, not {role!r}")
+        return self.engine._submit_turn(self.id, self.engine._turn, on_token, sampling, text, list(attachments),
+                                        role=role, extra=extra)
+
+    def regenerate(self, **kwargs) -> Future:
+        return self.engine.regenerate(self.id, **kwargs)
+
+    def edit(self, message_index: int, new_text: str, attachments: Sequence[Attachment] | None = None,
+             **kwargs) -> Future:
+        return self.engine.edit(self.id, message_index, new_text, attachments, **kwargs)
+
+    def fork(self, message_index: int) -> Conversation:
+        return self.engine.fork(self.id, message_index)
+
+    def truncate(self, n_messages: int) -> None:
+        self.engine.truncate(self.id, n_messages)
+
+    def delete_message(self, message_index: int) -> None:
+        self.engine.delete_message(self.id, message_index)
+
+    def export(self, format: str = "markdown") -> str:
+        return self.engine.export(self.id, format)
 
     def send(self, text: str, attachments: Sequence[Attachment] = (), **sampling) -> str:
         return self.submit(text, attachments, **sampling).result().text
@@ -579,8 +722,8 @@ class Conversation:
         return dict(self.engine._snapshots.get(self.id, {}))
 
     def messages(self) -> list[dict]:
-        return [{"role": m.role, "text": m.text, "attachments": m.attachments, "created_at": m.created_at}
-                for m in self.engine.history.messages(self.id)]
+        return [{"role": m.role, "text": m.text, "attachments": m.attachments, "created_at": m.created_at,
+                 "id": m.id, "extra": m.extra} for m in self.engine.history.messages(self.id)]
 
     def set_budget(self, tokens: int) -> None:
         def apply() -> None:

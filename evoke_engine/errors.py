@@ -23,3 +23,11 @@ class ContextFullError(EvokeError):
 
 class RestoreError(EvokeError):
     """Saved K/V bytes could not be spliced back (llama.cpp rejected them)."""
+
+
+class EditError(EvokeError):
+    """A conversation edit that cannot apply (no such message, wrong role, a history the template refuses)."""
+
+
+class ImportFormatError(EvokeError):
+    """An imported conversation file is not one this version can read."""

@@ -147,6 +147,8 @@ class ConversationMemory:
         if keep_bytes:                                   # save every victim before any compaction
             for block in victims:
                 saved[id(block)] = self.kv.save(self.seq, block.pos, block.end)
+        if victims:
+            self._unshare_from(min(b.pos for b in victims), leaving=victims)
         for block in sorted(victims, key=lambda b: b.pos, reverse=True):
             p0, p1 = block.pos, block.end
             self.kv.evict(self.seq, p0, p1)
@@ -169,6 +171,72 @@ class ConversationMemory:
         self.kv.flush_pending_shifts()       # pay the K-shift now, after the reply, not before the next one
         if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
             self.ensure_embeddings(b for b in self.table.resident if not b.shared)
+
+    # -- blocks that leave for good (edits) and cells a fork shares --------------------------
+    def _unshare_from(self, pos: int, *, leaving: Iterable[Block] = ()) -> None:
+        """Give this sequence private copies of the cells at and after `pos` that a forked sibling may
+        share, before they move: a cell has one position, so shifting a shared one moves it for both."""
+        leaving_ids = {id(b) for b in leaving}
+        shared = [b for b in self.table.resident if b.sibling_shared and b.pos >= pos and id(b) not in leaving_ids]
+        if not shared:
+            return
+        start = min(b.pos for b in shared)
+        copy = self.kv.save(self.seq, start, self.active_tokens)
+        self.kv.drop(self.seq, start, -1)                # the sibling keeps its cells
+        self.kv.restore(copy, self.seq, start)
+        for block in self.table.resident:
+            if block.pos >= start:
+                block.sibling_shared = False
+
+    def remove_blocks(self, doomed: Iterable[Block]) -> None:
+        """Take blocks out of the conversation for good (their message was edited away or deleted):
+        resident ones leave the sequence (later ones move down), saved ones leave the pool."""
+        doomed = list(doomed)
+        if any(b.shared for b in doomed):
+            raise ValueError("the shared prefix cannot be removed from a conversation")
+        resident = sorted((b for b in doomed if b.state is BlockState.RESIDENT), key=lambda b: b.pos)
+        if resident and self.seq is None:
+            raise ValueError("a parked conversation's blocks are removed after it is back in its slot")
+        if resident:
+            doomed_ids = {id(b) for b in resident}
+            first = resident[0].pos
+            if all(id(b) in doomed_ids for b in self.table.resident if b.pos >= first):
+                self.kv.drop(self.seq, first, -1)        # the tail: no cell moves
+                for block in reversed(resident):
+                    self.table.remove_resident(block, BlockState.DROPPED)
+            else:
+                self._unshare_from(first, leaving=resident)
+                for block in reversed(resident):
+                    self.kv.evict(self.seq, block.pos, block.end)
+                    self.table.remove_resident(block, BlockState.DROPPED)
+        for block in doomed:
+            self.pool.discard(block)
+            block.state = BlockState.DROPPED
+            self.table.forget(block)
+
+    def share_into(self, child: ConversationMemory) -> None:
+        """Make `child` (fresh, in its slot, prefix shared) hold this conversation's blocks: resident
+        cells shared with this sequence (no decode, no copy), saved bytes shared in the pool."""
+        if self.seq is None or child.seq is None or child.table.blocks != child.table.resident:
+            raise ValueError("both conversations must be in slots, the child holding only its prefix")
+        start = self.prefix_tokens
+        if self.active_tokens > start:
+            self.kv.share(self.seq, child.seq, start, self.active_tokens)
+        child.table = BlockTable()
+        for block in self.table.blocks:
+            copy = block.clone()
+            child.table.blocks.append(copy)
+            if block.state is BlockState.RESIDENT:
+                child.table.resident.append(copy)
+                if not block.shared:
+                    block.sibling_shared = copy.sibling_shared = True
+            elif block in self.pool:
+                self.pool.share(block, copy)
+        child.table.resident.sort(key=lambda b: b.pos)
+        child.table.check()
+        child.turn = self.turn
+        child.budget_tokens = self.budget_tokens
+        child.focus.vector = None if self.focus.vector is None else self.focus.vector.copy()
 
     # -- recovery ---------------------------------------------------------------------------
     def candidates(self) -> list[Block]:
@@ -264,6 +332,8 @@ class ConversationMemory:
             self.image = image
         self.kv.drop(self.seq)
         self.seq = None
+        for block in self.table.resident:
+            block.sibling_shared = False                 # the image comes back into private cells
 
     def unpark(self, seq: int) -> None:
         """Back into a slot whose prefix cells were already shared in: restore the image in place."""

@@ -57,6 +57,24 @@ _GGML_LOG_LEVEL_ERROR = 4
 _log_callback = None
 
 
+def cpu_has_amx() -> bool:
+    """Whether this CPU offers AMX, whose llama.cpp kernels crash on some quantised weights
+    (llama.cpp issue 20824: SIGSEGV in ggml_backend_amx_mul_mat on the first decode, seen here)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+    return "amx_int8" in flags
+
+
+def safe_model_params():
+    """llama.cpp's default model parameters, without the AMX weight repacking where it would crash."""
+    mparams = ll.llama_model_default_params()
+    if cpu_has_amx():
+        mparams.use_extra_bufts = False
+    return mparams
+
+
 def _quiet_llama_logs() -> None:
     """Route llama.cpp's own logging to Python's logger at debug level (set once per process)."""
     global _log_callback
@@ -106,7 +124,7 @@ class Runtime:
 
         _quiet_llama_logs()
         ll.llama_backend_init()
-        mparams = ll.llama_model_default_params()
+        mparams = safe_model_params()
         mparams.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999
         self.model = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not self.model:

@@ -31,8 +31,8 @@ class SlotRegistry:
         free = [s for s in range(self.n_slots) if s not in self._holder]
         return min(free, key=lambda s: (self.load[s], s)) if free else None
 
-    def least_recent(self) -> str | None:
-        return next(iter(self._lru), None)
+    def least_recent(self, exclude: str | None = None) -> str | None:
+        return next((c for c in self._lru if c != exclude), None)
 
     def pin(self, conversation_id: str, slot: int) -> None:
         assert slot not in self._holder, f"slot {slot} is held by {self._holder[slot]}"

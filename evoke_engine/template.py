@@ -3,6 +3,7 @@
 Invariant: the text of message k is render(messages[:k+1]) minus render(messages[:k]), so
 the concatenation of all message segments is exactly what the template renders; when a
 template does not render prefix-stably, the longest common prefix is used and it is logged.
+Keys starting with `evoke_` (the engine's bookkeeping, e.g. `evoke_turn`) never reach the template.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = False,
                tools: list[dict] | None = None) -> str:
-        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+        messages = [{k: v for k, v in m.items() if not k.startswith("evoke_")} for m in messages]
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      tools=tools or None, bos_token=self._bos, eos_token=self._eos)
 
     def segment(self, history: Sequence[dict[str, Any]], message: dict[str, Any]) -> str:

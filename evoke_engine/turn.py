@@ -80,19 +80,47 @@ def message_blocks(rt: Runtime, segment: str, text: str, attachments: Sequence[A
     return blocks
 
 
+def input_message(text: str, attachments: Sequence[Attachment], turn: int, role: str = "user",
+                  extra: dict | None = None) -> dict:
+    """The template message of a turn's input (a user message, or a tool result with its call id)."""
+    return {"role": role, "content": render_user_content(text, attachments), **(extra or {}), "evoke_turn": turn}
+
+
+def number_turns(history: list[dict]) -> None:
+    """Give every message its turn (`evoke_turn`) where it lacks one: an input starts a turn, a reply
+    joins the turn of the input before it (histories written before turns were recorded)."""
+    turn = 0
+    last_role = "assistant"
+    for message in history:
+        if isinstance(message.get("evoke_turn"), int):
+            turn = message["evoke_turn"]
+        else:
+            if message.get("role") != "assistant" or last_role == "assistant":
+                turn += 1
+            message["evoke_turn"] = turn
+        last_role = message.get("role")
+
+
+def message_key(message: dict) -> tuple[int, str]:
+    """(turn, "input" | "reply"): the key its blocks carry (`Block.message_key`)."""
+    return message["evoke_turn"], "reply" if message.get("role") == "assistant" else "input"
+
+
 def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
              text: str, attachments: Sequence[Attachment], params: SamplingParams,
              on_token: Callable[[str], None] | None, cancel: threading.Event,
-             on_progress: Callable[[int, int], None] | None = None) -> Reply:
-    """Run one turn; `history` (template messages) gains the user message and the reply."""
+             on_progress: Callable[[int, int], None] | None = None, *, system: dict | None = None,
+             role: str = "user", extra: dict | None = None) -> Reply:
+    """Run one turn; `history` (template messages after `system`) gains the input message and the reply."""
     started = time.perf_counter()
     memory.turn += 1
     turn = memory.turn
-    user_message = {"role": "user", "content": render_user_content(text, attachments)}
-    segment = template.segment(history, user_message)
+    user_message = input_message(text, attachments, turn, role, extra)
+    head = [system] if system else []
+    segment = template.segment([*head, *history], user_message)
     blocks = message_blocks(rt, segment, text, attachments, turn, memory.settings.block_tokens)
     history.append(user_message)
-    frame = template.assistant_frame(history)
+    frame = template.assistant_frame([*head, *history])
     opening, closing = rt.tokenize(frame.opening), rt.tokenize(frame.closing)
     memory.set_query(text or user_message["content"][:2000])
 
@@ -125,9 +153,32 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
         _close_reply(memory, rt, turn, opening, [], closing, "", current)
     reply.prefill_tokens = done
     reply.recovered = [b.name for b in recovered]
-    history.append({"role": "assistant", "content": reply.text})
+    history.append({"role": "assistant", "content": reply.text, "evoke_turn": turn})
     memory.focus.update(memory.query)
     memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT])
+    return reply
+
+
+def regenerate_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
+                     params: SamplingParams, on_token: Callable[[str], None] | None, cancel: threading.Event,
+                     *, system: dict | None = None) -> Reply:
+    """Sample a new reply to the last input of `history` (its old reply already removed): no prefill."""
+    started = time.perf_counter()
+    if not history or history[-1].get("role") == "assistant":
+        raise ValueError("there is no message to reply to")
+    turn = memory.turn = history[-1]["evoke_turn"]
+    frame = template.assistant_frame([*([system] if system else []), *history])
+    opening, closing = rt.tokenize(frame.opening), rt.tokenize(frame.closing)
+    memory.set_query(history[-1]["content"][-2000:])
+    question = [b for b in memory.table.resident if b.message_key() == (turn, "input") and b.role == "user"][-1:]
+    try:
+        reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, question, started)
+    except Cancelled:
+        reply = Reply(text="", n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0, prefill_tokens=0,
+                      recovered=[])
+        _close_reply(memory, rt, turn, opening, [], closing, "", question)
+    history.append({"role": "assistant", "content": reply.text, "evoke_turn": turn})
+    memory.end_turn()
     return reply
 
 
@@ -221,23 +272,33 @@ def _close_reply(memory: ConversationMemory, rt: Runtime, turn: int, opening: li
         start += piece.n_tokens
 
 
-def replay_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
-                text: str, attachments: Sequence[Attachment], reply_text: str) -> None:
-    """Re-prefill one past turn from its history text (a KV rebuild): same blocks, no sampling."""
+def replay_input(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
+                 text: str, attachments: Sequence[Attachment], *, system: dict | None = None,
+                 role: str = "user", extra: dict | None = None) -> None:
+    """Re-prefill one past input message from its history text (a KV rebuild): same blocks as `run_turn`."""
     memory.turn += 1
     turn = memory.turn
-    user_message = {"role": "user", "content": render_user_content(text, attachments)}
-    segment = template.segment(history, user_message)
-    history.append(user_message)
-    frame = template.assistant_frame(history)
+    message = input_message(text, attachments, turn, role, extra)
+    segment = template.segment([*([system] if system else []), *history], message)
+    history.append(message)
     memory.set_query(text)
     for block in message_blocks(rt, segment, text, attachments, turn, memory.settings.block_tokens):
         memory.append_decoded(block)
+
+
+def replay_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
+                 reply_text: str, *, system: dict | None = None) -> None:
+    """Re-prefill one past reply from its text; a reply with no input before it opens a turn of its own."""
+    if not history or history[-1].get("role") == "assistant":
+        memory.turn += 1
+    turn = memory.turn
+    frame = template.assistant_frame([*([system] if system else []), *history])
     reply_tokens = rt.tokenize(frame.opening) + rt.tokenize(reply_text) + rt.tokenize(frame.closing)
     for k, chunk in enumerate(split_tokens(rt, reply_tokens, memory.settings.block_tokens)):
         name = f"assistant#{turn}" if k == 0 else f"assistant#{turn}.{k}"
         memory.append_decoded(Block(name=name, role="assistant", turn=turn, tokens=chunk,
                                     text=rt.detokenize(chunk)))
-    history.append({"role": "assistant", "content": reply_text})
-    memory.focus.update(memory.query)
+    history.append({"role": "assistant", "content": reply_text, "evoke_turn": turn})
+    if memory.query is not None:
+        memory.focus.update(memory.query)
     memory.end_turn()

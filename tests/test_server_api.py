@@ -6,7 +6,6 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-
 from server_fixtures import client_for, running_server
 
 Q1 = "What is the capital of France? Answer in one word."

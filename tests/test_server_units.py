@@ -76,7 +76,7 @@ def test_raw_text_map_returns_the_model_text_for_resent_calls():
     table.remember(raw, content, calls, ["call_1"])
     assert table.raw_text(None, calls, ["call_1"]) == raw
     assert table.raw_text(None, calls, ["other-id"]) == raw            # matched by content
-    assert "<tool_call>" in table.raw_text(None, calls[:0] + calls, [None]) 
+    assert "<tool_call>" in table.raw_text(None, calls[:0] + calls, [None])
 
 
 def _msgs(*roles_and_texts):

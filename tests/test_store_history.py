@@ -128,14 +128,14 @@ def test_transaction_groups_calls_and_rolls_back(history: HistoryDB) -> None:
 
 def test_fresh_file_migrates_to_latest_with_wal_and_reopens(db_path: Path) -> None:
     with HistoryDB(db_path) as db:
-        assert db.schema_version == len(MIGRATIONS) == 1
+        assert db.schema_version == len(MIGRATIONS) == 2
         db.create_conversation("c1", "Kept", "sys")
         db.add_message("c1", "user", "hello")
     with sqlite3.connect(db_path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert raw.execute("PRAGMA user_version").fetchone() == (1,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (2,)
     with HistoryDB(db_path) as db:
-        assert db.schema_version == 1
+        assert db.schema_version == 2
         assert [m.text for m in db.messages("c1")] == ["hello"]
         assert db._db.connection.execute("PRAGMA foreign_keys").fetchone() == (1,)
 
@@ -144,7 +144,7 @@ def test_empty_existing_file_is_migrated(db_path: Path) -> None:
     db_path.parent.mkdir(parents=True)
     db_path.write_bytes(b"")
     with HistoryDB(db_path) as db:
-        assert db.schema_version == 1
+        assert db.schema_version == 2
         db.create_conversation("c1", "T", "")
 
 
@@ -269,3 +269,35 @@ def test_store_error_is_an_engine_error() -> None:
     from evoke_engine.errors import EvokeError
 
     assert issubclass(StoreError, EvokeError)
+
+
+def test_v1_file_migrates_and_keeps_its_messages_live(db_path: Path) -> None:
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as raw:
+        MIGRATIONS[0](raw)
+        raw.execute("INSERT INTO conversations VALUES ('c1', 'Old', 1, 1, 0, '', '{}')")
+        raw.execute("INSERT INTO messages (conversation_id, role, text, created_at) VALUES ('c1', 'user', 'hi', 1)")
+        raw.execute("PRAGMA user_version = 1")
+    with HistoryDB(db_path) as db:
+        assert db.schema_version == 2
+        [row] = db.messages("c1")
+        assert (row.text, row.status, row.previous_id) == ("hi", "live", None)
+
+
+def test_hidden_messages_leave_the_live_history_until_compacted(history: HistoryDB) -> None:
+    history.create_conversation("c1", "T", "")
+    first = history.add_message("c1", "user", "one")
+    reply = history.add_message("c1", "assistant", "two")
+    history.hide_messages("c1", [reply], "superseded")
+    again = history.add_message("c1", "assistant", "two, again", previous_id=reply)
+    assert [m.text for m in history.messages("c1")] == ["one", "two, again"]
+    every = history.messages("c1", include_hidden=True)
+    assert [(m.id, m.status) for m in every] == [(first, "live"), (reply, "superseded"), (again, "live")]
+    assert every[-1].previous_id == reply
+    history.restore_messages("c1", [reply])
+    assert [m.text for m in history.messages("c1")] == ["one", "two", "two, again"]
+    history.hide_messages("c1", [first], "deleted")
+    assert history.compact("c1") == 1
+    assert [m.text for m in history.messages("c1", include_hidden=True)] == ["two", "two, again"]
+    with pytest.raises(ValueError):
+        history.hide_messages("c1", [reply], "gone")

@@ -1,7 +1,9 @@
 """Chat history in SQLite, the source of truth: conversations and their messages.
 
 Invariants: every message belongs to an existing conversation (foreign key, cascade on delete); adding a
-message bumps its conversation's `updated_at`; rows leave as immutable dataclasses, never cursors.
+message bumps its conversation's `updated_at`; rows leave as immutable dataclasses, never cursors; an
+edited, regenerated or deleted message is never erased at once: its row leaves the live history with a
+status (`superseded`, `deleted`) and a replacement points back at it (`previous_id`) until `compact`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ from evoke_engine.store.sqlite_db import Database, Migration
 log = logging.getLogger(__name__)
 
 Attachment = tuple[str, str]
+
+LIVE, SUPERSEDED, DELETED = "live", "superseded", "deleted"
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,9 @@ class MessageRow:
     text: str
     attachments: list[Attachment]
     created_at: float
+    status: str = LIVE
+    previous_id: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _create_schema_v1(conn: sqlite3.Connection) -> None:
@@ -68,7 +75,15 @@ def _create_schema_v1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX conversations_by_update ON conversations(updated_at)")
 
 
-MIGRATIONS: list[Migration] = [_create_schema_v1]
+def _add_message_status_v2(conn: sqlite3.Connection) -> None:
+    """Editing: a message row can leave the live history (status) and name the row it replaced."""
+    conn.execute("ALTER TABLE messages ADD COLUMN status TEXT NOT NULL DEFAULT 'live'")
+    conn.execute("ALTER TABLE messages ADD COLUMN previous_id INTEGER REFERENCES messages(id) ON DELETE SET NULL")
+    conn.execute("ALTER TABLE messages ADD COLUMN extra_json TEXT NOT NULL DEFAULT '{}'")
+
+
+MIGRATIONS: list[Migration] = [_create_schema_v1, _add_message_status_v2]
+_MESSAGE_COLUMNS = "id, conversation_id, role, text, attachments_json, created_at, status, previous_id, extra_json"
 
 _CONVERSATION_COLUMNS = "id, title, created_at, updated_at, pinned, system_prompt, settings_json"
 
@@ -90,11 +105,13 @@ def _conversation_of(row: sqlite3.Row | tuple[Any, ...]) -> ConversationRow:
 
 
 def _message_of(row: sqlite3.Row | tuple[Any, ...]) -> MessageRow:
-    id_, conversation_id, role, text, attachments_json, created_at = row
+    id_, conversation_id, role, text, attachments_json, created_at, status, previous_id, extra_json = row
     raw = _load_json(attachments_json, [], f"attachments of message {id_}")
     attachments = [(str(name), str(body)) for name, body in raw] if isinstance(raw, list) else []
+    extra = _load_json(extra_json, {}, f"extra fields of message {id_}")
     return MessageRow(id=id_, conversation_id=conversation_id, role=role, text=text,
-                      attachments=attachments, created_at=created_at)
+                      attachments=attachments, created_at=created_at, status=status, previous_id=previous_id,
+                      extra=extra if isinstance(extra, dict) else {})
 
 
 class HistoryDB:
@@ -169,25 +186,57 @@ class HistoryDB:
             return conn.execute("DELETE FROM conversations WHERE id = ?", (id,)).rowcount > 0
 
     def add_message(self, conversation_id: str, role: str, text: str,
-                    attachments: Iterable[Attachment] = (), now: float | None = None) -> int:
-        """Append a message and bump the conversation's `updated_at`; returns the message id."""
+                    attachments: Iterable[Attachment] = (), now: float | None = None, *,
+                    previous_id: int | None = None, extra: Mapping[str, Any] | None = None) -> int:
+        """Append a live message and bump the conversation's `updated_at`; returns the message id.
+        `previous_id` names the row this one replaces (an edit or a regenerated reply)."""
         stamp = time.time() if now is None else now
         attachments_json = json.dumps([[str(name), str(body)] for name, body in attachments])
         with self._db.transaction() as conn:
             self._update_conversation(conversation_id, "updated_at = ?", (stamp,))
             cursor = conn.execute(
-                "INSERT INTO messages (conversation_id, role, text, attachments_json, created_at)"
-                " VALUES (?, ?, ?, ?, ?)", (conversation_id, role, text, attachments_json, stamp))
-        assert cursor.lastrowid is not None
+                "INSERT INTO messages (conversation_id, role, text, attachments_json, created_at, previous_id,"
+                " extra_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, text, attachments_json, stamp, previous_id, json.dumps(dict(extra or {}))))
+        if cursor.lastrowid is None:
+            raise RuntimeError("SQLite returned no row id for an inserted message")
         return cursor.lastrowid
 
-    def messages(self, conversation_id: str) -> list[MessageRow]:
-        """The conversation's messages in the order they were added (empty for an unknown id)."""
+    def messages(self, conversation_id: str, *, include_hidden: bool = False) -> list[MessageRow]:
+        """The conversation's live messages in the order they were added (empty for an unknown id);
+        `include_hidden` adds superseded and deleted rows (undo, export of every version)."""
+        where = "" if include_hidden else f" AND status = '{LIVE}'"
         with self._db.reading() as conn:
-            rows = conn.execute(
-                "SELECT id, conversation_id, role, text, attachments_json, created_at FROM messages"
-                " WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
+            rows = conn.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ?{where}"
+                                " ORDER BY id", (conversation_id,)).fetchall()
         return [_message_of(row) for row in rows]
+
+    def hide_messages(self, conversation_id: str, message_ids: Iterable[int], status: str) -> None:
+        """Take messages out of the live history (`superseded` or `deleted`); the rows stay until `compact`."""
+        if status not in (SUPERSEDED, DELETED):
+            raise ValueError(f"unknown message status {status!r}")
+        ids = list(message_ids)
+        with self._db.transaction() as conn:
+            conn.executemany("UPDATE messages SET status = ? WHERE id = ? AND conversation_id = ?",
+                             [(status, i, conversation_id) for i in ids])
+
+    def restore_messages(self, conversation_id: str, message_ids: Iterable[int]) -> None:
+        """Put hidden rows back into the live history (undo of a failed or cancelled edit)."""
+        with self._db.transaction() as conn:
+            conn.executemany(f"UPDATE messages SET status = '{LIVE}' WHERE id = ? AND conversation_id = ?",
+                             [(i, conversation_id) for i in message_ids])
+
+    def delete_messages(self, conversation_id: str, message_ids: Iterable[int]) -> None:
+        """Erase rows outright (a turn that failed before any reply)."""
+        with self._db.transaction() as conn:
+            conn.executemany("DELETE FROM messages WHERE id = ? AND conversation_id = ?",
+                             [(i, conversation_id) for i in message_ids])
+
+    def compact(self, conversation_id: str) -> int:
+        """Erase the conversation's superseded and deleted rows; returns how many went."""
+        with self._db.transaction() as conn:
+            return conn.execute(f"DELETE FROM messages WHERE conversation_id = ? AND status != '{LIVE}'",
+                                (conversation_id,)).rowcount
 
     def close(self) -> None:
         self._db.close()

@@ -1,0 +1,168 @@
+"""Conversation editing on the KV, on the engine thread: truncate, regenerate, edit, fork, delete.
+
+Invariants: after each operation the conversation's live SQLite messages and its template history
+agree one to one, and its KV holds exactly the blocks of those messages (what a clean re-prefill
+would decode, up to eviction), or the open state is discarded and rebuilt from SQLite on next use;
+rows leave the live history as `superseded`/`deleted`, never erased here.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from jinja2.exceptions import TemplateError
+
+from .errors import EditError
+from .events import EngineEvent
+from .store.history import DELETED, SUPERSEDED, MessageRow
+from .turn import message_key
+
+if TYPE_CHECKING:
+    from .engine import ConversationState, Engine
+
+log = logging.getLogger(__name__)
+
+
+def aligned_rows(engine: Engine, state: ConversationState) -> tuple[list[MessageRow], ConversationState]:
+    """The live rows of a conversation and its open state, rebuilt from SQLite if the two disagree."""
+    rows = engine.history.messages(state.id)
+    if [r.role for r in rows] != [m.get("role") for m in state.history]:
+        log.warning("history of %s disagrees with its KV state: rebuilt from SQLite", state.id)
+        discard_state(engine, state, "its history and its cache disagreed")
+        state = engine._open_state(state.id)
+        rows = engine.history.messages(state.id)
+    engine._ensure_slot(state)
+    return rows, state
+
+
+def discard_state(engine: Engine, state: ConversationState, reason: str) -> None:
+    """Forget the conversation's KV (slot, pool, file): the next use rebuilds it from SQLite."""
+    engine._release(state, persist=False)
+    if engine.kvfiles is not None:
+        engine.kvfiles.remove(state.id)
+    engine._emit(EngineEvent("kv_rebuilt", f"cache dropped ({reason}): it is rebuilt from history",
+                             conversation_id=state.id))
+
+
+def truncate_state(engine: Engine, state: ConversationState, n_messages: int) -> None:
+    """Keep the first `n_messages` of the template history; later messages' blocks leave for good."""
+    dropped = {message_key(m) for m in state.history[n_messages:]}
+    if not dropped:
+        return
+    engine._ensure_slot(state)
+    doomed = [b for b in state.memory.table.blocks if not b.shared and b.message_key() in dropped]
+    state.memory.remove_blocks(doomed)
+    del state.history[n_messages:]
+    state.memory.turn = max((m["evoke_turn"] for m in state.history), default=0)
+    state.memory.kv.flush_pending_shifts()
+
+
+def truncate(engine: Engine, conversation_id: str, n_messages: int) -> None:
+    state = engine._open_state(conversation_id)
+    rows, state = aligned_rows(engine, state)
+    if not 0 <= n_messages <= len(rows):
+        raise EditError(f"cannot keep {n_messages} messages of {len(rows)}")
+    engine.history.hide_messages(state.id, [r.id for r in rows[n_messages:]], SUPERSEDED)
+    try:
+        truncate_state(engine, state, n_messages)
+    except Exception as exc:  # noqa: BLE001 - any failure: rebuild from SQLite, never a wrong cache
+        discard_state(engine, state, f"truncation failed: {exc}")
+
+
+def rewind_for_edit(engine: Engine, state: ConversationState, index: int) -> tuple[MessageRow, list[MessageRow]]:
+    """Before an edit of user message `index`: it and every later message leave (rows superseded)."""
+    rows, state = aligned_rows(engine, state)
+    if not 0 <= index < len(rows) or rows[index].role != "user":
+        raise EditError(f"message {index} is not a user message of this conversation")
+    truncate_state(engine, state, index)
+    engine.history.hide_messages(state.id, [r.id for r in rows[index:]], SUPERSEDED)
+    return rows[index], rows[index:]
+
+
+def rewind_for_regenerate(engine: Engine, state: ConversationState) -> MessageRow:
+    """Before a regenerate: the last reply leaves (its row superseded); returns that row."""
+    rows, state = aligned_rows(engine, state)
+    if not rows or rows[-1].role != "assistant":
+        raise EditError("there is no reply to regenerate: the last message is not the assistant's")
+    truncate_state(engine, state, len(rows) - 1)
+    engine.history.hide_messages(state.id, [rows[-1].id], SUPERSEDED)
+    return rows[-1]
+
+
+def fork(engine: Engine, conversation_id: str, message_index: int) -> str:
+    """A new conversation holding the parent's messages up to `message_index`, its KV shared with the parent."""
+    parent = engine._open_state(conversation_id)
+    rows, parent = aligned_rows(engine, parent)
+    if not 0 <= message_index < len(rows):
+        raise EditError(f"no message {message_index} in a conversation of {len(rows)}")
+    row = engine.history.get_conversation(parent.id)
+    settings = dict(row.settings) if row and isinstance(row.settings, dict) else {}
+    settings.update(forked_from=parent.id, forked_at=message_index)
+    child_id = uuid.uuid4().hex
+    with engine.history.transaction():
+        engine.history.create_conversation(child_id, f"{parent.title} (fork)", parent.system_prompt, settings)
+        for r in rows[:message_index + 1]:
+            engine.history.add_message(child_id, r.role, r.text, r.attachments, extra=r.extra)
+    if engine.settings.slots < 2:                      # no second slot to share cells with: rebuild
+        engine._open_state(child_id)
+        return child_id
+    child = engine._new_state(child_id, f"{parent.title} (fork)", parent.system_prompt, parent.tools, pinned=False)
+    engine._add_prefix_blocks(child, parent.prefix)
+    engine._states[child_id] = child
+    try:
+        engine._ensure_slot(child, keep=parent.id)
+        parent.memory.share_into(child.memory)
+        child.history = [dict(m) for m in parent.history]
+        truncate_state(engine, child, message_index + 1)
+        child.memory.check()
+    except Exception as exc:  # noqa: BLE001 - the fork still exists in SQLite: rebuild it from there
+        discard_state(engine, child, f"fork could not share the parent's cache: {exc}")
+        engine._open_state(child_id)
+    child.last_used = engine.clock()
+    engine._refresh(parent)
+    engine._refresh(child)
+    return child_id
+
+
+def delete_message(engine: Engine, conversation_id: str, index: int) -> None:
+    """One message leaves the middle of a conversation: its blocks leave the context with no recovery."""
+    state = engine._open_state(conversation_id)
+    rows, state = aligned_rows(engine, state)
+    if not 0 <= index < len(rows):
+        raise EditError(f"no message {index} in a conversation of {len(rows)}")
+    old = state.history
+    new = old[:index] + old[index + 1:]
+    try:
+        stable = _later_segments_unchanged(engine, state, old, new, index)
+    except TemplateError as exc:
+        raise EditError(f"this model's chat template cannot render the conversation without that message "
+                        f"({exc}); delete the exchange instead") from exc
+    engine.history.hide_messages(state.id, [rows[index].id], DELETED)
+    if not stable:
+        discard_state(engine, state, "the template renders later messages differently without it")
+        return
+    try:
+        key = message_key(old[index])
+        state.memory.remove_blocks(b for b in state.memory.table.blocks if not b.shared and b.message_key() == key)
+        state.history = new
+        state.memory.kv.flush_pending_shifts()
+    except Exception as exc:  # noqa: BLE001
+        discard_state(engine, state, f"removing the message's blocks failed: {exc}")
+        return
+    engine._refresh(state)
+
+
+def _later_segments_unchanged(engine: Engine, state: ConversationState, old: list[dict], new: list[dict],
+                              index: int) -> bool:
+    """Whether every message after `index` renders to the same text with the message gone."""
+    head = [state.system_message]
+    for k in range(index, len(new)):
+        before = engine.template.segment([*head, *old[:k + 1]], old[k + 1])
+        after = engine.template.segment([*head, *new[:k]], new[k])
+        if before != after:
+            return False
+    if new:
+        engine.template.render([*head, *new])            # raises when the template refuses the history
+    return True
