@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_FENCE = re.compile(r"^(?:```(?:json)?\s*)?(.*?)(?:\s*```)?$", re.DOTALL)     # optional code fences
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,7 @@ def parse_tool_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[
             return (rest or None), calls
         return text, []
     stripped = text.strip()
-    fenced = _FENCE.match(stripped)
-    body = fenced.group(1) if fenced else stripped
+    body = _FENCE.match(stripped).group(1)
     if body.startswith(("{", "[")):
         obj = _loads(body)
         items = obj if isinstance(obj, list) and obj else [obj]
