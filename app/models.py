@@ -23,6 +23,7 @@ PinnedRole = Qt.ItemDataRole.UserRole + 3
 UpdatedRole = Qt.ItemDataRole.UserRole + 4
 StateRole = Qt.ItemDataRole.UserRole + 5
 TokensRole = Qt.ItemDataRole.UserRole + 6
+SourceRole = Qt.ItemDataRole.UserRole + 7
 
 
 @dataclass
@@ -32,6 +33,7 @@ class ConversationRow:
     updated_at: float
     pinned: bool
     memory: str
+    source: str = "app"          # "api": made through the OpenAI-compatible endpoint
 
     @classmethod
     def from_info(cls, info: Any) -> ConversationRow:
@@ -42,7 +44,8 @@ class ConversationRow:
             except AttributeError:
                 updated = 0.0
         return cls(str(info.id), info.title or "Untitled", float(updated),
-                   bool(getattr(info, "pinned", False)), str(getattr(info, "memory", "none")))
+                   bool(getattr(info, "pinned", False)), str(getattr(info, "memory", "none")),
+                   str(getattr(info, "source", "app") or "app"))
 
 
 class ConversationListModel(QAbstractListModel):
@@ -73,6 +76,7 @@ class ConversationListModel(QAbstractListModel):
             Qt.ItemDataRole.DisplayRole: row.title,
             Qt.ItemDataRole.ToolTipRole: f"{row.title}\nmemory: {MEMORY_LABELS.get(row.memory, row.memory)}",
             IdRole: row.id, MemoryRole: row.memory, PinnedRole: row.pinned, UpdatedRole: row.updated_at,
+            SourceRole: row.source,
         }.get(role)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from server_fixtures import client_for, running_server
 
 TOOLS = [{"type": "function", "function": {

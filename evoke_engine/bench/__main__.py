@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--budget", type=int, default=512)
     p.add_argument("--backends", default="none,discard,breadcrumb,kv_restore")
+    p = sub.add_parser("endpoint", help="14-turn session: our endpoint against llama_cpp.server")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--budget", type=int, default=512)
+    p.add_argument("--n-ctx", type=int, default=8192)
     for name in ("switch", "reopen", "prewarm"):
         p = sub.add_parser(name)
         p.add_argument("--tokens", type=int, default=None)
@@ -61,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         from .recall import run
 
         result = run(seeds=args.seeds, budget=args.budget, backends=tuple(args.backends.split(",")))
+    elif args.name == "endpoint":
+        from .endpoint import run
+
+        result = run(seeds=args.seeds, budget=args.budget, n_ctx=args.n_ctx)
     else:
         from . import conversations
 
