@@ -96,3 +96,16 @@ def test_tool_call_round_trip(served, stream):
     assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
     roles = [m["role"] for m in engine.open_conversation(figures["conversation_id"]).messages()]
     assert roles == ["user", "assistant", "tool", "assistant"]
+
+
+def test_client_written_history_is_rebuilt_then_continued(served):
+    _, _, client = served
+    history = [{"role": "user", "content": "Say the word apple."}, {"role": "assistant", "content": "apple"},
+               {"role": "user", "content": "Say the word pear."}]
+    first = ask(client, history, "t-fewshot")
+    assert evoke(first)["route"] == "import" and evoke(first)["decoded"] > evoke(first)["cached"] // 4
+    history += [{"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "Say the word plum."}]
+    second = ask(client, history, "t-fewshot")
+    assert evoke(second)["route"] == "continue"
+    assert evoke(second)["conversation_id"] == evoke(first)["conversation_id"]

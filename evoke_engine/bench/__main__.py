@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--budget", type=int, default=512)
     p.add_argument("--n-ctx", type=int, default=8192)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for both servers (0 = all cores)")
     for name in ("switch", "reopen", "prewarm"):
         p = sub.add_parser(name)
         p.add_argument("--tokens", type=int, default=None)
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.name == "endpoint":
         from .endpoint import run
 
-        result = run(seeds=args.seeds, budget=args.budget, n_ctx=args.n_ctx)
+        result = run(seeds=args.seeds, budget=args.budget, n_ctx=args.n_ctx, threads=args.threads)
     else:
         from . import conversations
 

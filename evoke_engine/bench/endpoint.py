@@ -8,6 +8,7 @@ ours also reports `usage.evoke` per turn, so `decoded` can be checked against th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
@@ -81,42 +82,38 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ours(settings: Settings, seeds: list[int]) -> list[dict]:
+@contextlib.contextmanager
+def our_client(settings: Settings):
     from ..server import EndpointServer, ServerConfig
 
     engine = Engine(settings, scheduler=False)
     try:
         with EndpointServer(engine, ServerConfig(port=0), lifetime_s=3600) as server:
-            client = openai.OpenAI(base_url=server.address, api_key="bench", max_retries=0, timeout=600)
-            out = []
-            for seed in seeds:
-                result = run_session(client, seed, session=f"bench-{seed}-{time.time_ns()}")
-                conv_id = result["turns"][0]["evoke"]["conversation_id"]
-                template = engine.template
-                for record, (text, _) in zip(result["turns"], session_turns(seed)[0], strict=True):
-                    segment = template.segment([{"role": "system", "content": SYSTEM}],
-                                               {"role": "user", "content": text})
-                    record["tail_tokens"] = len(engine.tokenize(segment))
-                result["conversation_id"] = conv_id
-                out.append(result)
-            return out
+            yield engine, openai.OpenAI(base_url=server.address, api_key="bench", max_retries=0, timeout=600)
     finally:
         engine.close()
 
 
-def run_theirs(settings: Settings, seeds: list[int], model_path: Path) -> list[dict]:
+def check_tails(engine: Engine, result: dict, seed: int) -> None:
+    """Record each turn's new-tail token count beside what the endpoint reported as decoded."""
+    for record, (text, _) in zip(result["turns"], session_turns(seed)[0], strict=True):
+        segment = engine.template.segment([{"role": "system", "content": SYSTEM}], {"role": "user", "content": text})
+        record["tail_tokens"] = len(engine.tokenize(segment))
+
+
+@contextlib.contextmanager
+def their_client(settings: Settings, model_path: Path):
     port = _free_port()
     threads = settings.n_threads or os.cpu_count() or 1
     cmd = [sys.executable, "-c", COMPARATOR, "--model", str(model_path), "--host", "127.0.0.1", "--port", str(port),
-           "--n_ctx", str(settings.n_ctx), "--n_batch", str(settings.n_batch), "--n_threads", str(threads),
-           "--n_threads_batch", str(threads), "--model_alias", "evoke", "--verbose", "False"]
+           "--n_ctx", str(settings.n_ctx), "--n_batch", str(settings.n_batch), "--n_ubatch", str(settings.n_batch),
+           "--n_threads", str(threads), "--n_threads_batch", str(threads), "--model_alias", "evoke",
+           "--verbose", "False"]
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_ready(proc, log, port)
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", max_retries=0,
-                                   timeout=600)
-            return [run_session(client, seed) for seed in seeds]
+            yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", max_retries=0, timeout=600)
         finally:
             proc.terminate()
             try:
@@ -144,26 +141,31 @@ def _medians(results: list[dict], key: str) -> list[float]:
     return [statistics.median(r["turns"][t][key] for r in results) for t in range(TURNS)]
 
 
-def run(seeds: int = 3, budget: int = 512, n_ctx: int = 8192) -> dict:
+def run(seeds: int = 3, budget: int = 512, n_ctx: int = 8192, threads: int = 0) -> dict:
+    """Both servers up at once; each seed's session goes to ours, then to theirs (noise hits both alike)."""
     home = tempfile.mkdtemp(prefix="evoke-bench-endpoint-")
-    settings = Settings(home=home, budget_tokens=budget, n_ctx=n_ctx, temperature=0.0)
-    seed_list = list(range(seeds))
-    ours = run_ours(settings, seed_list)
-    theirs = run_theirs(settings, seed_list, default_model_path())
+    settings = Settings(home=home, budget_tokens=budget, n_ctx=n_ctx, n_threads=threads, temperature=0.0)
+    ours, theirs = [], []
+    with our_client(settings) as (engine, client), their_client(settings, default_model_path()) as comparator:
+        for seed in range(seeds):
+            result = run_session(client, seed, session=f"bench-{seed}-{time.time_ns()}")
+            check_tails(engine, result, seed)
+            ours.append(result)
+            theirs.append(run_session(comparator, seed))
     ours_ttft, theirs_ttft = _medians(ours, "ttft_s"), _medians(theirs, "ttft_s")
     tail_ok = all(r["turns"][t]["evoke"]["decoded"] == r["turns"][t]["tail_tokens"]
                   for r in ours for t in range(1, TURNS))
     return {
         "bench": "endpoint", "model": default_model_path().name, "budget_tokens": budget, "n_ctx": n_ctx,
-        "seeds": seeds, "turns": TURNS,
+        "n_threads": settings.n_threads or os.cpu_count(), "seeds": seeds, "turns": TURNS,
         "ours": {"median_ttft_s": ours_ttft, "median_latency_s": _medians(ours, "latency_s"),
                  "probe_passed": sum(r["probe_passed"] for r in ours),
                  "decoded_equals_tail_from_turn_2": tail_ok,
                  "evictions": [sum(t["evoke"]["evictions"] for t in r["turns"]) for r in ours],
                  "recoveries": [sum(t["evoke"]["recoveries"] for t in r["turns"]) for r in ours],
-                 "decoded_per_turn": [[t["evoke"]["decoded"] for t in r["turns"]] for r in ours]},
+                 "decoded_per_turn": [[t["evoke"]["decoded"] for t in r["turns"]] for r in ours],
+                 "tail_tokens_per_turn": [[t["tail_tokens"] for t in r["turns"]] for r in ours]},
         "llama_cpp_server": {"median_ttft_s": theirs_ttft, "median_latency_s": _medians(theirs, "latency_s"),
-                             "probe_passed": sum(r["probe_passed"] for r in theirs),
-                             "prompt_tokens_per_turn": [[t["prompt_tokens"] for t in r["turns"]] for r in theirs]},
+                             "probe_passed": sum(r["probe_passed"] for r in theirs)},
         "turn14_ttft_ratio": theirs_ttft[-1] / ours_ttft[-1] if ours_ttft[-1] > 0 else None,
     }

@@ -19,6 +19,7 @@ from anyio import to_thread
 
 from ..engine import Conversation, Engine, default_system_prompt
 from ..errors import EvokeError
+from ..exchange import FORMAT_NAME, FORMAT_VERSION
 from .errors import ApiError
 from .models import ChatRequest
 from .sessions import (
@@ -42,7 +43,7 @@ MODEL_ALIASES = ("evoke", "evoke-desk")
 @dataclass
 class Prepared:
     conv: Conversation
-    route: str                       # continue | fork | new
+    route: str                       # continue | fork | new | import
     session: str | None
     message: Msg
     sampling: dict
@@ -170,15 +171,18 @@ class ChatService:
                     and not any(m.role == "assistant" for m in messages) and agreement(view[2], messages) == 0):
                 route = Plan("continue", len(view[2]), messages)   # stateful client: only the new message(s)
         message = check_tail(route.tail)
+        if len(route.tail) > 1:          # assistant messages the engine did not write: rebuild from the text
+            route = Plan("import", 0, messages)
         self._check_length(message)
+        title = (message.text.strip().splitlines() or ["API conversation"])[0][:60]
         try:
             if route.action == "continue":
                 conv = self.engine.open_conversation(target)
             elif route.action == "fork":
                 conv = self.engine.fork(target, route.keep - 1)
+            elif route.action == "import":
+                conv = self._import(system, tools, title, messages[:-1])
             else:
-                title = (message.text or "API conversation").strip().splitlines()[0][:60] if message.text else \
-                    "API conversation"
                 conv = self.engine.new_conversation(system_prompt=system, tools=tools, title=title, source="api")
         except EvokeError as exc:
             raise ApiError(500, f"the engine could not open the conversation: {exc}", "engine_error") from exc
@@ -195,6 +199,17 @@ class ChatService:
                         extras={"priority": request.evoke_priority, "pinned": request.evoke_pinned,
                                 "keep": [(i, m.keep) for i, m in enumerate(messages) if m.keep],
                                 "roles": [m.role for m in messages]})
+
+    def _import(self, system: str, tools: list[dict], title: str, history: list[Msg]) -> Conversation:
+        """A new conversation holding a client-written history, its KV built from the text (a prefill)."""
+        conv = self.engine.import_conversation({
+            "format": FORMAT_NAME, "version": FORMAT_VERSION, "title": title, "system_prompt": system,
+            "tools": tools, "messages": [{"role": m.role, "text": m.text, "extra": m.extra,
+                                          "attachments": [{"name": n, "text": t} for n, t in m.attachments]}
+                                         for m in history]})
+        row = self.engine.history.get_conversation(conv.id)
+        self.engine.history.set_settings(conv.id, {**(row.settings if row else {}), "source": "api"})
+        return self.engine.open_conversation(conv.id)
 
     def _check_length(self, message: Msg) -> None:
         n_ctx = self.engine.settings.n_ctx
@@ -260,6 +275,8 @@ class ChatService:
         held = sum(b["tokens"] for b in before.get("blocks", []) if b.get("role") != "breadcrumb")
         decoded = int(reply.prefill_tokens)
         prompt = held + decoded
+        if prepared.route == "import":       # the rebuilt history was decoded for this request too
+            decoded += held - int(before.get("prefix_tokens", 0))
         return {"prompt_tokens": prompt, "completion_tokens": int(reply.n_tokens),
                 "total_tokens": prompt + int(reply.n_tokens),
                 "evoke": {"active": int(after.get("active_tokens", 0)), "budget": int(after.get("budget_tokens", 0)),

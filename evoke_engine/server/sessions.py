@@ -145,14 +145,10 @@ def plan(conversation: list[Msg], request: list[Msg]) -> Plan:
 
 
 def check_tail(tail: list[Msg]) -> Msg:
-    """The one input message a request may add; assistant messages the engine did not write are refused."""
+    """The input message the request ends with (the turn to run)."""
     if not tail or tail[-1].role == "assistant":
         raise ApiError(400, "the last message must be from the user or a tool", "invalid_messages", "messages")
-    if len(tail) > 1:
-        raise ApiError(400, "this request adds assistant messages the conversation does not have (written by "
-                            "the client, e.g. few-shot examples); start with them in the system prompt instead",
-                       "unsupported_history", "messages")
-    return tail[0]
+    return tail[-1]
 
 
 class SessionMap:
