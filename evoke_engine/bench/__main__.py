@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=512)
     p.add_argument("--n-ctx", type=int, default=8192)
     p.add_argument("--threads", type=int, default=0, help="CPU threads for both servers (0 = all cores)")
+    p.add_argument("--embedder", default="", help="our scorer's embedder ('off': identity and name recovery only)")
     for name in ("switch", "reopen", "prewarm"):
         p = sub.add_parser(name)
         p.add_argument("--tokens", type=int, default=None)
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.name == "endpoint":
         from .endpoint import run
 
-        result = run(seeds=args.seeds, budget=args.budget, n_ctx=args.n_ctx, threads=args.threads)
+        result = run(seeds=args.seeds, budget=args.budget, n_ctx=args.n_ctx, threads=args.threads,
+                     embedder=args.embedder)
     else:
         from . import conversations
 

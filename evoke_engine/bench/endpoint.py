@@ -141,10 +141,11 @@ def _medians(results: list[dict], key: str) -> list[float]:
     return [statistics.median(r["turns"][t][key] for r in results) for t in range(TURNS)]
 
 
-def run(seeds: int = 3, budget: int = 512, n_ctx: int = 8192, threads: int = 0) -> dict:
+def run(seeds: int = 3, budget: int = 512, n_ctx: int = 8192, threads: int = 0, embedder: str = "") -> dict:
     """Both servers up at once; each seed's session goes to ours, then to theirs (noise hits both alike)."""
     home = tempfile.mkdtemp(prefix="evoke-bench-endpoint-")
-    settings = Settings(home=home, budget_tokens=budget, n_ctx=n_ctx, n_threads=threads, temperature=0.0)
+    settings = Settings(home=home, budget_tokens=budget, n_ctx=n_ctx, n_threads=threads, temperature=0.0,
+                        embedder=embedder)
     ours, theirs = [], []
     with our_client(settings) as (engine, client), their_client(settings, default_model_path()) as comparator:
         for seed in range(seeds):
@@ -157,8 +158,11 @@ def run(seeds: int = 3, budget: int = 512, n_ctx: int = 8192, threads: int = 0) 
                   for r in ours for t in range(1, TURNS))
     return {
         "bench": "endpoint", "model": default_model_path().name, "budget_tokens": budget, "n_ctx": n_ctx,
-        "n_threads": settings.n_threads or os.cpu_count(), "seeds": seeds, "turns": TURNS,
+        "n_threads": settings.n_threads or os.cpu_count(), "embedder": embedder or "all-MiniLM-L6-v2",
+        "seeds": seeds, "turns": TURNS,
         "ours": {"median_ttft_s": ours_ttft, "median_latency_s": _medians(ours, "latency_s"),
+                 "median_engine_ttft_s": [statistics.median(r["turns"][t]["evoke"]["engine_ttft_ms"] / 1000
+                                                            for r in ours) for t in range(TURNS)],
                  "probe_passed": sum(r["probe_passed"] for r in ours),
                  "decoded_equals_tail_from_turn_2": tail_ok,
                  "evictions": [sum(t["evoke"]["evictions"] for t in r["turns"]) for r in ours],
@@ -169,3 +173,20 @@ def run(seeds: int = 3, budget: int = 512, n_ctx: int = 8192, threads: int = 0) 
                              "probe_passed": sum(r["probe_passed"] for r in theirs)},
         "turn14_ttft_ratio": theirs_ttft[-1] / ours_ttft[-1] if ours_ttft[-1] > 0 else None,
     }
+
+
+def table(r: dict) -> str:
+    """The Markdown table of one run (used by `bench.report`)."""
+    o, t = r["ours"], r["llama_cpp_server"]
+    lines = ["| turn | ours TTFT s | of which engine s | llama_cpp.server TTFT s | ours latency s "
+             "| llama_cpp.server latency s | decoded (ours, seed 0) |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for i in range(r["turns"]):
+        lines.append(f"| {i + 1} | {o['median_ttft_s'][i]:.3f} | {o['median_engine_ttft_s'][i]:.3f} | "
+                     f"{t['median_ttft_s'][i]:.3f} | {o['median_latency_s'][i]:.3f} | {t['median_latency_s'][i]:.3f} "
+                     f"| {o['decoded_per_turn'][0][i]} |")
+    lines += ["", f"Turn-14 median TTFT ratio (llama_cpp.server / ours): **{r['turn14_ttft_ratio']:.2f}**; "
+                  f"probe passed: ours {o['probe_passed']}/{r['seeds']}, llama_cpp.server "
+                  f"{t['probe_passed']}/{r['seeds']}; decoded == new tail from turn 2: "
+                  f"{o['decoded_equals_tail_from_turn_2']}; evictions {o['evictions']}, recoveries {o['recoveries']} "
+                  f"per session."]
+    return "\n".join(lines)

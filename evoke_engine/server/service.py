@@ -150,7 +150,8 @@ class ChatService:
         if session is not None:
             session = SessionMap.valid(session)
         target = await to_thread.run_sync(self._target, session, system, tools_key, canonical.messages)
-        lock = self._lock(target or f"new:{id(request)}")
+        key = target or f"new:{id(request)}"
+        lock = self._lock(key)
         await lock.acquire()
         try:
             prepared = await to_thread.run_sync(self._open, request, session, target, system, tools, tools_key,
@@ -158,6 +159,10 @@ class ChatService:
         except BaseException:
             lock.release()
             raise
+        finally:
+            if key.startswith("new:"):
+                self._locks.pop(key, None)
+        self._locks.setdefault(prepared.conv.id, lock)     # the lock held now guards a new or forked conversation
         return prepared
 
     def _open(self, request: ChatRequest, session: str | None, target: str | None, system: str,
@@ -190,8 +195,6 @@ class ChatService:
             self.sessions.set(session, conv.id)
         if request.evoke_task_boundary:
             conv.reset_focus()
-        if lock is not self._locks.get(conv.id):
-            self._locks.setdefault(conv.id, lock)
         return Prepared(conv=conv, route=route.action, session=session, message=message,
                         sampling=request.sampling(min(self.engine.settings.max_tokens, 4096)),
                         before=conv.stats(), lock=lock,
@@ -283,7 +286,8 @@ class ChatService:
                           "cached": prompt - decoded, "decoded": decoded,
                           "evictions": int(after.get("evictions", 0)) - int(before.get("evictions", 0)),
                           "recoveries": int(after.get("recoveries", 0)) - int(before.get("recoveries", 0)),
-                          "conversation_id": prepared.conv.id, "route": prepared.route}}
+                          "conversation_id": prepared.conv.id, "route": prepared.route,
+                          "engine_ttft_ms": round(float(reply.ttft_s) * 1000, 1)}}
 
     @staticmethod
     def release(prepared: Prepared, loop: asyncio.AbstractEventLoop) -> None:
