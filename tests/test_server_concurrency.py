@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from concurrent.futures import ThreadPoolExecutor, wait
 
+import pytest
 from server_fixtures import client_for, running_server
 
 from evoke_engine import Settings
@@ -37,6 +38,7 @@ def one_client(server, i: int) -> list[str]:
     return replies
 
 
+@pytest.mark.slow
 def test_eight_clients_on_four_slots(tmp_path):
     settings = Settings(home=str(tmp_path), budget_tokens=512, slots=4, temperature=0.0)
     with running_server(tmp_path, settings=settings) as (engine, server), ThreadPoolExecutor(CLIENTS) as pool:
