@@ -125,7 +125,8 @@ class Settings:
                                     group="Endpoint")
     server_host: str = _setting("127.0.0.1", "Address the endpoint listens on (loopback; others only "
                                 "with `serve --allow-remote`).", group="Endpoint")
-    server_port: int = _setting(8765, "Port of the endpoint.", group="Endpoint", low=1, high=65535)
+    server_port: int = _setting(8765, "Port of the endpoint (0 picks a free one).", group="Endpoint", low=0,
+                                high=65535)
     api_key: str = _setting("", "Bearer key the endpoint requires (empty: none).", group="Endpoint")
 
     home: str | None = field(default=None, metadata={
