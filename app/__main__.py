@@ -1,6 +1,6 @@
 """`python -m app` / `evoke-desk`: start the window on the saved settings (embedded model by default).
 
-Also the documentation shots: --screenshot, --memory-screenshot, --settings-screenshot write a
+Also the documentation shots: --screenshot, --memory-screenshot, --settings-screenshot, --actions-screenshot write a
 PNG after a scripted demo and quit (they use a throw-away EVOKE_HOME unless one is set).
 """
 
@@ -23,6 +23,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--screenshot", metavar="FILE", help="save the main window after a demo exchange")
     parser.add_argument("--memory-screenshot", metavar="FILE", help="save the memory panel after evictions")
     parser.add_argument("--settings-screenshot", metavar="FILE", help="save the settings dialog")
+    parser.add_argument("--actions-screenshot", metavar="FILE", help="save the window with a reply's hover actions")
     parser.add_argument("--settings-tab", default="Memory", help="tab shown by --settings-screenshot")
     parser.add_argument("--size", default="1440x900", help="window size WxH (screenshots)")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         logging.getLogger("apscheduler").setLevel(logging.WARNING)   # one line per sweep otherwise
-    shooting = args.screenshot or args.memory_screenshot or args.settings_screenshot
+    shooting = args.screenshot or args.memory_screenshot or args.settings_screenshot or args.actions_screenshot
     if shooting and not os.environ.get("EVOKE_HOME"):
         os.environ["EVOKE_HOME"] = tempfile.mkdtemp(prefix="evoke-desk-shot-")
     app = make_application(["evoke-desk"])          # argv[0] names the X11 WM class (StartupWMClass)
@@ -102,9 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         settings_screenshot(window, args.settings_screenshot, args.settings_tab)
     else:
         controller.start()
-    if args.screenshot or args.memory_screenshot:
-        from .demo import MAIN_DEMO, MEMORY_DEMO, DemoDirector
-        if args.memory_screenshot:
+    if args.screenshot or args.memory_screenshot or args.actions_screenshot:
+        from .demo import ACTIONS_DEMO, MAIN_DEMO, MEMORY_DEMO, DemoDirector
+        if args.actions_screenshot:
+            DemoDirector(window, ACTIONS_DEMO, args.actions_screenshot, target="actions")
+        elif args.memory_screenshot:
             window.memory_dock.setFloating(False)
             DemoDirector(window, MEMORY_DEMO, args.memory_screenshot, target="memory")
         else:

@@ -15,6 +15,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from .attachments import AttachmentError, paste_name, read_text_attachment
 from .bridge import EngineBridge, error_text
+from .editing_flow import EditingFlow
 from .messages import DEFAULT_TITLES, ChatMessage, Stream, title_from
 from .models import BlockTableModel, ConversationListModel, EventLogModel
 from .settings_flow import SettingsFlow
@@ -26,13 +27,15 @@ MEMORY_EVENTS = {"evicted", "recovered", "spilled", "dropped", "kv_persisted", "
 EVENTS_KEPT = 300
 
 
-class ChatController(SettingsFlow, QObject):
+class ChatController(SettingsFlow, EditingFlow, QObject):
     modelStateChanged = Signal(str, str)       # loading | ready | failed | unloaded, detail
     modelInfoChanged = Signal(object)
     currentChanged = Signal(str, str)          # conversation id, title (another conversation opened)
     titleChanged = Signal(str, str)            # conversation id, new title of the open conversation
     messagesReset = Signal(list)               # [ChatMessage]
     messageAdded = Signal(object)              # ChatMessage
+    messagesTruncated = Signal(int)            # messages from this position on left the view
+    exported = Signal(str)                     # the path an export was written to
     replyProgress = Signal(str)                # the streaming reply so far
     replyFinished = Signal(object)             # the final ChatMessage
     generatingChanged = Signal(bool)
@@ -159,7 +162,8 @@ class ChatController(SettingsFlow, QObject):
     def _history(self, conv: Any, rows: list[dict[str, Any]]) -> None:
         if conv is not self.conv:
             return
-        self.messages = [ChatMessage.from_history(r) for r in rows if r.get("role") in ("user", "assistant")]
+        self.messages = [ChatMessage.from_history(r, i) for i, r in enumerate(rows)
+                         if r.get("role") in ("user", "assistant")]
         if self.stream is not None and self.stream.conversation_id == self.current_id:
             self.messages.append(ChatMessage("assistant", self.stream.text))
         self.messagesReset.emit(list(self.messages))
@@ -234,14 +238,18 @@ class ChatController(SettingsFlow, QObject):
         self.messages += [user, ChatMessage("assistant", "")]
         self.messageAdded.emit(user)
         self.messageAdded.emit(self.messages[-1])
+        self._stream_reply(conv, conv.submit, text, attachments=attachments, **options)
+        return True
+
+    def _stream_reply(self, conv: Any, start: Any, *args: Any, **kwargs: Any) -> None:
+        """Call `start` (a turn that returns a Future of a Reply) and stream its tokens into the last message."""
         self.stream = Stream(str(conv.id), time.perf_counter())
         self.generatingChanged.emit(True)
         on_token = self.bridge.token_callback(str(conv.id))
-        self.bridge.call(conv.submit, text, attachments=attachments, on_token=on_token, **options,
+        self.bridge.call(start, *args, on_token=on_token, **kwargs,
                          on_done=lambda fut: self.bridge.track(fut, on_done=self._reply_done,
                                                                on_error=self._reply_failed),
                          on_error=self._reply_failed)
-        return True
 
     def stop(self) -> None:
         if self.stream is not None and self.conv is not None:
@@ -288,6 +296,7 @@ class ChatController(SettingsFlow, QObject):
         self.turnMetrics.emit(float(ttft or 0.0), float(rate or 0.0))
         if stream is not None and stream.conversation_id == self.current_id:
             self._auto_title()
+            self._reload_indexes(self.conv)
         self.generatingChanged.emit(False)
         self.refresh_stats()
         self.refresh_conversations()
@@ -310,6 +319,8 @@ class ChatController(SettingsFlow, QObject):
             self.replyFinished.emit(message)
         self.generatingChanged.emit(False)
         self.errorRaised.emit(f"The reply failed: {error_text(exc)}")
+        if stream is not None and stream.conversation_id == self.current_id:
+            self._reload_indexes(self.conv)            # a failed turn is rolled back
         self.refresh_stats()
 
     # -- memory view ------------------------------------------------------------------------

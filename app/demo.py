@@ -25,6 +25,7 @@ class DemoTurn:
 
 MAIN_DEMO = [DemoTurn("Explain RingBuffer briefly, then show a usage example in a python code block.",
                       ["ring_buffer.py"], 130)]
+ACTIONS_DEMO = [DemoTurn("Write a python function that reverses a string, in a code block.", [], 60)]
 MEMORY_DEMO = [DemoTurn("Summarize this configuration file in one sentence.", ["gateway_config.py"], 48),
                DemoTurn("Which port does the cache section use?", [], 32),
                DemoTurn("Now list three sections of the file.", ["ring_buffer.py"], 40)]
@@ -78,7 +79,12 @@ class DemoDirector(QObject):
         if self.target == "memory":                  # wide enough that event lines are not cut
             self.window.resizeDocks([self.window.memory_dock], [560], Qt.Orientation.Horizontal)
             QApplication.processEvents()
-        widget = {"window": self.window, "memory": self.window.memory_dock}[self.target]
+        if self.target == "actions":                 # the hover actions, as on the mouse over the last reply
+            bubble = self.window.chat.bubbles[-1]
+            self.window.chat.ensureWidgetVisible(bubble)
+            bubble.show_actions(True)
+            QApplication.processEvents()
+        widget = {"window": self.window, "memory": self.window.memory_dock, "actions": self.window}[self.target]
         if not widget.grab().save(self.path):
             self._fail(f"could not write {self.path}")
             return

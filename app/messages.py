@@ -28,11 +28,12 @@ class ChatMessage:
     attachments: list[tuple[str, int]] = field(default_factory=list)   # (name, characters)
     stopped: str = ""                          # eos | max_tokens | cancelled | ...
     meta: str = ""                             # "42 tokens · 31.0 tok/s · first token 0.21 s"
+    index: int = -1                            # its place in the engine's live messages; -1 while unknown
 
     @classmethod
-    def from_history(cls, row: dict[str, Any]) -> ChatMessage:
+    def from_history(cls, row: dict[str, Any], index: int = -1) -> ChatMessage:
         atts = [(str(a[0]), len(a[1]) if len(a) > 1 else 0) for a in row.get("attachments") or []]
-        return cls(row.get("role", "user"), row.get("text", ""), atts)
+        return cls(row.get("role", "user"), row.get("text", ""), atts, index=index)
 
 
 @dataclass

@@ -23,7 +23,8 @@ PinnedRole = Qt.ItemDataRole.UserRole + 3
 UpdatedRole = Qt.ItemDataRole.UserRole + 4
 StateRole = Qt.ItemDataRole.UserRole + 5
 TokensRole = Qt.ItemDataRole.UserRole + 6
-SourceRole = Qt.ItemDataRole.UserRole + 7
+DepthRole = Qt.ItemDataRole.UserRole + 7     # 0 for a conversation, 1 for a fork of it, ...
+SourceRole = Qt.ItemDataRole.UserRole + 8
 
 
 @dataclass
@@ -33,6 +34,8 @@ class ConversationRow:
     updated_at: float
     pinned: bool
     memory: str
+    forked_from: str | None = None
+    depth: int = 0
     source: str = "app"          # "api": made through the OpenAI-compatible endpoint
 
     @classmethod
@@ -43,13 +46,36 @@ class ConversationRow:
                 updated = updated.timestamp()
             except AttributeError:
                 updated = 0.0
+        parent = getattr(info, "forked_from", None)
         return cls(str(info.id), info.title or "Untitled", float(updated),
                    bool(getattr(info, "pinned", False)), str(getattr(info, "memory", "none")),
-                   str(getattr(info, "source", "app") or "app"))
+                   str(parent) if parent else None, source=str(getattr(info, "source", "app") or "app"))
+
+
+def nest_forks(rows: list[ConversationRow]) -> list[ConversationRow]:
+    """Each fork right under its parent (depth + 1), siblings in the given order; orphans at the top level."""
+    ids = {r.id for r in rows}
+    children: dict[str | None, list[ConversationRow]] = {}
+    for row in rows:
+        children.setdefault(row.forked_from if row.forked_from in ids else None, []).append(row)
+    out: list[ConversationRow] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        for row in children.get(parent, []):
+            if row.id in seen:                      # a cycle would be a corrupt history: show it once
+                continue
+            seen.add(row.id)
+            row.depth = depth
+            out.append(row)
+            walk(row.id, depth + 1)
+    seen: set[str] = set()
+    walk(None, 0)
+    out += [r for r in rows if r.id not in seen]
+    return out
 
 
 class ConversationListModel(QAbstractListModel):
-    """Conversations, pinned first, then by last use (newest first)."""
+    """Conversations, pinned first, then by last use (newest first); forks under their parent."""
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -58,6 +84,7 @@ class ConversationListModel(QAbstractListModel):
     def set_conversations(self, infos: list[Any]) -> None:
         rows = [ConversationRow.from_info(i) for i in infos]
         rows.sort(key=lambda r: (not r.pinned, -r.updated_at))
+        rows = nest_forks(rows)
         self.beginResetModel()
         self.rows = rows
         self.endResetModel()
@@ -76,6 +103,7 @@ class ConversationListModel(QAbstractListModel):
             Qt.ItemDataRole.DisplayRole: row.title,
             Qt.ItemDataRole.ToolTipRole: f"{row.title}\nmemory: {MEMORY_LABELS.get(row.memory, row.memory)}",
             IdRole: row.id, MemoryRole: row.memory, PinnedRole: row.pinned, UpdatedRole: row.updated_at,
+            DepthRole: row.depth,
             SourceRole: row.source,
         }.get(role)
 
@@ -89,12 +117,18 @@ class BlockRow:
     pinned: bool = False
     shared: bool = False
     recoveries: int = 0
+    sibling_shared: bool = False
+
+    @property
+    def shared_with(self) -> str:
+        """'prefix' (the system/tools prefix), 'fork' (cells shared with a forked conversation) or ''."""
+        return "prefix" if self.shared else "fork" if self.sibling_shared else ""
 
 
 class BlockTableModel(QAbstractTableModel):
-    """The blocks of the open conversation in birth order: name, tokens, state."""
+    """The blocks of the open conversation in birth order: name, tokens, state, what it is shared with."""
 
-    HEADERS = ("Block", "Tokens", "State")
+    HEADERS = ("Block", "Tokens", "State", "Shared")
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -103,7 +137,7 @@ class BlockTableModel(QAbstractTableModel):
     def set_blocks(self, blocks: list[dict[str, Any]]) -> None:
         rows = [BlockRow(str(b.get("name", "?")), str(b.get("role", "")), str(b.get("state", "resident")),
                          int(b.get("tokens", 0)), bool(b.get("pinned")), bool(b.get("shared")),
-                         int(b.get("recoveries", 0) or 0)) for b in blocks]
+                         int(b.get("recoveries", 0) or 0), bool(b.get("sibling_shared"))) for b in blocks]
         self.beginResetModel()
         self.rows = rows
         self.endResetModel()
@@ -113,7 +147,7 @@ class BlockTableModel(QAbstractTableModel):
         for i, row in enumerate(self.rows):
             if row.name == name:
                 row.state = state
-                self.dataChanged.emit(self.index(i, 0), self.index(i, 2))
+                self.dataChanged.emit(self.index(i, 0), self.index(i, len(self.HEADERS) - 1))
                 return True
         return False
 
@@ -127,7 +161,7 @@ class BlockTableModel(QAbstractTableModel):
         return 0 if parent.isValid() else len(self.rows)
 
     def columnCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008, N802
-        return 0 if parent.isValid() else 3
+        return 0 if parent.isValid() else len(self.HEADERS)
 
     def headerData(self, section: int, orientation: Qt.Orientation,  # noqa: N802
                    role: int = Qt.ItemDataRole.DisplayRole) -> Any:
@@ -141,11 +175,12 @@ class BlockTableModel(QAbstractTableModel):
         row = self.rows[index.row()]
         col = index.column()
         if role == Qt.ItemDataRole.DisplayRole:
-            return (row.name, str(row.tokens), STATE_LABELS.get(row.state, row.state))[col]
+            return (row.name, str(row.tokens), STATE_LABELS.get(row.state, row.state), row.shared_with)[col]
         if role == Qt.ItemDataRole.TextAlignmentRole and col == 1:
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         if role == Qt.ItemDataRole.ToolTipRole:
             extra = [f"role {row.role}"] + (["shared prefix"] if row.shared else []) + \
+                    (["shared with a fork"] if row.sibling_shared else []) + \
                     (["pinned"] if row.pinned else []) + \
                     ([f"recovered {row.recoveries}x"] if row.recoveries else [])
             state = STATE_LABELS.get(row.state, row.state)

@@ -28,6 +28,16 @@ LABELS = {
     "api_key": "Endpoint API key",
 }
 MIB = 1 << 20
+_REBUILT = "saved KV caches were made for the old {what}: each conversation re-reads its history once when opened"
+SAVED_STATE_EFFECTS = {          # what a change does to conversations saved to disk and open ones
+    "model_path": _REBUILT.format(what="model"),
+    "kv_cache_type": _REBUILT.format(what="KV cache type"),
+    "n_ctx": _REBUILT.format(what="context length"),
+    "slots": _REBUILT.format(what="slot count"),
+    "embedder": "similarity vectors are recomputed with the new embedder when needed; the saved K/V is kept "
+                "(no re-read of the history)",
+    "block_tokens": "saved blocks keep their size and nothing is recomputed; new messages use the new size",
+}
 
 
 @dataclass(frozen=True)
@@ -178,6 +188,14 @@ def build(base: Any, values: dict[str, Any], specs: list[FieldSpec]) -> Any:
     if problems:
         raise ValueError("; ".join(problems))
     return dataclasses.replace(base, **values)
+
+
+def recompute_notes(old: Any, new: dict[str, Any] | Any, specs: list[FieldSpec]) -> list[str]:
+    """What changing `old` to `new` (Settings or setting values) recomputes in saved and open conversations."""
+    def value(name: str) -> Any:
+        return new.get(name, getattr(old, name)) if isinstance(new, dict) else getattr(new, name)
+    return [f"{spec.label}: {SAVED_STATE_EFFECTS[spec.name]}" for spec in specs
+            if spec.name in SAVED_STATE_EFFECTS and value(spec.name) != getattr(old, spec.name)]
 
 
 def changed(old: Any, new: Any, specs: list[FieldSpec]) -> tuple[list[str], list[str]]:

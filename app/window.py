@@ -1,7 +1,8 @@
 """The main window: sidebar, conversation, input, memory dock and status bar, wired to the controller.
 
 Invariant: the window only connects controller signals to widgets and user actions to
-controller methods; modal questions go through `confirm` / `ask_text` / `pick_files`.
+controller methods; modal questions go through `confirm` / `ask_text` / `edit_text` /
+`pick_files` / `save_export` / `pick_import` (app/dialogs.py, replaced in tests).
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class MainWindow(QMainWindow):
         self.confirm = dialogs.confirm
         self.ask_text = dialogs.ask_text
         self.pick_files = dialogs.pick_files
+        self.edit_text = dialogs.edit_text
+        self.save_export = dialogs.save_export
+        self.pick_import = dialogs.pick_import
         self.settings_dialog: SettingsDialog | None = None
         self.setWindowTitle("Evoke Desk")
         self.setWindowIcon(icon("evoke-desk"))
@@ -137,15 +141,23 @@ class MainWindow(QMainWindow):
         self.stop_action = QAction("Stop generating", self, shortcut=QKeySequence(Qt.Key.Key_Escape),
                                    triggered=c.stop)
         self.addAction(self.stop_action)
+        self.regenerate_action = QAction("Regenerate reply", self, shortcut=QKeySequence("Ctrl+Shift+R"),
+                                         triggered=lambda: c.regenerate())
+        self.addAction(self.regenerate_action)
         menu = self.menuBar().addMenu("&File")
         menu.addAction(self.new_action)
         menu.addAction("Attach files…", self.attach_files)
+        menu.addSeparator()
+        self.export_action = menu.addAction("Export…", self.export_conversation)
+        self.import_action = menu.addAction("Import…", self.import_conversation)
         menu.addSeparator()
         menu.addAction(self.settings_action)
         menu.addSeparator()
         menu.addAction("Quit", QKeySequence.StandardKey.Quit, self.close)
         view = self.menuBar().addMenu("&View")
         view.addAction(self.memory_action)
+        conversation = self.menuBar().addMenu("&Conversation")
+        conversation.addAction(self.regenerate_action)
 
     def _wire(self) -> None:
         c = self.controller
@@ -155,6 +167,13 @@ class MainWindow(QMainWindow):
         c.titleChanged.connect(self._title_changed)
         c.messagesReset.connect(self.chat.reset)
         c.messageAdded.connect(self.chat.add)
+        c.messagesTruncated.connect(self.chat.truncate)
+        c.generatingChanged.connect(self.chat.set_busy)
+        c.exported.connect(lambda path: self.status.showMessage(f"Exported to {path}", 5000))
+        self.chat.regenerateRequested.connect(lambda: c.regenerate())
+        self.chat.editRequested.connect(self.edit_message)
+        self.chat.forkRequested.connect(c.fork_message)
+        self.chat.deleteRequested.connect(self.delete_message)
         c.replyProgress.connect(self.chat.update_streaming)
         c.replyFinished.connect(self.chat.finish)
         c.generatingChanged.connect(self.input.set_generating)
@@ -205,6 +224,31 @@ class MainWindow(QMainWindow):
         if self.controller.send(text):
             self.input.clear()
             self.banner.hide()
+
+    def edit_message(self, position: int) -> None:
+        if not 0 <= position < len(self.controller.messages):
+            return
+        text = self.edit_text(self, "Edit message", "The message (later messages are replaced):",
+                              self.controller.messages[position].text)
+        if text is not None and self.controller.edit_message(position, text):
+            self.banner.hide()
+
+    def delete_message(self, position: int) -> None:
+        if self.confirm(self, "Delete message", "Delete this message from the conversation?", "Delete"):
+            self.controller.delete_message(position)
+
+    def export_conversation(self) -> None:
+        if self.controller.conv is None:
+            return
+        stem = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in self.controller.title).strip()
+        path = self.save_export(self, f"{stem or 'conversation'}.md")
+        if path:
+            self.controller.export_conversation(path)
+
+    def import_conversation(self) -> None:
+        path = self.pick_import(self)
+        if path:
+            self.controller.import_conversation(path)
 
     def attach_files(self) -> None:
         self.attach_paths(self.pick_files(self))

@@ -47,12 +47,13 @@ def discard_state(engine: Engine, state: ConversationState, reason: str) -> None
 
 
 def truncate_state(engine: Engine, state: ConversationState, n_messages: int) -> None:
-    """Keep the first `n_messages` of the template history; later messages' blocks leave for good."""
-    dropped = {message_key(m) for m in state.history[n_messages:]}
-    if not dropped:
+    """Keep the first `n_messages` of the template history; every block of no kept message (later
+    messages, and a failed turn's half-written reply) leaves for good."""
+    kept = {message_key(m) for m in state.history[:n_messages]}
+    doomed = [b for b in state.memory.table.blocks if not b.shared and b.message_key() not in kept]
+    if not doomed and n_messages >= len(state.history):
         return
     engine._ensure_slot(state)
-    doomed = [b for b in state.memory.table.blocks if not b.shared and b.message_key() in dropped]
     state.memory.remove_blocks(doomed)
     del state.history[n_messages:]
     state.memory.turn = max((m["evoke_turn"] for m in state.history), default=0)

@@ -13,6 +13,7 @@ import threading
 import numpy as np
 
 log = logging.getLogger(__name__)
+BUNDLED = "bundled:all-MiniLM-L6-v2"
 
 
 def bundled_model_path() -> str:
@@ -27,6 +28,11 @@ class Embedder:
         self.enabled = name != "off"
         self._model = None
         self._lock = threading.Lock()
+
+    @property
+    def identity(self) -> str | None:
+        """What a snapshot records as the maker of its vectors; None when similarity is off."""
+        return (self.name or BUNDLED) if self.enabled else None
 
     def _load(self):
         with self._lock:
@@ -49,6 +55,14 @@ class Embedder:
         """Load the model now (the engine does this in the background after the LLM loads)."""
         if self.enabled:
             self._load().encode(["warm up"], show_progress_bar=False)     # first inference allocates
+
+    def dimension(self) -> int | None:
+        """Length of this embedder's vectors (loads the model); None when similarity is off."""
+        if not self.enabled:
+            return None
+        model = self._load()
+        size = getattr(model, "get_embedding_dimension", model.get_sentence_embedding_dimension)()
+        return int(size) if size else int(self.embed(["dimension"]).shape[1])
 
     def embed(self, texts: list[str]) -> np.ndarray | None:
         """(len(texts), dim) unit vectors, or None when similarity is off."""

@@ -33,6 +33,7 @@ from .sampling import SamplingParams
 from .settings import Settings
 from .slots import Prefix, PrefixRegistry, SlotRegistry, prefix_key
 from .snapshot import SnapshotError, decode_payload, encode_payload
+from .snapshot_fit import fit_snapshot, focus_from_history
 from .store.errors import StoreError
 from .store.history import DELETED, HistoryDB
 from .store.kvfiles import KVFileStore, model_hash
@@ -205,9 +206,12 @@ class Engine:
 
         def apply() -> None:
             budget_changed = new.budget_tokens != self.settings.budget_tokens
+            embedder_changed = new.embedder != self.settings.embedder
             for f in dataclasses.fields(Settings):
                 if f.metadata.get("applies") == "now":
                     setattr(self.settings, f.name, getattr(new, f.name))
+            if embedder_changed and self.rt is not None:
+                self._switch_embedder()
             for state in self._states.values():
                 if budget_changed:
                     state.memory.set_budget(self.settings.budget_tokens)
@@ -217,6 +221,16 @@ class Engine:
 
         self.thread.call(apply, priority=FOREGROUND)
         return pending
+
+    def _switch_embedder(self) -> None:
+        """Vectors of the old embedder mean nothing to the new one: open conversations drop theirs (recomputed
+        when a decision needs them) and get their task focus recomputed; saved files are adapted on open."""
+        self.embedder = Embedder(self.settings.embedder)
+        for state in self._states.values():
+            focus = focus_from_history(self.history.messages(state.id), self.embedder, self.settings)
+            state.memory.adopt_embedder(self.embedder, focus)
+        if self.embedder.enabled and self.settings.recovery != "none":
+            self.thread.submit(self.embedder.warm, priority=BACKGROUND)
 
     def reload(self, new: Settings) -> Future:
         """Load the model `new` names; on failure the previous model is loaded back and the error raised."""
@@ -358,8 +372,11 @@ class Engine:
         return state
 
     def _restore_from_file(self, state: ConversationState, prefix: Prefix) -> bool:
+        """Adopt the conversation's KV file if the whole of it checks out and fits (`snapshot_check`,
+        `snapshot_fit`); else remove the file, say why in one `kv_rebuilt` event and return False.
+        Only a restore that worked refreshes the file's time, so an unusable file still expires."""
         had_file = self.kvfiles.has(state.id)
-        payload = self.kvfiles.read(state.id)
+        payload = self.kvfiles.read(state.id, refresh=False)
         if payload is None:
             if had_file:
                 self._emit(EngineEvent("kv_rebuilt", "cache file unusable (corrupt, expired or of another "
@@ -367,16 +384,21 @@ class Engine:
             return False
         try:
             snapshot = decode_payload(payload)
-            if snapshot.prefix_key != prefix.key:
-                raise SnapshotError("the system prompt or tools changed since it was saved")
+            notes = fit_snapshot(snapshot, conversation_id=state.id, prefix_key=prefix.key,
+                                 prefix_tokens=prefix.tokens, messages=self.history.messages(state.id),
+                                 n_layer=self._info.n_layer, n_vocab=self.rt.n_vocab, geometry=self.kv.geometry,
+                                 embedder=self.embedder, settings=self.settings)
+        except SnapshotError as exc:
+            return self._reject_file(state, f"cache file rejected ({exc})")
+        try:
             state.memory.load_snapshot(snapshot, len(prefix.tokens))
             state.history = snapshot.history
             number_turns(state.history)
             self._states[state.id] = state
             self._ensure_slot(state)
             state.memory.check()
-        except (SnapshotError, EvokeError, AssertionError) as exc:
-            log.warning("KV file of %s rejected: %s", state.id, exc)
+        except Exception as exc:  # noqa: BLE001 - checked yet unusable is a bug to log, and still only a cache
+            log.exception("KV file of %s passed its checks but did not apply", state.id)
             self._states.pop(state.id, None)
             if state.memory.seq is not None:
                 self.slots.release(state.id)
@@ -384,13 +406,18 @@ class Engine:
             state.memory = self._new_state(state.id, state.title, state.system_prompt, state.tools,
                                            state.pinned).memory
             state.history = []
-            self.kvfiles.remove(state.id)
-            self._emit(EngineEvent("kv_rebuilt", f"cache file rejected ({exc}): rebuilt from history",
-                                   conversation_id=state.id))
-            return False
-        self._emit(EngineEvent("kv_restored", f"restored {state.memory.active_tokens} tokens from disk",
+            return self._reject_file(state, f"cache file did not apply ({exc})")
+        self.kvfiles.touch(state.id)
+        extra = f" ({'; '.join(notes)})" if notes else ""
+        self._emit(EngineEvent("kv_restored", f"restored {state.memory.active_tokens} tokens from disk{extra}",
                                conversation_id=state.id, tokens=state.memory.active_tokens))
         return True
+
+    def _reject_file(self, state: ConversationState, reason: str) -> bool:
+        log.warning("KV file of %s: %s", state.id, reason)
+        self.kvfiles.remove(state.id)
+        self._emit(EngineEvent("kv_rebuilt", f"{reason}: rebuilt from history", conversation_id=state.id))
+        return False
 
     def _rebuild_from_history(self, state: ConversationState, prefix: Prefix) -> None:
         """Re-prefill the conversation from SQLite (the source of truth)."""

@@ -357,7 +357,8 @@ class ConversationMemory:
         focus = None if self.focus.vector is None else [float(x) for x in self.focus.vector]
         return Snapshot(conversation_id=self.id, prefix_key=prefix_key, turn=self.turn,
                         budget_tokens=self.budget_tokens, history=history, blocks=self.table.blocks,
-                        image=image, saved=saved_blocks, counters=asdict(self.counters), focus=focus)
+                        image=image, saved=saved_blocks, counters=asdict(self.counters), focus=focus,
+                        embedder=self.embedder.identity)
 
     def load_snapshot(self, snapshot: Snapshot, prefix_tokens: int) -> None:
         """Adopt a snapshot's table while out of a slot; `unpark` then restores its image."""
@@ -394,6 +395,14 @@ class ConversationMemory:
                 setattr(self.counters, key, value)
         if snapshot.focus is not None:
             self.focus.vector = np.asarray(snapshot.focus, dtype=np.float32)
+
+    def adopt_embedder(self, embedder: Embedder, focus: list[float] | None) -> None:
+        """Switch embedder: every vector of the old one is dropped (recomputed on demand), focus replaced."""
+        self.embedder = embedder
+        for block in self.table.blocks:
+            block.embedding = None
+        self.set_query(self._query_text)
+        self.focus.vector = None if focus is None else np.asarray(focus, dtype=np.float32)
 
     def release(self) -> None:
         """Forget every byte this conversation holds (slot cells and pool entries)."""

@@ -1,8 +1,9 @@
 """A conversation's KV state as bytes: block table, template history and every block's K/V.
 
 Invariants: a payload is self-describing (JSON head with a format number, then the blobs it
-indexes); decoding never trusts a length it has not checked against the payload; the store's
-header (model hash, checksum) has already been verified before `decode_payload` runs.
+indexes); the whole head is checked (`snapshot_check`) before any Block is built, so decoding
+either returns a consistent Snapshot or raises SnapshotError; the store's header (model hash,
+checksum) has already been verified before `decode_payload` runs.
 """
 
 from __future__ import annotations
@@ -15,13 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .blocks import Block, BlockState
+from .snapshot_check import FORMAT, SnapshotError, check_head, focus_of, migrate_head, vector_of
 
-FORMAT = 1
+__all__ = ["FORMAT", "Snapshot", "SnapshotError", "decode_payload", "encode_payload"]
 Buffer = bytes | bytearray | memoryview
-
-
-class SnapshotError(ValueError):
-    """The payload is not a conversation snapshot this version can read."""
 
 
 @dataclass
@@ -36,6 +34,7 @@ class Snapshot:
     saved: dict[int, tuple[Buffer, int, int]] = field(default_factory=dict)  # block index -> bytes
     counters: dict = field(default_factory=dict)
     focus: list[float] | None = None
+    embedder: str | None = None          # identity of the embedder that computed the vectors (None: unknown)
 
 
 def _block_head(block: Block) -> dict:
@@ -62,50 +61,47 @@ def encode_payload(snapshot: Snapshot) -> bytes:
     head = {"format": FORMAT, "conversation_id": snapshot.conversation_id, "prefix_key": snapshot.prefix_key,
             "turn": snapshot.turn, "budget_tokens": snapshot.budget_tokens, "history": snapshot.history,
             "blocks": [_block_head(b) for b in snapshot.blocks], "spans": spans, "counters": snapshot.counters,
-            "focus": snapshot.focus}
+            "focus": snapshot.focus, "embedder": snapshot.embedder}
     head_bytes = json.dumps(head, separators=(",", ":")).encode()
     return struct.pack("<I", len(head_bytes)) + head_bytes + b"".join(blobs)
 
 
 def decode_payload(payload: bytes | bytearray) -> Snapshot:
-    """Blobs come back as memoryviews into `payload` (no copy; writable when it is a bytearray)."""
+    """Blobs come back as memoryviews into `payload` (no copy; writable when it is a bytearray).
+    Older formats are migrated (`snapshot_check.migrate_head`); anything else wrong is a SnapshotError."""
     try:
         (head_len,) = struct.unpack_from("<I", payload, 0)
         if 4 + head_len > len(payload):
             raise SnapshotError("head longer than the payload")
         head = json.loads(bytes(payload[4:4 + head_len]))
-        if head.get("format") != FORMAT:
-            raise SnapshotError(f"snapshot format {head.get('format')} (this version reads {FORMAT})")
-        body = memoryview(payload)[4 + head_len:]
+    except (struct.error, ValueError) as exc:        # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise SnapshotError(f"unreadable snapshot head: {exc}") from exc
+    head = migrate_head(head)
+    body = memoryview(payload)[4 + head_len:]
+    check_head(head, len(body))
 
-        def blob(key: str) -> tuple[memoryview, int, int] | None:
-            if key not in head["spans"]:
-                return None
-            offset, length, origin, n_tokens = head["spans"][key]
-            if offset < 0 or length < 0 or offset + length > len(body):
-                raise SnapshotError(f"blob {key} outside the payload")
-            return body[offset:offset + length], origin, n_tokens
+    def blob(key: str) -> tuple[memoryview, int, int] | None:
+        if key not in head["spans"]:
+            return None
+        offset, length, origin, n_tokens = head["spans"][key]
+        return body[offset:offset + length], origin, n_tokens
 
-        blocks = []
-        for row in head["blocks"]:
-            block = Block(name=row["name"], role=row["role"], turn=row["turn"], tokens=list(row["tokens"]),
-                          text=row["text"], state=BlockState(row["state"]), shared=row["shared"],
-                          pinned=row["pinned"], priority=row["priority"], file_name=row["file_name"],
-                          hash=row["hash"], recoveries=row["recoveries"], pos=row.get("pos"))
-            if row.get("embedding"):
-                vector = np.frombuffer(base64.b64decode(row["embedding"]), dtype=np.float16).astype(np.float32)
-                block.embedding = vector / (np.linalg.norm(vector) + 1e-12)
-            blocks.append(block)
-        saved = {}
-        for index in range(len(blocks)):
-            found = blob(str(index))
-            if found is not None:
-                saved[index] = found
-        return Snapshot(conversation_id=head["conversation_id"], prefix_key=head["prefix_key"], turn=head["turn"],
-                        budget_tokens=head["budget_tokens"], history=head["history"], blocks=blocks,
-                        image=blob("image"), saved=saved, counters=head.get("counters", {}),
-                        focus=head.get("focus"))
-    except SnapshotError:
-        raise
-    except (struct.error, ValueError, KeyError, TypeError, base64.binascii.Error) as exc:
-        raise SnapshotError(f"unreadable snapshot: {exc}") from exc
+    blocks = []
+    for index, row in enumerate(head["blocks"]):
+        block = Block(name=row["name"], role=row["role"], turn=row["turn"], tokens=list(row["tokens"]),
+                      text=row["text"], state=BlockState(row["state"]), shared=row["shared"],
+                      pinned=row["pinned"], priority=float(row["priority"]), file_name=row.get("file_name"),
+                      hash=row["hash"], recoveries=row["recoveries"], pos=row.get("pos"))
+        if row.get("embedding"):
+            block.embedding = vector_of(row["embedding"], f"block {index} embedding")
+        blocks.append(block)
+    saved = {}
+    for index in range(len(blocks)):
+        found = blob(str(index))
+        if found is not None:
+            saved[index] = found
+    focus = focus_of(head.get("focus"))
+    return Snapshot(conversation_id=head["conversation_id"], prefix_key=head["prefix_key"], turn=head["turn"],
+                    budget_tokens=head["budget_tokens"], history=head["history"], blocks=blocks,
+                    image=blob("image"), saved=saved, counters=dict(head.get("counters", {})),
+                    focus=None if focus is None else [float(x) for x in focus], embedder=head.get("embedder"))

@@ -1,14 +1,26 @@
-"""The conversation as a column of message bubbles: Markdown, highlighted code, copy links.
+"""The conversation as a column of message bubbles: Markdown, highlighted code, copy links, and
+hover actions on each message (copy, regenerate, edit, fork, delete).
 
-Invariant: only the last bubble is re-rendered while a reply streams; the view follows the
-bottom unless the user scrolled up.
+Invariants: only the last bubble is re-rendered while a reply streams; the view follows the
+bottom unless the user scrolled up; actions are emitted with the bubble's position (the
+controller maps it to the engine's message), and only copy acts here.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QUrl, Signal
+from PySide6.QtCore import QEvent, QUrl, Signal
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSizePolicy, QTextBrowser, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QScrollArea,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from ..messages import ChatMessage
 from ..render import render_markdown, render_plain
@@ -38,19 +50,47 @@ class AutoHeightBrowser(QTextBrowser):
         self._fit()
 
 
+ACTIONS = (("copy", "Copy", "Copy the message"), ("regenerate", "Regenerate", "A new reply (Ctrl+Shift+R)"),
+           ("edit", "Edit", "Edit and resend; later messages go"), ("fork", "Fork", "A new conversation up to here"),
+           ("delete", "Delete", "Delete this message"))
+
+
 class MessageBubble(QFrame):
-    """One message: a role header, the rendered body, attachment chips and a footer line."""
+    """One message: a role header with hover actions, the rendered body, attachment chips, a footer."""
+
+    actionTriggered = Signal(str)      # copy | regenerate | edit | fork | delete
 
     def __init__(self, message: ChatMessage, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.role = message.role
+        self.source = message.text
         self.code_blocks: list[str] = []
+        self.is_last = False
+        self.busy = False
         self.setObjectName("bubble_" + message.role)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(14, 10, 14, 10)
         layout.setSpacing(4)
+        top = QHBoxLayout()
+        top.setContentsMargins(0, 0, 0, 0)
         self.header = QLabel("You" if message.role == "user" else "Assistant", objectName="bubbleHeader")
-        layout.addWidget(self.header)
+        top.addWidget(self.header, 1)
+        self.actions = QWidget(objectName="messageActions")
+        row = QHBoxLayout(self.actions)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(2)
+        self.buttons: dict[str, QToolButton] = {}
+        for name, text, tip in ACTIONS:
+            button = QToolButton(text=text, toolTip=tip, objectName="messageAction")
+            button.clicked.connect(lambda _=False, name=name: self.actionTriggered.emit(name))
+            self.buttons[name] = button
+            row.addWidget(button)
+        policy = self.actions.sizePolicy()
+        policy.setRetainSizeWhenHidden(True)         # no jump when the actions show on hover
+        self.actions.setSizePolicy(policy)
+        self.actions.hide()
+        top.addWidget(self.actions)
+        layout.addLayout(top)
         self.chips = QLabel(objectName="attachmentLine")
         self.chips.setWordWrap(True)
         layout.addWidget(self.chips)
@@ -63,6 +103,7 @@ class MessageBubble(QFrame):
         self.set_message(message)
 
     def set_message(self, message: ChatMessage) -> None:
+        self.source = message.text
         self.set_text(message.text, streaming=False)
         self.chips.setText("   ".join(f"▣ {n}" + (f"  ({size:,} chars)" if size else "")
                                        for n, size in message.attachments))
@@ -81,6 +122,24 @@ class MessageBubble(QFrame):
     def text(self) -> str:
         return self.body.toPlainText()
 
+    def set_place(self, *, is_last: bool, busy: bool) -> None:
+        """Which actions apply: regenerate on the last reply, edit on user messages, none but copy while busy."""
+        self.is_last, self.busy = is_last, busy
+        self.buttons["regenerate"].setVisible(self.role == "assistant" and is_last)
+        self.buttons["edit"].setVisible(self.role == "user")
+        for name in ("regenerate", "edit", "fork", "delete"):
+            self.buttons[name].setEnabled(not busy)
+
+    def show_actions(self, shown: bool) -> None:
+        self.actions.setVisible(shown)
+
+    def event(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Enter:
+            self.show_actions(True)
+        elif event.type() == QEvent.Type.Leave:
+            self.show_actions(False)
+        return super().event(event)
+
     def _link(self, url: QUrl) -> None:
         if url.scheme() == "copy":
             index = int(url.path() or url.toString().split(":", 1)[1])
@@ -94,6 +153,11 @@ class ChatView(QScrollArea):
     """The scrolling column of bubbles for the open conversation."""
 
     codeCopied = Signal(int)
+    regenerateRequested = Signal()
+    editRequested = Signal(int)          # the message's position in the view
+    forkRequested = Signal(int)
+    deleteRequested = Signal(int)
+    messageCopied = Signal(int)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -111,6 +175,7 @@ class ChatView(QScrollArea):
         self.placeholder.setWordWrap(True)
         self.column.insertWidget(0, self.placeholder)
         self.bubbles: list[MessageBubble] = []
+        self.busy = False
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
         self.verticalScrollBar().valueChanged.connect(self._scrolled)
@@ -127,13 +192,45 @@ class ChatView(QScrollArea):
 
     def add(self, message: ChatMessage) -> MessageBubble:
         bubble = MessageBubble(message)
+        bubble.actionTriggered.connect(lambda name, bubble=bubble: self._action(bubble, name))
         self.column.insertWidget(self.column.count() - 1, bubble)
         self.bubbles.append(bubble)
         self.placeholder.setVisible(False)
+        self._place_actions()
         return bubble
+
+    def truncate(self, position: int) -> None:
+        """Drop the bubbles from `position` on (an edit or a regenerate replaces them)."""
+        for bubble in self.bubbles[position:]:
+            bubble.setParent(None)
+            bubble.deleteLater()
+        del self.bubbles[position:]
+        self._place_actions()
+
+    def set_busy(self, busy: bool) -> None:
+        self.busy = busy
+        self._place_actions()
+
+    def _place_actions(self) -> None:
+        for i, bubble in enumerate(self.bubbles):
+            bubble.set_place(is_last=i == len(self.bubbles) - 1, busy=self.busy)
+
+    def _action(self, bubble: MessageBubble, name: str) -> None:
+        if bubble not in self.bubbles:
+            return
+        position = self.bubbles.index(bubble)
+        if name == "copy":
+            QGuiApplication.clipboard().setText(bubble.source)
+            self.messageCopied.emit(position)
+        elif name == "regenerate":
+            self.regenerateRequested.emit()
+        else:
+            {"edit": self.editRequested, "fork": self.forkRequested, "delete": self.deleteRequested}[name].emit(
+                position)
 
     def update_streaming(self, text: str) -> None:
         if self.bubbles and self.bubbles[-1].role == "assistant":
+            self.bubbles[-1].source = text
             self.bubbles[-1].set_text(text, streaming=True)
 
     def finish(self, message: ChatMessage) -> None:

@@ -22,10 +22,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..models import MEMORY_LABELS, IdRole, MemoryRole, PinnedRole, SourceRole, UpdatedRole
+from ..models import MEMORY_LABELS, DepthRole, IdRole, MemoryRole, PinnedRole, SourceRole, UpdatedRole
 from ..resources import icon
 
 BADGE_COLORS = {"slot": "#3fb950", "ram": "#d29922", "disk": "#58a6ff", "none": "#6e7681"}
+FORK_INDENT = 18
 
 
 def relative_time(ts: float, now: float | None = None) -> str:
@@ -42,7 +43,7 @@ def relative_time(ts: float, now: float | None = None) -> str:
 
 
 class ConversationDelegate(QStyledItemDelegate):
-    """Title, time of last use, a pin mark and a coloured badge for where the memory is."""
+    """Title, time of last use, a pin mark and a coloured badge for where the memory is; forks indented."""
 
     def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:  # noqa: N802
         return QSize(option.rect.width(), 50)
@@ -50,7 +51,8 @@ class ConversationDelegate(QStyledItemDelegate):
     def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
         painter.save()
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-        rect = option.rect.adjusted(6, 3, -6, -3)
+        depth = int(index.data(DepthRole) or 0)
+        rect = option.rect.adjusted(6 + FORK_INDENT * depth, 3, -6, -3)
         selected = bool(option.state & QStyle.StateFlag.State_Selected)
         hover = bool(option.state & QStyle.StateFlag.State_MouseOver)
         if selected or hover:
@@ -76,7 +78,8 @@ class ConversationDelegate(QStyledItemDelegate):
         pinned = bool(index.data(PinnedRole))
         api = index.data(SourceRole) == "api"
         painter.drawText(rect.adjusted(12, 26, -8, 0), Qt.AlignmentFlag.AlignLeft,
-                         ("● pinned   " if pinned else "") + ("API · " if api else "") + when)
+                         ("↳ fork   " if depth else "") + ("● pinned   " if pinned else "") + ("API · " if api else "")
+                         + when)
         title_font = QFont(option.font)
         title_font.setBold(selected)
         painter.setFont(title_font)
@@ -138,6 +141,14 @@ class ConversationSidebar(QWidget):
 
     def visible_ids(self) -> list[str]:
         return [self.proxy.index(r, 0).data(IdRole) for r in range(self.proxy.rowCount())]
+
+    def depth_of(self, conversation_id: str) -> int:
+        """0 for a conversation, 1 for a fork shown under it, ...; -1 when not shown."""
+        for r in range(self.proxy.rowCount()):
+            index = self.proxy.index(r, 0)
+            if index.data(IdRole) == conversation_id:
+                return int(index.data(DepthRole) or 0)
+        return -1
 
     def set_current(self, conversation_id: str) -> None:
         self._current = conversation_id

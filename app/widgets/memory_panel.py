@@ -1,7 +1,8 @@
 """The memory dock's content: counters, a block strip, the block table and the event list.
 
 Invariant: shows `BlockTableModel` and `EventLogModel` and the last stats dict; colours come
-from STATE_COLORS so the strip, the table and the legend agree.
+from STATE_COLORS so the strip, the table and the legend agree; shared blocks (the prefix, or
+cells shared with a fork) are darker in the strip and named in the table's Shared column.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class BlockStrip(QWidget):
         for row in rows:
             width = rect.width() * max(row.tokens, 1) / total
             color = QColor(STATE_COLORS.get(row.state, "#6e7681"))
-            if row.shared:
+            if row.shared or row.sibling_shared:         # shared cells: darker, as in the table's Shared column
                 color = color.darker(140)
             painter.setBrush(color)
             painter.drawRect(QRectF(x, rect.top(), max(width - 1, 1), rect.height()))
@@ -149,6 +150,7 @@ class MemoryPanel(QWidget):
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
         header.resizeSection(2, 92)
+        header.setSectionResizeMode(3, QHeaderView.ResizeMode.ResizeToContents)
         split.addWidget(self.table)
         events_box = QWidget()
         events_layout = QVBoxLayout(events_box)

@@ -95,6 +95,10 @@ class SettingsDialog(QDialog):
         for group, specs in form.grouped(self.specs).items():
             self.tabs.addTab(self._page(specs), form.GROUP_TITLES.get(group, group).replace("&", "&&"))
         layout.addWidget(self.tabs, 1)
+        self.recompute = QLabel(objectName="settingsRecompute")     # what the pending change recomputes
+        self.recompute.setWordWrap(True)
+        self.recompute.hide()
+        layout.addWidget(self.recompute)
         self.error = QLabel(objectName="settingsError")
         self.error.setWordWrap(True)
         self.error.hide()
@@ -110,6 +114,8 @@ class SettingsDialog(QDialog):
         layout.addWidget(buttons)
         for spec in self.specs:
             self.set_value(spec.name, getattr(settings, spec.name))
+        for name in form.SAVED_STATE_EFFECTS:
+            self._on_change(self.editors.get(name), self.update_recompute)
 
     # -- building ---------------------------------------------------------------------------
     def _page(self, specs: list[form.FieldSpec]) -> QWidget:
@@ -179,14 +185,37 @@ class SettingsDialog(QDialog):
             return box
         return QLineEdit()
 
+    @staticmethod
+    def _on_change(editor: QWidget | None, slot) -> None:
+        signal = {QComboBox: "currentTextChanged", QSpinBox: "valueChanged", QDoubleSpinBox: "valueChanged",
+                  QLineEdit: "textChanged", QCheckBox: "toggled"}.get(type(editor))
+        if signal is not None:
+            getattr(editor, signal).connect(slot)
+        elif isinstance(editor, ModelPicker):
+            editor.combo.currentIndexChanged.connect(slot)
+
+    def update_recompute(self, *_: Any) -> None:
+        """Say, before OK or Apply, what the pending change recomputes in saved conversations."""
+        values = {}
+        for name in form.SAVED_STATE_EFFECTS:
+            try:
+                values[name] = self.value(name)
+            except (ValueError, TypeError):
+                continue
+        notes = form.recompute_notes(self.base, values, self.specs)
+        self.recompute.setText("When applied: " + "; ".join(notes) if notes else "")
+        self.recompute.setVisible(bool(notes))
+
     def _update_hint(self, spec: form.FieldSpec) -> None:
         parts = [spec.default_text]
         if spec.range_text():
             parts.append(spec.range_text())
         now = spec.applies == form.NOW
         parts.append(f"<span style='color:{'#3fb950' if now else '#d29922'}'>{spec.applies_text}</span>")
+        effect = form.SAVED_STATE_EFFECTS.get(spec.name)
         self.hints[spec.name].setText(" · ".join(parts) + f"<br><span style='color:#7d8590'>"
-                                      f"{spec.description}</span>")
+                                      f"{spec.description}{' Changing it: ' + effect + '.' if effect else ''}"
+                                      "</span>")
 
     # -- values -----------------------------------------------------------------------------
     def spec(self, name: str) -> form.FieldSpec:
@@ -244,6 +273,7 @@ class SettingsDialog(QDialog):
             return False
         self.error.hide()
         self.base = new
+        self.update_recompute()
         self.applied.emit(new)
         return True
 

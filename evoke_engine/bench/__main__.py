@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-ctx", type=int, default=8192)
     p.add_argument("--threads", type=int, default=0, help="CPU threads for both servers (0 = all cores)")
     p.add_argument("--embedder", default="", help="our scorer's embedder ('off': identity and name recovery only)")
+    p = sub.add_parser("edit", help="regenerate, edit 3 turns back and fork against re-prefill")
+    p.add_argument("--tokens", type=int, default=None)
+    p.add_argument("--trials", type=int, default=3)
     for name in ("switch", "reopen", "prewarm"):
         p = sub.add_parser(name)
         p.add_argument("--tokens", type=int, default=None)
@@ -72,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run(seeds=args.seeds, budget=args.budget, n_ctx=args.n_ctx, threads=args.threads,
                      embedder=args.embedder)
+    elif args.name == "edit":
+        from .edit import run
+
+        result = run(tokens=args.tokens, trials=args.trials)
     else:
         from . import conversations
 

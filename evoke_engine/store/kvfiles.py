@@ -228,10 +228,11 @@ class KVFileStore:
         validate_payload(header, payload if got == len(payload) else payload[:got])
         return payload
 
-    def read(self, conversation_id: str) -> bytearray | None:
+    def read(self, conversation_id: str, *, refresh: bool = True) -> bytearray | None:
         """The conversation's payload, or None when absent, expired or invalid (those files are removed).
 
-        A hit refreshes the file's mtime to `clock()`, which is what TTL expiry and the LRU budget use.
+        A hit refreshes the file's mtime to `clock()` (what TTL expiry and the LRU budget use) unless
+        `refresh` is False: a reader that may still reject the payload calls `touch` once it is used.
         """
         with self._lock:
             files = self._files_of(conversation_id)
@@ -254,6 +255,8 @@ class KVFileStore:
             except OSError as error:
                 log.warning("cannot read KV cache file %s, treating it as absent: %s", newest.path, error)
                 return None
+            if not refresh:
+                return payload
             try:
                 os.utime(newest.path, (now, now))
             except OSError as error:

@@ -1,0 +1,127 @@
+"""Conversation editing from the window: regenerate, edit, fork, delete, export and import.
+
+Invariants: the view names a message by its position in `messages`; only here is it mapped to
+the engine's live-message index (`ChatMessage.index`). Regenerate and edit stream through the
+same path as `send`; nothing is edited while a reply streams.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from .bridge import error_text
+from .messages import ChatMessage
+
+log = logging.getLogger(__name__)
+
+
+def export_format(path: str) -> str:
+    return "json" if Path(path).suffix.lower() == ".json" else "markdown"
+
+
+class EditingFlow:
+    """Mixed into ChatController (uses its bridge, conv, messages, streaming path and signals)."""
+
+    def _can_edit(self) -> bool:
+        if self.conv is None or self.generating:
+            return False
+        return self.model_state in ("ready", "unloaded")
+
+    def _engine_index(self, position: int) -> int | None:
+        if not 0 <= position < len(self.messages):
+            return None
+        index = self.messages[position].index
+        if index < 0:
+            self.errorRaised.emit("That message is not saved yet; try again in a moment.")
+            return None
+        return index
+
+    def reindex(self, conv: Any, rows: list[dict[str, Any]]) -> None:
+        """Give the shown messages the engine's indexes (in order; ones past the history get -1)."""
+        if conv is not self.conv:
+            return
+        live = [i for i, r in enumerate(rows) if r.get("role") in ("user", "assistant")]
+        for position, message in enumerate(self.messages):
+            message.index = live[position] if position < len(live) else -1
+
+    def _reload_indexes(self, conv: Any) -> None:
+        self.bridge.call(conv.messages, on_done=lambda rows: self.reindex(conv, rows),
+                         on_error=lambda exc: log.warning("reading the history: %s", exc))
+
+    # -- regenerate and edit stream like a send -------------------------------------------------
+    def regenerate(self, **options: Any) -> bool:
+        """Replace the last reply by a new one, streamed; False when there is none to replace now."""
+        if not self._can_edit() or not self.messages or self.messages[-1].role != "assistant":
+            return False
+        conv = self.conv
+        self.messagesTruncated.emit(len(self.messages) - 1)
+        self.messages[-1] = ChatMessage("assistant", "", index=self.messages[-1].index)
+        self.messageAdded.emit(self.messages[-1])
+        self._stream_reply(conv, conv.regenerate, **options)
+        return True
+
+    def edit_message(self, position: int, text: str, **options: Any) -> bool:
+        """Replace user message `position` by `text` (later messages go) and stream the new reply."""
+        text = text.strip()
+        if not text or not self._can_edit() or not 0 <= position < len(self.messages):
+            return False
+        old = self.messages[position]
+        if old.role != "user" or (index := self._engine_index(position)) is None:
+            return False
+        conv = self.conv
+        user = ChatMessage("user", text, list(old.attachments), index=index)
+        self.messages[position:] = [user, ChatMessage("assistant", "", index=index + 1)]
+        self.messagesTruncated.emit(position)
+        self.messageAdded.emit(user)
+        self.messageAdded.emit(self.messages[-1])
+        self._stream_reply(conv, conv.edit, index, text, **options)
+        return True
+
+    # -- fork and delete ------------------------------------------------------------------------
+    def fork_message(self, position: int) -> bool:
+        """Open a new conversation holding the messages up to `position` (its cache shared)."""
+        if not self._can_edit() or (index := self._engine_index(position)) is None:
+            return False
+        self.bridge.call(self.conv.fork, index, on_done=self._opened, on_error=self._fail)
+        return True
+
+    def delete_message(self, position: int) -> bool:
+        if not self._can_edit() or (index := self._engine_index(position)) is None:
+            return False
+        conv = self.conv
+
+        def done(_: Any) -> None:
+            self.bridge.call(conv.messages, on_done=lambda rows: self._history(conv, rows), on_error=self._fail)
+            self.refresh_stats()
+        self.bridge.call(conv.delete_message, index, on_done=done, on_error=self._fail)
+        return True
+
+    # -- files ----------------------------------------------------------------------------------
+    def export_conversation(self, path: str) -> bool:
+        """Write the open conversation to `path`: JSON for a .json suffix, Markdown otherwise."""
+        if self.conv is None or not path:
+            return False
+        conv, fmt = self.conv, export_format(path)
+
+        def write() -> str:
+            Path(path).write_text(conv.export(fmt), encoding="utf-8")
+            return path
+        self.bridge.call(write, on_done=self.exported.emit, on_error=self._fail)
+        return True
+
+    def import_conversation(self, path: str) -> bool:
+        """Open a conversation from an exported JSON file; a bad file only raises an error message."""
+        if not path or not self._engine_or_say():
+            return False
+        engine = self.engine
+
+        def read() -> Any:
+            return engine.import_conversation(Path(path).read_text(encoding="utf-8"))
+        self.bridge.call(read, on_done=self._opened,
+                         on_error=lambda exc: self._fail_with(f"Could not import {Path(path).name}", exc))
+        return True
+
+    def _fail_with(self, what: str, exc: BaseException) -> None:
+        self.errorRaised.emit(f"{what}: {error_text(exc)}")
