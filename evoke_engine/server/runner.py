@@ -87,9 +87,7 @@ def serve(engine: Engine, config: ServerConfig) -> int:
         print(server.warning, file=sys.stderr)
     key_note = "an API key is required" if config.api_key else "no API key"
     print(f"Evoke Desk endpoint on {server.address} ({key_note}); Ctrl-C stops it", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):       # uvicorn re-raises the Ctrl-C it shut down on
         server._server.run(sockets=[server._sock])
-    except KeyboardInterrupt:           # uvicorn re-raises the Ctrl-C it shut down on
-        pass
     print("endpoint stopped", flush=True)
     return 0
