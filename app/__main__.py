@@ -70,7 +70,12 @@ def build(settings, size: tuple[int, int] | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv if argv is not None else sys.argv[1:])
+    argv = list(argv if argv is not None else sys.argv[1:])
+    if argv[:1] == ["serve"]:                     # `evoke-desk serve`: the endpoint without the window
+        from evoke_engine.__main__ import main as engine_main
+
+        return engine_main(argv)
+    args = parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:

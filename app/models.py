@@ -24,6 +24,7 @@ UpdatedRole = Qt.ItemDataRole.UserRole + 4
 StateRole = Qt.ItemDataRole.UserRole + 5
 TokensRole = Qt.ItemDataRole.UserRole + 6
 DepthRole = Qt.ItemDataRole.UserRole + 7     # 0 for a conversation, 1 for a fork of it, ...
+SourceRole = Qt.ItemDataRole.UserRole + 8
 
 
 @dataclass
@@ -35,6 +36,7 @@ class ConversationRow:
     memory: str
     forked_from: str | None = None
     depth: int = 0
+    source: str = "app"          # "api": made through the OpenAI-compatible endpoint
 
     @classmethod
     def from_info(cls, info: Any) -> ConversationRow:
@@ -47,7 +49,7 @@ class ConversationRow:
         parent = getattr(info, "forked_from", None)
         return cls(str(info.id), info.title or "Untitled", float(updated),
                    bool(getattr(info, "pinned", False)), str(getattr(info, "memory", "none")),
-                   str(parent) if parent else None)
+                   str(parent) if parent else None, source=str(getattr(info, "source", "app") or "app"))
 
 
 def nest_forks(rows: list[ConversationRow]) -> list[ConversationRow]:
@@ -102,6 +104,7 @@ class ConversationListModel(QAbstractListModel):
             Qt.ItemDataRole.ToolTipRole: f"{row.title}\nmemory: {MEMORY_LABELS.get(row.memory, row.memory)}",
             IdRole: row.id, MemoryRole: row.memory, PinnedRole: row.pinned, UpdatedRole: row.updated_at,
             DepthRole: row.depth,
+            SourceRole: row.source,
         }.get(role)
 
 

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 
 from . import dialogs
 from .controller import ChatController
+from .endpoint import EndpointSwitch
 from .resources import icon
 from .widgets.chat_view import ChatView
 from .widgets.conversation_list import ConversationSidebar
@@ -185,6 +186,12 @@ class MainWindow(QMainWindow):
         c.errorRaised.connect(self.banner.show_message)
         c.warningRaised.connect(self.banner.show_warning)
         c.settingsApplied.connect(lambda s: setattr(self.status, "high_watermark", s.high_watermark))
+        self.endpoint = EndpointSwitch(self)
+        self.endpoint.addressChanged.connect(self.status.set_endpoint)
+        self.endpoint.failed.connect(self.banner.show_message)
+        c.settingsApplied.connect(lambda s: self.endpoint.apply(c.engine, s))
+        c.modelInfoChanged.connect(lambda _: self.endpoint.apply(c.engine, c.settings))
+        c.bridge.closing.connect(self.endpoint.stop)
         self.sidebar.newRequested.connect(c.new_conversation)
         self.sidebar.activated.connect(c.open_conversation)
         self.sidebar.renameRequested.connect(self.rename_conversation)

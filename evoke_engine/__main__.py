@@ -1,4 +1,5 @@
-"""`python -m evoke_engine chat`: the headless way to chat, with /stats for the memory counters.
+"""`python -m evoke_engine chat`: the headless way to chat, with /stats for the memory counters;
+`python -m evoke_engine serve`: the OpenAI-compatible endpoint without the window.
 
 Invariant: the terminal shows every reply as it streams; Ctrl-C stops a reply, not the program.
 """
@@ -87,6 +88,39 @@ def chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve(args: argparse.Namespace) -> int:
+    from .server import ServerConfig
+    from .server import serve as run_server
+
+    overrides = {k: v for k, v in {"model_path": args.model, "budget_tokens": args.budget}.items() if v is not None}
+    try:
+        settings = Settings.load(**overrides)
+        config = ServerConfig(host=args.host or settings.server_host, port=args.port or settings.server_port,
+                              api_key=args.api_key or settings.api_key or None, allow_remote=args.allow_remote,
+                              allowed_hosts=list(args.allowed_host or []), cors_origins=list(args.cors_origin or []))
+        config.check_bind()
+        print(f"loading {settings.model_path or 'the embedded SmolLM2-135M-Instruct'} ...", flush=True)
+        engine = Engine(settings)
+    except (EvokeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return run_server(engine, config)
+    finally:
+        engine.close()
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1; others need --allow-remote)")
+    p.add_argument("--port", type=int, help="port (default: the server_port setting, 8765)")
+    p.add_argument("--api-key", help="require this Bearer key (default: the api_key setting, if any)")
+    p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback address (prints a warning)")
+    p.add_argument("--allowed-host", action="append", help="another Host header name to accept (repeatable)")
+    p.add_argument("--cors-origin", action="append", help="send CORS headers for this origin (repeatable)")
+    p.add_argument("--model", help="GGUF file (default: the embedded model)")
+    p.add_argument("--budget", type=int, help="active KV tokens per conversation")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evoke_engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="GGUF file (default: the embedded model)")
     p.add_argument("--budget", type=int, help="active KV tokens per conversation")
     p.add_argument("--recovery", choices=["kv_restore", "breadcrumb", "discard", "none"])
+    add_serve_arguments(sub.add_parser("serve", help="serve the OpenAI-compatible endpoint"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    return chat(args)
+    return serve(args) if args.command == "serve" else chat(args)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ class ConversationInfo:
     pinned: bool
     memory: str            # slot | ram | disk | none
     forked_from: str | None = None
+    source: str = "app"    # app | api (made through the OpenAI-compatible endpoint)
 
 
 @dataclass
@@ -334,24 +335,25 @@ class Engine:
 
     # -- conversations ----------------------------------------------------------------------
     def new_conversation(self, system_prompt: str | None = None, tools: list[dict] | None = None,
-                         title: str | None = None) -> Conversation:
+                         title: str | None = None, source: str | None = None) -> Conversation:
         self.ready.result()
         conversation_id = uuid.uuid4().hex
         system_prompt = self._default_system_prompt() if system_prompt is None else system_prompt
         tools = self._default_tools() if tools is None else tools
         state = self.thread.call(self._create_state, conversation_id, title or "New conversation",
-                                 system_prompt, tools)
+                                 system_prompt, tools, source)
         return Conversation(self, state.id)
 
     def _create_state(self, conversation_id: str, title: str, system_prompt: str,
-                      tools: list[dict]) -> ConversationState:
+                      tools: list[dict], source: str | None = None) -> ConversationState:
         self._ensure_model()
         state = self._new_state(conversation_id, title, system_prompt, tools, pinned=False)
         prefix = self._prefix_for(system_prompt, tools)
         if len(prefix.tokens) >= self.settings.budget_tokens and self.settings.recovery != "none":
             raise BudgetError(f"the budget ({self.settings.budget_tokens} tokens) is not larger than the "
                               f"system prompt and tools ({len(prefix.tokens)} tokens)")
-        self.history.create_conversation(conversation_id, title, system_prompt, settings={"tools": tools})
+        self.history.create_conversation(conversation_id, title, system_prompt,
+                                         settings={"tools": tools, **({"source": source} if source else {})})
         self._add_prefix_blocks(state, prefix)
         self._states[conversation_id] = state
         self._ensure_slot(state)
@@ -496,8 +498,9 @@ class Engine:
             if memory is None:
                 memory = "disk" if self.kvfiles is not None and self.kvfiles.has(row.id) else "none"
             parent = row.settings.get("forked_from") if isinstance(row.settings, dict) else None
+            source = row.settings.get("source", "app") if isinstance(row.settings, dict) else "app"
             out.append(ConversationInfo(row.id, row.title, row.updated_at, row.pinned, memory,
-                                        forked_from=parent if isinstance(parent, str) else None))
+                                        forked_from=parent if isinstance(parent, str) else None, source=source))
         return out
 
     def rename_conversation(self, conversation_id: str, title: str) -> None:
@@ -527,6 +530,13 @@ class Engine:
         self._snapshots.pop(conversation_id, None)
         if self.kvfiles is not None:
             self.kvfiles.remove(conversation_id)
+
+    def tokenize(self, text: str) -> list[int]:
+        """The model's tokens for `text` (special tokens parsed); loads the model if it was unloaded."""
+        def run() -> list[int]:
+            self._ensure_model()
+            return self.rt.tokenize(text)
+        return self.thread.call(run, priority=FOREGROUND)
 
     def focus(self, conversation_id: str | None) -> None:
         """Requests of the focused conversation are served before the others."""
@@ -803,6 +813,13 @@ class Conversation:
             state = self.engine._open_state(self.id)
             state.memory.set_budget(tokens)
             self.engine._refresh(state)
+
+        self.engine.thread.call(apply, priority=FOREGROUND)
+
+    def reset_focus(self) -> None:
+        """A task boundary: the task focus forgets the earlier messages (EVOKE's `task_boundary`)."""
+        def apply() -> None:
+            self.engine._open_state(self.id).memory.focus.vector = None
 
         self.engine.thread.call(apply, priority=FOREGROUND)
 

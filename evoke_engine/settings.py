@@ -120,6 +120,15 @@ class Settings:
     model_idle_unload_s: int = _setting(1800, "Unload the model after this idle time (0 = never).",
                                         group="Persistence", low=0, high=7 * 86400)
 
+    # Local OpenAI-compatible endpoint
+    server_enabled: bool = _setting(False, "Serve the OpenAI-compatible endpoint while the app runs.",
+                                    group="Endpoint")
+    server_host: str = _setting("127.0.0.1", "Address the endpoint listens on (loopback; others only "
+                                "with `serve --allow-remote`).", group="Endpoint")
+    server_port: int = _setting(8765, "Port of the endpoint (0 picks a free one).", group="Endpoint", low=0,
+                                high=65535)
+    api_key: str = _setting("", "Bearer key the endpoint requires (empty: none).", group="Endpoint")
+
     home: str | None = field(default=None, metadata={
         "description": "Root for data, cache and config (tests); empty uses platformdirs.",
         "group": "Internal", "applies": RELOAD, "low": None, "high": None, "choices": None})

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..models import MEMORY_LABELS, DepthRole, IdRole, MemoryRole, PinnedRole, UpdatedRole
+from ..models import MEMORY_LABELS, DepthRole, IdRole, MemoryRole, PinnedRole, SourceRole, UpdatedRole
 from ..resources import icon
 
 BADGE_COLORS = {"slot": "#3fb950", "ram": "#d29922", "disk": "#58a6ff", "none": "#6e7681"}
@@ -76,8 +76,10 @@ class ConversationDelegate(QStyledItemDelegate):
         painter.setPen(QColor("#8b949e"))
         when = relative_time(index.data(UpdatedRole) or 0)
         pinned = bool(index.data(PinnedRole))
+        api = index.data(SourceRole) == "api"
         painter.drawText(rect.adjusted(12, 26, -8, 0), Qt.AlignmentFlag.AlignLeft,
-                         ("↳ fork   " if depth else "") + ("● pinned   " if pinned else "") + when)
+                         ("↳ fork   " if depth else "") + ("● pinned   " if pinned else "") + ("API · " if api else "")
+                         + when)
         title_font = QFont(option.font)
         title_font.setBold(selected)
         painter.setFont(title_font)

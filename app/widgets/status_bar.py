@@ -22,13 +22,14 @@ class StatusBar(QStatusBar):
         self.device = QLabel("", objectName="statusDevice")
         self.speed = QLabel("— tok/s", objectName="statusSpeed")
         self.ttft = QLabel("TTFT —", objectName="statusTtft")
+        self.endpoint = QLabel("", objectName="statusEndpoint", visible=False)
         self.gauge = QProgressBar(objectName="gauge", minimumWidth=220, maximumWidth=280, maximumHeight=16)
         self.gauge.setFormat("KV 0 / 0")
         self.gauge.setRange(0, 1)
         self.gauge.setValue(0)
         self.addWidget(self.state)
         self.addWidget(self.busy)
-        for widget in (self.model, self.device, self.speed, self.ttft, self.gauge):
+        for widget in (self.endpoint, self.model, self.device, self.speed, self.ttft, self.gauge):
             self.addPermanentWidget(widget)
         self.high_watermark = 0.92
         self.active = self.budget = 0
@@ -40,6 +41,12 @@ class StatusBar(QStatusBar):
         self.busy.setVisible(state == "loading")
         if state == "loading":
             self.busy.setRange(0, 0)
+
+    def set_endpoint(self, address: str) -> None:
+        """The OpenAI-compatible endpoint's base URL while it runs (hidden when off)."""
+        self.endpoint.setText(f"API {address}" if address else "")
+        self.endpoint.setToolTip("OpenAI-compatible endpoint: point coding tools at this base URL" if address else "")
+        self.endpoint.setVisible(bool(address))
 
     def set_model_info(self, info: Any) -> None:
         self.model.setText(getattr(info, "name", "?"))

@@ -43,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--budget", type=int, default=512)
     p.add_argument("--backends", default="none,discard,breadcrumb,kv_restore")
+    p = sub.add_parser("endpoint", help="14-turn session: our endpoint against llama_cpp.server")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--budget", type=int, default=512)
+    p.add_argument("--n-ctx", type=int, default=8192)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for both servers (0 = all cores)")
+    p.add_argument("--embedder", default="", help="our scorer's embedder ('off': identity and name recovery only)")
     p = sub.add_parser("edit", help="regenerate, edit 3 turns back and fork against re-prefill")
     p.add_argument("--tokens", type=int, default=None)
     p.add_argument("--trials", type=int, default=3)
@@ -64,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         from .recall import run
 
         result = run(seeds=args.seeds, budget=args.budget, backends=tuple(args.backends.split(",")))
+    elif args.name == "endpoint":
+        from .endpoint import run
+
+        result = run(seeds=args.seeds, budget=args.budget, n_ctx=args.n_ctx, threads=args.threads,
+                     embedder=args.embedder)
     elif args.name == "edit":
         from .edit import run
 

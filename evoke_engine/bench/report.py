@@ -45,11 +45,18 @@ def simple(r: dict) -> str:
     return "\n".join([f"`bench {r['bench']}`. {_machine(r)}", "", "| field | value |", "|---|---|", *rows])
 
 
+def endpoint(r: dict) -> str:
+    from .endpoint import table
+
+    return (f"`bench endpoint --seeds {r['seeds']} --budget {r['budget_tokens']}` ({r['n_threads']} thread(s), "
+            f"embedder {r['embedder']}, median of {r['seeds']} sessions). {_machine(r)}\n\n{table(r)}")
+
+
 def main(paths: list[str]) -> None:
     for path in paths:
         with open(path) as fh:
             result = json.load(fh)
-        render = {"restore": restore, "recall": recall}.get(result["bench"], simple)
+        render = {"restore": restore, "recall": recall, "endpoint": endpoint}.get(result["bench"], simple)
         print(render(result))
         print()
 

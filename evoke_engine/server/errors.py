@@ -1,0 +1,70 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "code", "param"}}` with the right HTTP status.
+
+Invariant: every failure the endpoint reports, validation included, leaves through `ApiError` or one
+of the handlers installed by `install_handlers`; the server keeps serving after each.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
+               500: "server_error", 503: "server_error"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.code, self.param)
+
+
+def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
+                      "code": code, "param": param}}
+
+
+def error_response(status: int, message: str, code: str | None = None, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, code, param), status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str]:
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return "malformed JSON in the request body", None, "invalid_json"
+    parts, param = [], None
+    for e in errors[:5]:
+        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        param = param or ".".join(loc) or None
+        parts.append(f"{'.'.join(loc) or 'body'}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request", param, "invalid_request"
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.code, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param, code = _validation_message(exc)
+        return error_response(400, message, code, param)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("endpoint request failed")
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), None, None)

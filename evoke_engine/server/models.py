@@ -1,0 +1,101 @@
+"""Request bodies of the endpoint as pydantic models: the fields OpenAI clients send, `evoke_*` extensions.
+
+Invariants: unknown fields are ignored (clients send many), wrong types are rejected (400 through the
+validation handler), and `messages` is never empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Loose(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class FunctionCall(Loose):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(Loose):
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall
+
+
+class FilePart(Loose):
+    filename: str | None = None
+    file_data: str | None = None         # "data:<mime>;base64,<...>" or plain text
+
+
+class ContentPart(Loose):
+    type: str
+    text: str | None = None
+    file: FilePart | None = None
+
+
+class ChatMessage(Loose):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    evoke_keep: Literal["pin", "prefer"] | None = None
+
+
+class FunctionSpec(Loose):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolSpec(Loose):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class StreamOptions(Loose):
+    include_usage: bool = False
+
+
+class ChatRequest(Loose):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=5.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1, le=1)
+    tools: list[ToolSpec] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    user: str | None = None
+    evoke_priority: float | None = Field(default=None, ge=0.0, le=100.0)
+    evoke_pinned: bool | None = None
+    evoke_task_boundary: bool | None = None
+
+    def sampling(self, default_max_tokens: int) -> dict[str, Any]:
+        """Keyword arguments for `Conversation.submit`."""
+        out: dict[str, Any] = {"max_tokens": self.max_completion_tokens or self.max_tokens or default_max_tokens}
+        if self.temperature is not None:
+            out["temperature"] = self.temperature
+        if self.top_p is not None:
+            out["top_p"] = self.top_p
+        if self.seed is not None:
+            out["seed"] = self.seed
+        if self.stop:
+            out["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return out
+
+    def tool_dicts(self) -> list[dict]:
+        return [t.model_dump(exclude_none=True) for t in self.tools or []]
+
+    @property
+    def parse_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"

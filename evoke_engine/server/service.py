@@ -1,0 +1,299 @@
+"""Requests to engine turns: pick the conversation (session, else longest shared prefix), continue, fork
+or create it, submit only the new tail, and report usage with the `evoke` figures of this request.
+
+Invariants: one request per conversation at a time (a per-conversation lock held until its turn ends,
+cancelled or not); the plan is re-checked under that lock against the conversation's stored messages;
+a conversation whose system prompt or tools differ from the request's is never continued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from anyio import to_thread
+
+from ..engine import Conversation, Engine, default_system_prompt
+from ..errors import EvokeError
+from ..exchange import FORMAT_NAME, FORMAT_VERSION
+from .errors import ApiError
+from .models import ChatRequest
+from .sessions import (
+    CONVERSATION_ID,
+    Msg,
+    Plan,
+    SessionMap,
+    agreement,
+    canonicalize,
+    check_tail,
+    conversation_messages,
+    plan,
+)
+from .toolcalls import RawTextMap, new_call_id, parse_tool_calls
+
+log = logging.getLogger(__name__)
+MIN_SHARED_TOKENS = 64
+MODEL_ALIASES = ("evoke", "evoke-desk")
+
+
+@dataclass
+class Prepared:
+    conv: Conversation
+    route: str                       # continue | fork | new | import
+    session: str | None
+    message: Msg
+    sampling: dict
+    before: dict
+    tool_names: set[str]
+    lock: asyncio.Lock
+    future: Future | None = None
+    extras: dict = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    content: str | None
+    tool_calls: list[dict]
+    finish_reason: str
+    usage: dict
+
+
+def _tools_key(tools: list[dict]) -> str:
+    return json.dumps(tools or [], sort_keys=True)
+
+
+class ChatService:
+    def __init__(self, engine: Engine, state_dir: Path) -> None:
+        self.engine = engine
+        self.raw_map = RawTextMap()
+        self.sessions = SessionMap(state_dir / "api_sessions.json", self.raw_map)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._views: dict[str, tuple[float, str, str, list[Msg]]] = {}
+
+    # -- model ------------------------------------------------------------------------------------
+    def model_id(self) -> str:
+        return Path(self.engine.model_info().path).name.removesuffix(".gguf")
+
+    def check_model(self, name: str | None) -> str:
+        model_id = self.model_id()
+        if name and name not in (model_id, f"{model_id}.gguf", *MODEL_ALIASES):
+            raise ApiError(404, f"model {name!r} does not exist; this server has {model_id!r} "
+                                f"(also called {' or '.join(MODEL_ALIASES)})", "model_not_found", "model")
+        return model_id
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    # -- routing (worker threads: SQLite and the engine thread) -------------------------------------
+    def _view(self, conversation_id: str, updated_at: float | None = None) -> tuple[str, str, list[Msg]] | None:
+        cached = self._views.get(conversation_id)
+        if cached is not None and updated_at is not None and cached[0] == updated_at:
+            return cached[1:]
+        row = self.engine.history.get_conversation(conversation_id)
+        if row is None:
+            return None
+        tools = row.settings.get("tools", []) if isinstance(row.settings, dict) else []
+        view = (row.system_prompt, _tools_key(tools),
+                conversation_messages(Conversation(self.engine, conversation_id).messages()))
+        self._views[conversation_id] = (row.updated_at, *view)
+        return view
+
+    def _shared_tokens(self, conversation_id: str, messages: list[Msg]) -> int:
+        shared = int(Conversation(self.engine, conversation_id).stats().get("prefix_tokens", 0))
+        for message in messages:
+            if shared >= MIN_SHARED_TOKENS:
+                break
+            shared += len(self.engine.tokenize(message.content))
+        return shared
+
+    def _route(self, system: str, tools_key: str, messages: list[Msg]) -> str | None:
+        """The open conversation sharing the longest prefix (>= 64 tokens, >= 1 message) with the request."""
+        best, best_k = None, 0
+        for info in self.engine.conversations():
+            if info.memory not in ("slot", "ram"):
+                continue
+            view = self._view(info.id, info.updated_at)
+            if view is None or view[0] != system or view[1] != tools_key:
+                continue
+            k = agreement(view[2], messages)
+            full = k == len(view[2])
+            if k > best_k or (k == best_k and k and full and best is not None and not best[1]):
+                best, best_k = (info.id, full), k
+        if best is None or self._shared_tokens(best[0], messages[:best_k]) < MIN_SHARED_TOKENS:
+            return None
+        return best[0]
+
+    def _target(self, session: str | None, system: str, tools_key: str, messages: list[Msg]) -> str | None:
+        if session is not None:
+            known = self.sessions.get(session)
+            if known is not None and self.engine.history.get_conversation(known) is not None:
+                return known
+            if CONVERSATION_ID.match(session) and self.engine.history.get_conversation(session) is not None:
+                return session                   # a conversation of the window, continued by its id
+            return None
+        return self._route(system, tools_key, messages)
+
+    # -- one request ------------------------------------------------------------------------------
+    async def prepare(self, request: ChatRequest, session: str | None) -> Prepared:
+        canonical = canonicalize(request, self.raw_map)
+        if not canonical.messages:
+            raise ApiError(400, "messages holds no user or tool message", "invalid_messages", "messages")
+        settings = self.engine.settings
+        system = canonical.system if canonical.system is not None else (
+            settings.system_prompt if settings.system_prompt is not None else default_system_prompt())
+        tools = request.tool_dicts()
+        tools_key = _tools_key(tools)
+        if session is not None:
+            session = SessionMap.valid(session)
+        target = await to_thread.run_sync(self._target, session, system, tools_key, canonical.messages)
+        key = target or f"new:{id(request)}"
+        lock = self._lock(key)
+        await lock.acquire()
+        try:
+            prepared = await to_thread.run_sync(self._open, request, session, target, system, tools, tools_key,
+                                                canonical.messages, lock)
+        except BaseException:
+            lock.release()
+            raise
+        finally:
+            if key.startswith("new:"):
+                self._locks.pop(key, None)
+        self._locks.setdefault(prepared.conv.id, lock)     # the lock held now guards a new or forked conversation
+        return prepared
+
+    def _open(self, request: ChatRequest, session: str | None, target: str | None, system: str,
+              tools: list[dict], tools_key: str, messages: list[Msg], lock: asyncio.Lock) -> Prepared:
+        view = self._view(target) if target else None
+        if view is None or view[0] != system or view[1] != tools_key:
+            route = Plan("new", 0, messages)
+        else:
+            route = plan(view[2], messages)
+            if (route.action != "continue" and session is not None and view[2]
+                    and not any(m.role == "assistant" for m in messages) and agreement(view[2], messages) == 0):
+                route = Plan("continue", len(view[2]), messages)   # stateful client: only the new message(s)
+        message = check_tail(route.tail)
+        if len(route.tail) > 1:          # assistant messages the engine did not write: rebuild from the text
+            route = Plan("import", 0, messages)
+        self._check_length(message)
+        title = (message.text.strip().splitlines() or ["API conversation"])[0][:60]
+        try:
+            if route.action == "continue":
+                conv = self.engine.open_conversation(target)
+            elif route.action == "fork":
+                conv = self.engine.fork(target, route.keep - 1)
+            elif route.action == "import":
+                conv = self._import(system, tools, title, messages[:-1])
+            else:
+                conv = self.engine.new_conversation(system_prompt=system, tools=tools, title=title, source="api")
+        except EvokeError as exc:
+            raise ApiError(500, f"the engine could not open the conversation: {exc}", "engine_error") from exc
+        if session is not None:
+            self.sessions.set(session, conv.id)
+        if request.evoke_task_boundary:
+            conv.reset_focus()
+        return Prepared(conv=conv, route=route.action, session=session, message=message,
+                        sampling=request.sampling(min(self.engine.settings.max_tokens, 4096)),
+                        before=conv.stats(), lock=lock,
+                        tool_names={t["function"]["name"] for t in tools} if request.parse_tools else set(),
+                        extras={"priority": request.evoke_priority, "pinned": request.evoke_pinned,
+                                "keep": [(i, m.keep) for i, m in enumerate(messages) if m.keep],
+                                "roles": [m.role for m in messages]})
+
+    def _import(self, system: str, tools: list[dict], title: str, history: list[Msg]) -> Conversation:
+        """A new conversation holding a client-written history, its KV built from the text (a prefill)."""
+        conv = self.engine.import_conversation({
+            "format": FORMAT_NAME, "version": FORMAT_VERSION, "title": title, "system_prompt": system,
+            "tools": tools, "messages": [{"role": m.role, "text": m.text, "extra": m.extra,
+                                          "attachments": [{"name": n, "text": t} for n, t in m.attachments]}
+                                         for m in history]})
+        row = self.engine.history.get_conversation(conv.id)
+        self.engine.history.set_settings(conv.id, {**(row.settings if row else {}), "source": "api"})
+        return self.engine.open_conversation(conv.id)
+
+    def _check_length(self, message: Msg) -> None:
+        n_ctx = self.engine.settings.n_ctx
+        if len(message.content.encode()) <= n_ctx // 2:
+            return
+        tokens = len(self.engine.tokenize(message.content))
+        limit = n_ctx - 2 * self.engine.settings.block_tokens
+        if tokens > limit:
+            raise ApiError(400, f"the new message is {tokens} tokens; the context holds {n_ctx} tokens "
+                                f"({self.engine.settings.slots} slots, budget {self.engine.settings.budget_tokens} "
+                                f"per conversation), so at most {limit} tokens fit in one message",
+                           "context_length_exceeded", "messages")
+
+    def submit(self, prepared: Prepared, on_token=None) -> Future:
+        message = prepared.message
+        kwargs = dict(prepared.sampling)
+        if message.role == "tool":
+            kwargs.update(role="tool", extra=message.extra or None)
+        prepared.future = prepared.conv.submit(message.text, message.attachments, on_token=on_token, **kwargs)
+        prepared.future.add_done_callback(lambda _: self._views.pop(prepared.conv.id, None))
+        return prepared.future
+
+    def finish(self, prepared: Prepared, reply) -> Outcome:
+        """Tool calls, raw-text map, `evoke_*` marks and usage, once the reply is done (worker thread)."""
+        content, calls = parse_tool_calls(reply.text, prepared.tool_names)
+        ids = [new_call_id() for _ in calls]
+        if calls:
+            self.raw_map.remember(reply.text, content, calls, ids)
+            self.sessions.save()
+        self._apply_marks(prepared)
+        after = prepared.conv.stats()
+        finish = "tool_calls" if calls else {"eos": "stop", "stop": "stop", "cancelled": "stop"}.get(
+            reply.stopped, "length")
+        return Outcome(content=content, tool_calls=[c.as_openai(i) for c, i in zip(calls, ids, strict=True)],
+                       finish_reason=finish, usage=self._usage(prepared, reply, after))
+
+    def _apply_marks(self, prepared: Prepared) -> None:
+        extras = prepared.extras
+        if not (extras["priority"] is not None or extras["pinned"] or extras["keep"]):
+            return
+        stats = prepared.conv.stats()
+        turn = int(stats.get("turn", 0))
+        blocks = [b for b in stats.get("blocks", []) if b.get("state") != "dropped"]
+        wanted: dict[str, tuple[bool, float | None]] = {}
+        for block in blocks:
+            if block["turn"] == turn and block["role"] in ("user", "file", "tool"):
+                wanted[block["name"]] = (bool(extras["pinned"]), extras["priority"])
+        for index, keep in extras["keep"]:
+            roles = extras["roles"]
+            msg_turn = turn - sum(1 for role in roles[index + 1:] if role != "assistant")
+            for block in blocks:
+                if block["turn"] == msg_turn and block["role"] != "breadcrumb" and not block.get("shared"):
+                    wanted[block["name"]] = (keep == "pin", 2.0 if keep == "prefer" else None)
+        for name, (pinned, priority) in wanted.items():
+            try:
+                prepared.conv.pin_block(name, pinned, priority)
+            except KeyError:
+                continue
+
+    @staticmethod
+    def _usage(prepared: Prepared, reply, after: dict) -> dict:
+        before = prepared.before
+        held = sum(b["tokens"] for b in before.get("blocks", []) if b.get("role") != "breadcrumb")
+        decoded = int(reply.prefill_tokens)
+        prompt = held + decoded
+        if prepared.route == "import":       # the rebuilt history was decoded for this request too
+            decoded += held - int(before.get("prefix_tokens", 0))
+        return {"prompt_tokens": prompt, "completion_tokens": int(reply.n_tokens),
+                "total_tokens": prompt + int(reply.n_tokens),
+                "evoke": {"active": int(after.get("active_tokens", 0)), "budget": int(after.get("budget_tokens", 0)),
+                          "cached": prompt - decoded, "decoded": decoded,
+                          "evictions": int(after.get("evictions", 0)) - int(before.get("evictions", 0)),
+                          "recoveries": int(after.get("recoveries", 0)) - int(before.get("recoveries", 0)),
+                          "conversation_id": prepared.conv.id, "route": prepared.route,
+                          "engine_ttft_ms": round(float(reply.ttft_s) * 1000, 1)}}
+
+    @staticmethod
+    def release(prepared: Prepared, loop: asyncio.AbstractEventLoop) -> None:
+        """Free the conversation's lock once its turn has ended (also after a cancel)."""
+        future = prepared.future
+        if future is None or future.done():
+            loop.call_soon_threadsafe(prepared.lock.release)
+        else:
+            future.add_done_callback(lambda _: loop.call_soon_threadsafe(prepared.lock.release))
