@@ -1,10 +1,10 @@
-# Evoke Desk: `make run` starts the app, `make test` runs every test. Both install first.
+# Evoke Desk: `make run` starts the app, `make test` runs every test but the hour-long soak runs. Both install first.
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export QT_QPA_PLATFORM ?= offscreen
 
-.PHONY: install run chat test test-fast lint bench gpu clean
+.PHONY: install run chat test test-fast test-soak lint bench gpu clean
 
 $(STAMP): pyproject.toml packaging/install.sh native/rope_reanchor.c
 	bash packaging/install.sh
@@ -21,10 +21,13 @@ chat: install
 
 test: install
 	$(VENV)/bin/ruff check evoke_engine app tests
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not soak"
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not soak"
+
+test-soak: install
+	$(PY) -m pytest -q -m soak
 
 bench: install
 	$(PY) -m evoke_engine.bench restore --json
