@@ -49,6 +49,9 @@ READERS: dict[str, Reader] = {
     "tools_enabled": lambda e, m: e.settings.tools_enabled,          # read by new_conversation
     "disk_budget_bytes": lambda e, m: e.settings.disk_budget_bytes,  # read by each eviction sweep
     "model_idle_unload_s": lambda e, m: e.settings.model_idle_unload_s,  # read by each idle check
+    # The endpoint's settings are applied by whoever runs the server (app/endpoint.py, `serve`) from these:
+    **{name: (lambda e, m, n=name: getattr(e.settings, n))
+       for name in ("server_enabled", "server_host", "server_port", "api_key")},
     "keepalive_interval_s": _job_interval("keepalive"),
     "eviction_interval_s": _job_interval("eviction"),
 }
