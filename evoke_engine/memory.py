@@ -109,7 +109,11 @@ class ConversationMemory:
     def append_decoded(self, block: Block, *, current: Iterable[Block] = (), cancel=None) -> None:
         """Make room for `block`, decode its tokens at the tail and add it to the table."""
         self.make_room(block.n_tokens, current=current)
-        self.rt.decode(block.tokens, self.seq, self.active_tokens, cancel=cancel)
+        try:
+            self.rt.decode(block.tokens, self.seq, self.active_tokens, cancel=cancel)
+        except BaseException:
+            self.kv.drop(self.seq, self.active_tokens, -1)   # chunks decoded before a cancel leave with it
+            raise
         self.table.append(block)
         self.counters.prefill_tokens += block.n_tokens
 

@@ -135,18 +135,18 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     # Decode the message in blocks, evicting between them when the budget needs it.
     done, total = 0, message_tokens
     current: list[Block] = list(recovered)
+    to_decode = [b for b in blocks if not (b.role == "file" and b.hash in reused)]   # identity hits came back
+    last = to_decode.pop() if to_decode else None        # decoded with the reply's opening, in one call
     try:
-        for block in blocks:
-            if block.role == "file" and block.hash in reused:
-                reused.discard(block.hash)               # its K/V came back by identity
-                continue
+        for block in to_decode:
             memory.append_decoded(block, current=current, cancel=cancel)
             done += block.n_tokens
             if on_progress is not None:
                 on_progress(done, total)
         question = [b for b in blocks if b.role == "user"][-1:]      # kept while the reply is written
         reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, current + question,
-                          started)
+                          started, last_block=last)
+        done += last.n_tokens if last is not None else 0
     except Cancelled:
         reply = Reply(text="", n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0,
                       prefill_tokens=done, recovered=[])
@@ -184,10 +184,16 @@ def regenerate_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemp
 
 def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closing: list[int],
               params: SamplingParams, on_token, cancel: threading.Event, turn: int,
-              current: list[Block], started: float) -> Reply:
+              current: list[Block], started: float, last_block: Block | None = None) -> Reply:
+    """Sample the reply. `last_block` (the message's last block, not yet decoded) goes into the same
+    llama_decode call as the reply's opening: the first token waits for one decode, not two."""
     reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=[], text="")
-    memory.make_room(len(opening) + 1, current=current)
-    rt.decode(opening, memory.seq, memory.active_tokens)
+    pending = last_block.tokens if last_block is not None else []
+    memory.make_room(len(pending) + len(opening) + 1, current=current)
+    rt.decode([*pending, *opening], memory.seq, memory.active_tokens)
+    if last_block is not None:
+        memory.table.append(last_block)
+        memory.counters.prefill_tokens += last_block.n_tokens
     reply_block.tokens = list(opening)
     memory.table.append(reply_block)
     keep = [*current, reply_block]
