@@ -45,6 +45,16 @@ def simple(r: dict) -> str:
     return "\n".join([f"`bench {r['bench']}`. {_machine(r)}", "", "| field | value |", "|---|---|", *rows])
 
 
+def edit(r: dict) -> str:
+    lines = [f"`bench edit` on a {r['conversation_tokens']}-token conversation (median of {r['trials']}). "
+             f"{_machine(r)}", "",
+             "| operation | Evoke TTFT s | re-prefill TTFT s | speedup |", "|---|---:|---:|---:|"]
+    for name in ("regenerate", "edit_3_back", "fork"):
+        row = r[name]
+        lines.append(f"| {name} | {row['evoke_median_s']} | {row['reprefill_median_s']} | **{row['speedup']}x** |")
+    return "\n".join(lines)
+
+
 def endpoint(r: dict) -> str:
     from .endpoint import table
 
@@ -56,7 +66,7 @@ def main(paths: list[str]) -> None:
     for path in paths:
         with open(path) as fh:
             result = json.load(fh)
-        render = {"restore": restore, "recall": recall, "endpoint": endpoint}.get(result["bench"], simple)
+        render = {"restore": restore, "recall": recall, "endpoint": endpoint, "edit": edit}.get(result["bench"], simple)
         print(render(result))
         print()
 
