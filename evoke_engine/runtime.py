@@ -57,16 +57,6 @@ _GGML_LOG_LEVEL_ERROR = 4
 _log_callback = None
 
 
-def flash_attention_type(choice: str, n_gpu_layers: int) -> int:
-    """llama.cpp's flash-attention type for the setting. "auto" means off when the model runs on the CPU:
-    llama.cpp's CPU flash-attention path does not batch small batches (measured here: a 17-token tail
-    467 ms with it, 98 ms without; one generated token 37 ms against 21 ms; 512 tokens 2.6 s against
-    3.1 s), and a chat turn is mostly small batches. On a GPU llama.cpp decides."""
-    if choice == "auto" and (n_gpu_layers == 0 or not ll.llama_supports_gpu_offload()):
-        return _FLASH["off"]
-    return _FLASH[choice]
-
-
 def cpu_has_amx() -> bool:
     """Whether this CPU offers AMX, whose llama.cpp kernels crash on some quantised weights
     (llama.cpp issue 20824: SIGSEGV in ggml_backend_amx_mul_mat on the first decode, seen here)."""
@@ -151,7 +141,7 @@ class Runtime:
         cparams.n_threads_batch = threads
         cparams.type_k = _KV_TYPES[settings.kv_cache_type]
         cparams.type_v = _KV_TYPES[settings.kv_cache_type]
-        cparams.flash_attn_type = flash_attention_type(settings.flash_attention, settings.n_gpu_layers)
+        cparams.flash_attn_type = _FLASH[settings.flash_attention]
         cparams.kv_unified = True
         cparams.no_perf = True
         self.ctx = ll.llama_init_from_model(self.model, cparams)

@@ -48,8 +48,7 @@ class Settings:
                             group="Model", applies=RELOAD, low=32, high=8192)
     kv_cache_type: str = _setting("f16", "Storage type of the K and V cache.",
                                   group="Model", applies=RELOAD, choices=KV_CACHE_TYPES)
-    flash_attention: str = _setting("auto", "Flash attention: on, off, or auto (off on the CPU, where it is "
-                                    "slower for chat turns; llama.cpp decides on a GPU).", group="Model",
+    flash_attention: str = _setting("auto", "Flash attention: auto, on or off.", group="Model",
                                     applies=RELOAD, choices=("auto", "on", "off"))
     slots: int = _setting(4, "Conversations held in the context at once.",
                           group="Model", applies=RELOAD, low=1, high=64)
