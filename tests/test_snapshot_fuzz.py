@@ -107,7 +107,8 @@ def test_fuzzed_snapshots_never_break_a_conversation(rig, data):
     assert rig.counts["failed_after_checks"] == 0      # every unusable file was caught before it was applied
 
 
-@pytest.mark.soak
+@pytest.mark.slow
+@pytest.mark.soak                                      # make test-soak: about 17 minutes on a quiet 2-core machine
 @settings(max_examples=1000, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_fuzzed_snapshots_never_break_a_conversation_1000(rig, data):
