@@ -16,7 +16,7 @@ import time
 import uuid
 
 from ..engine import Engine, default_tools
-from ..runtime import default_model_path
+from ..runtime import default_model_path, safe_model_params
 from ..settings import Settings
 
 SYSTEM = "You are a careful assistant. Answer briefly."
@@ -33,6 +33,19 @@ def document(tag: str, n_tokens_hint: int) -> str:
     return "\n".join(lines)
 
 
+def comparator_llama(**kwargs):
+    """llama-cpp-python's `Llama` on the embedded model, loaded with the engine's AMX guard
+    (`runtime.safe_model_params`): without it the comparator crashes where the engine does not."""
+    from llama_cpp import Llama, llama_cpp
+
+    original = llama_cpp.llama_model_default_params
+    llama_cpp.llama_model_default_params = safe_model_params
+    try:
+        return Llama(model_path=str(default_model_path()), verbose=False, **kwargs)
+    finally:
+        llama_cpp.llama_model_default_params = original
+
+
 def _ttft(conv, text: str) -> float:
     first: list[float] = []
     start = time.perf_counter()
@@ -42,8 +55,6 @@ def _ttft(conv, text: str) -> float:
 
 
 def run_switch(tokens: int | None = None, trials: int = 3) -> dict:
-    from llama_cpp import Llama
-
     tokens = tokens or 2000
     home = tempfile.mkdtemp(prefix="evoke-bench-")
     settings = Settings(home=home, budget_tokens=tokens + 1024, n_ctx=4 * (tokens + 1024), slots=2,
@@ -63,8 +74,7 @@ def run_switch(tokens: int | None = None, trials: int = 3) -> dict:
         order = ["A", "B"] * (trials + 1)
         for i, name in enumerate(order):
             ours.append({"conversation": name, "ttft_s": _ttft(convs[name], SHORT[i % len(SHORT)])})
-    llm = Llama(model_path=str(default_model_path()), n_ctx=settings.n_ctx, n_threads=os.cpu_count(),
-                n_batch=settings.n_batch, verbose=False)
+    llm = comparator_llama(n_ctx=settings.n_ctx, n_threads=os.cpu_count(), n_batch=settings.n_batch)
     for i, name in enumerate(order):
         messages = [*histories[name], {"role": "user", "content": SHORT[i % len(SHORT)]}]
         start = time.perf_counter()

@@ -14,9 +14,8 @@ import tempfile
 import time
 
 from ..engine import Engine
-from ..runtime import default_model_path, safe_model_params
 from ..settings import Settings
-from .conversations import SHORT, SYSTEM, document
+from .conversations import SHORT, SYSTEM, comparator_llama, document
 
 EDITED = "Rather: which section mentions retries, and how many?"
 NEW = "Which port does section 3 use?"
@@ -29,8 +28,6 @@ def _first_token(start: float, submit) -> float:
 
 
 def run(tokens: int | None = None, trials: int = 3) -> dict:
-    from llama_cpp import Llama, llama_cpp
-
     tokens = tokens or 2000
     home = tempfile.mkdtemp(prefix="evoke-bench-")
     settings = Settings(home=home, budget_tokens=tokens + 1536, n_ctx=4 * (tokens + 1536), slots=4,
@@ -70,13 +67,7 @@ def run(tokens: int | None = None, trials: int = 3) -> dict:
     histories = {"regenerate": as_chat(messages[:-1]),
                  "edit_3_back": as_chat(messages[:edit_index]) + [{"role": "user", "content": EDITED}],
                  "fork": as_chat(messages[:edit_index]) + [{"role": "user", "content": NEW}]}
-    original = llama_cpp.llama_model_default_params
-    llama_cpp.llama_model_default_params = safe_model_params     # the same AMX guard as the engine
-    try:
-        llm = Llama(model_path=str(default_model_path()), n_ctx=settings.n_ctx, n_threads=os.cpu_count(),
-                    n_batch=settings.n_batch, verbose=False)
-    finally:
-        llama_cpp.llama_model_default_params = original
+    llm = comparator_llama(n_ctx=settings.n_ctx, n_threads=os.cpu_count(), n_batch=settings.n_batch)
     theirs: dict[str, list[float]] = {name: [] for name in histories}
     for _ in range(max(1, trials - 1)):
         for name, history in histories.items():
