@@ -70,6 +70,8 @@ def truncate(engine: Engine, conversation_id: str, n_messages: int) -> None:
         truncate_state(engine, state, n_messages)
     except Exception as exc:  # noqa: BLE001 - any failure: rebuild from SQLite, never a wrong cache
         discard_state(engine, state, f"truncation failed: {exc}")
+        return
+    engine._refresh(state)
 
 
 def rewind_for_edit(engine: Engine, state: ConversationState, index: int) -> tuple[MessageRow, list[MessageRow]]:

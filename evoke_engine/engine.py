@@ -660,8 +660,6 @@ class Engine:
     def truncate(self, conversation_id: str, n_messages: int) -> None:
         """Keep the first `n_messages` live messages; the rest leave the history and the KV."""
         self.thread.call(editing.truncate, self, conversation_id, n_messages, priority=FOREGROUND)
-        self.thread.call(lambda: self._refresh(self._states[conversation_id]) if conversation_id in self._states
-                         else None)
 
     def fork(self, conversation_id: str, message_index: int) -> Conversation:
         """A new conversation with the messages up to `message_index`, its KV cells shared with the parent."""
