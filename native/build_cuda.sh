@@ -1,10 +1,49 @@
 #!/usr/bin/env bash
-# Rebuilds llama-cpp-python with CUDA into .venv (needs nvcc and a CUDA driver), then the native helper.
-# Same pinned version as pyproject.toml; --no-cache-dir so the CPU wheel in pip's cache is not reused.
+# Builds llama-cpp-python with CUDA (backends loaded at run time, so one build runs with or without a
+# GPU) into build/wheels/cuda-*/ and installs it into .venv; a wheel already built is reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PY=.venv/bin/python
 VERSION=$(grep -oE 'llama-cpp-python==[0-9.]+' pyproject.toml | cut -d= -f3)
-CMAKE_ARGS="-DGGML_CUDA=on ${CMAKE_ARGS:-}" FORCE_CMAKE=1 \
-  .venv/bin/python -m pip install --force-reinstall --no-deps --no-cache-dir "llama-cpp-python==$VERSION"
+ARCHS=${EVOKE_CUDA_ARCHS:-"75-real;86-real;89-real;120-real;120-virtual"}   # RTX 20xx..50xx + PTX
+
+# The CUDA compiler: the system's, or PyPI's NVIDIA packages where a machine has only a driver.
+NVCC=${NVCC:-$(command -v nvcc || true)}
+[ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+if [ -z "$NVCC" ]; then
+  echo "no system nvcc: installing the CUDA compiler from PyPI" >&2
+  $PY -m pip install -q "nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-crt==13.0.*" "nvidia-cuda-cccl==13.0.*"
+  NVCC=$($PY -c "import nvidia, pathlib; print(next(pathlib.Path(nvidia.__path__[0]).glob('cu13/bin/nvcc')))")
+fi
+CUDA_MM=$("$NVCC" --version | grep -oE 'release [0-9]+\.[0-9]+' | cut -d' ' -f2)
+CUDA_ROOT=$(cd "$(dirname "$NVCC")/.." && pwd)
+echo "nvcc $CUDA_MM at $NVCC"
+
+# cuBLAS and the CUDA runtime from PyPI: headers for the build, libraries the app preloads at run time.
+$PY -m pip install -q "nvidia-cublas==$CUDA_MM.*" "nvidia-cuda-runtime==$CUDA_MM.*"
+CU_DIR=$($PY -c "import nvidia, pathlib; print(next(pathlib.Path(nvidia.__path__[0]).glob('cu*/lib')).parent)")
+
+TAG="$VERSION-cuda$CUDA_MM-$(echo "$ARCHS" | tr ';' '_')"
+WHEEL_DIR=build/wheels/cuda-$TAG
+if ! ls "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  ARGS="-DGGML_CUDA=on -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCHS"
+  ARGS="$ARGS -DCMAKE_CUDA_COMPILER=$NVCC -DCUDAToolkit_ROOT=$CUDA_ROOT"
+  ARGS="$ARGS -DCUDA_cublas_LIBRARY=$CU_DIR/lib/libcublas.so.${CUDA_MM%%.*}"
+  ARGS="$ARGS -DCUDA_cublasLt_LIBRARY=$CU_DIR/lib/libcublasLt.so.${CUDA_MM%%.*}"
+  # llama.cpp's VMM pool links the driver library; a build machine without a driver builds without it.
+  DRIVER=$(ls /usr/lib/x86_64-linux-gnu/libcuda.so.1 "$CUDA_ROOT"/lib64/stubs/libcuda.so 2>/dev/null | head -1 || true)
+  if [ -n "$DRIVER" ]; then ARGS="$ARGS -DCUDA_cuda_driver_LIBRARY=$DRIVER"; else ARGS="$ARGS -DGGML_CUDA_NO_VMM=ON"; fi
+  echo "building llama-cpp-python $VERSION with CUDA for $ARCHS (slow: ~190 CUDA files per architecture)"
+  start=$(date +%s)
+  mkdir -p "$WHEEL_DIR"
+  CPATH="$CU_DIR/include${CPATH:+:$CPATH}" CMAKE_ARGS="$ARGS ${CMAKE_ARGS:-}" FORCE_CMAKE=1 \
+    CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+    $PY -m pip wheel -v --no-deps --no-cache-dir --no-binary llama-cpp-python -w "$WHEEL_DIR" \
+    "llama-cpp-python==$VERSION" >"$WHEEL_DIR.log" 2>&1 \
+    || { tail -40 "$WHEEL_DIR.log" >&2; echo "CUDA build failed; whole log: $WHEEL_DIR.log" >&2; exit 1; }
+  echo "built in $(( $(date +%s) - start )) s: $(du -h "$WHEEL_DIR"/*.whl | cut -f1) $(ls "$WHEEL_DIR"/*.whl)"
+fi
+[ -n "${EVOKE_CUDA_BUILD_ONLY:-}" ] && exit 0
+$PY -m pip install -q --force-reinstall --no-deps "$WHEEL_DIR"/llama_cpp_python-*.whl
 bash native/build.sh
-.venv/bin/python -c "import llama_cpp as ll; print('GPU offload:', bool(ll.llama_supports_gpu_offload()))"
+$PY -m evoke_engine.device
