@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export QT_QPA_PLATFORM ?= offscreen
 
-.PHONY: install run chat test test-fast test-soak lint bench gpu clean
+.PHONY: install run chat test test-fast test-soak lint bench gpu cpu clean
 
 $(STAMP): pyproject.toml packaging/install.sh native/rope_reanchor.c
 	bash packaging/install.sh
@@ -33,8 +33,11 @@ bench: install
 	$(PY) -m evoke_engine.bench restore --json
 	$(PY) -m evoke_engine.bench recall --json --seeds 10 --budget 512
 
-gpu:
+gpu: install
 	bash native/build_cuda.sh
+
+cpu: install
+	bash native/build_cpu.sh
 
 clean:
 	rm -rf $(VENV) native/build

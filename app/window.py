@@ -281,7 +281,7 @@ class MainWindow(QMainWindow):
             self.controller.delete_conversation(conversation_id)
 
     def open_settings(self) -> SettingsDialog:
-        dialog = SettingsDialog(self.controller.settings, self)
+        dialog = SettingsDialog(self.controller.settings, self, model_info=self.controller.model_info)
         dialog.applied.connect(self.controller.apply_settings)
         self.settings_dialog = dialog
         dialog.open()

@@ -1,5 +1,6 @@
 """`python -m evoke_engine chat`: the headless way to chat, with /stats for the memory counters;
-`python -m evoke_engine serve`: the OpenAI-compatible endpoint without the window.
+`python -m evoke_engine serve`: the OpenAI-compatible endpoint without the window;
+`python -m evoke_engine device`: which device llama.cpp would run on (JSON).
 
 Invariant: the terminal shows every reply as it streams; Ctrl-C stops a reply, not the program.
 """
@@ -129,8 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, help="active KV tokens per conversation")
     p.add_argument("--recovery", choices=["kv_restore", "breadcrumb", "discard", "none"])
     add_serve_arguments(sub.add_parser("serve", help="serve the OpenAI-compatible endpoint"))
+    sub.add_parser("device", help="print the device llama.cpp would run on, as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.command == "device":
+        from .device import main as print_device
+
+        print_device()
+        return 0
     return serve(args) if args.command == "serve" else chat(args)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
+from . import device
 from .errors import ContextFullError, ModelLoadError
 from .settings import Settings
 
@@ -100,8 +101,14 @@ class ModelInfo:
     n_layer: int
     n_ctx: int
     n_ctx_train: int
-    device: str
-    n_gpu_layers: int
+    device: str                  # "CUDA0 (NVIDIA GeForce RTX 4090)" or "CPU (...)"
+    device_kind: str             # "cuda" or "cpu"
+    device_notice: str           # why a CUDA build runs on the CPU, else ""
+    n_gpu_layers: int            # layers whose weights (and KV) live on the GPU
+    vram_weights_bytes: int
+    vram_kv_bytes: int
+    vram_total_bytes: int
+    vram_free_bytes: int         # when the model was loaded
     kv_cache_type: str
     kv_bytes_per_token: int
     eviction_supported: bool
@@ -123,9 +130,10 @@ class Runtime:
         self.n_seq_max = self.scratch_seq + 1
 
         _quiet_llama_logs()
+        self.device = device.detect()
         ll.llama_backend_init()
         mparams = safe_model_params()
-        mparams.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999
+        mparams.n_gpu_layers = self.gpu_layers_requested(settings, self.device)
         self.model = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not self.model:
             raise ModelLoadError(f"llama.cpp could not load the model (corrupt or unsupported GGUF): {path}")
@@ -158,6 +166,20 @@ class Runtime:
         self.eviction_note = self._detect_cache_kind()
         self.eviction_supported = self.eviction_note == ""
         self._token_piece_cache: dict[int, bytes] = {}
+        if self.device.on_gpu:
+            self.device = device.detect()          # free VRAM now that weights and KV are placed
+
+    @staticmethod
+    def gpu_layers_requested(settings: Settings, dev: device.DeviceInfo) -> int:
+        """Layers to offload: all (-1) by default on a GPU, none on the CPU."""
+        if not dev.on_gpu:
+            return 0
+        return settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999
+
+    def gpu_layers(self) -> int:
+        """Repeating layers placed on the GPU (llama.cpp offloads the output layer past n_layer)."""
+        n_layer = ll.llama_model_n_layer(self.model)
+        return min(n_layer, self.gpu_layers_requested(self.settings, self.device))
 
     # -- identity ---------------------------------------------------------------------------
     def _check_thread(self) -> None:
@@ -191,18 +213,26 @@ class Runtime:
     def info(self) -> ModelInfo:
         desc = ctypes.create_string_buffer(256)
         ll.llama_model_desc(self.model, desc, len(desc))
-        gpu = ll.llama_supports_gpu_offload()
+        n_layer = ll.llama_model_n_layer(self.model)
+        on_gpu = self.gpu_layers()
+        share = on_gpu / max(1, n_layer)
         return ModelInfo(
             path=str(self.model_path),
             name=self.meta("general.name") or self.model_path.stem,
             description=desc.value.decode("utf-8", "replace"),
             n_params=ll.llama_model_n_params(self.model),
             size_bytes=ll.llama_model_size(self.model),
-            n_layer=ll.llama_model_n_layer(self.model),
+            n_layer=n_layer,
             n_ctx=self.n_ctx,
             n_ctx_train=ll.llama_model_n_ctx_train(self.model),
-            device="CUDA" if gpu else "CPU",
-            n_gpu_layers=(self.settings.n_gpu_layers if gpu else 0),
+            device=self.device.label(),
+            device_kind=self.device.kind,
+            device_notice=self.device.notice,
+            n_gpu_layers=on_gpu,
+            vram_weights_bytes=int(ll.llama_model_size(self.model) * share),
+            vram_kv_bytes=int(self.n_ctx * self.kv_bytes_per_token() * share),
+            vram_total_bytes=self.device.vram_total_bytes,
+            vram_free_bytes=self.device.vram_free_bytes,
             kv_cache_type=self.settings.kv_cache_type,
             kv_bytes_per_token=self.kv_bytes_per_token(),
             eviction_supported=self.eviction_supported,

@@ -46,4 +46,4 @@ fi
 [ -n "${EVOKE_CUDA_BUILD_ONLY:-}" ] && exit 0
 $PY -m pip install -q --force-reinstall --no-deps "$WHEEL_DIR"/llama_cpp_python-*.whl
 bash native/build.sh
-$PY -m evoke_engine.device
+$PY -m evoke_engine device

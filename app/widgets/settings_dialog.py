@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 from .. import settings_form as form
 from ..model_finder import find_models
 from ..resources import resources_dir
+from .status_bar import device_details
 
 INT_MAX = 2**31 - 1
 
@@ -75,7 +76,7 @@ class ModelPicker(QWidget):
 class SettingsDialog(QDialog):
     applied = Signal(object)          # a validated Settings
 
-    def __init__(self, settings: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: Any, parent: QWidget | None = None, model_info: Any = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings — Evoke Desk")
         self.setObjectName("settingsDialog")
@@ -93,7 +94,8 @@ class SettingsDialog(QDialog):
         layout.addWidget(note)
         self.tabs = QTabWidget(objectName="settingsTabs")
         for group, specs in form.grouped(self.specs).items():
-            self.tabs.addTab(self._page(specs), form.GROUP_TITLES.get(group, group).replace("&", "&&"))
+            device = model_info if group == "Model" else None
+            self.tabs.addTab(self._page(specs, device), form.GROUP_TITLES.get(group, group).replace("&", "&&"))
         layout.addWidget(self.tabs, 1)
         self.recompute = QLabel(objectName="settingsRecompute")     # what the pending change recomputes
         self.recompute.setWordWrap(True)
@@ -118,12 +120,16 @@ class SettingsDialog(QDialog):
             self._on_change(self.editors.get(name), self.update_recompute)
 
     # -- building ---------------------------------------------------------------------------
-    def _page(self, specs: list[form.FieldSpec]) -> QWidget:
+    def _page(self, specs: list[form.FieldSpec], model_info: Any = None) -> QWidget:
         page = QWidget()
         fl = QFormLayout(page)
         fl.setLabelAlignment(Qt.AlignmentFlag.AlignRight)
         fl.setVerticalSpacing(4)
         fl.setHorizontalSpacing(14)
+        if model_info is not None:           # what the loaded model runs on, above its settings
+            self.device_info = QLabel(device_details(model_info), objectName="settingsDevice")
+            self.device_info.setWordWrap(True)
+            fl.addRow(QLabel("Loaded on:"), self.device_info)
         for spec in specs:
             editor = self._editor(spec)
             self.editors[spec.name] = editor

@@ -11,6 +11,33 @@ from typing import Any
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def device_summary(info: Any) -> str:
+    """One line for the status bar: the device, the GPU layers and what the model holds in VRAM."""
+    if getattr(info, "device_kind", "cpu") != "cuda":
+        return "CPU (GPU not used)" if getattr(info, "device_notice", "") else "CPU"
+    name = getattr(info, "device", "GPU").split(" (")[0]
+    used = getattr(info, "vram_weights_bytes", 0) + getattr(info, "vram_kv_bytes", 0)
+    return f"{name} · {getattr(info, 'n_gpu_layers', 0)} layers · VRAM {_gib(used)}"
+
+
+def device_details(info: Any) -> str:
+    """The tooltip and Settings → Model text: device, VRAM split, and any fallback notice."""
+    lines = [f"Device: {getattr(info, 'device', 'CPU')}"]
+    if getattr(info, "device_kind", "cpu") == "cuda":
+        lines += [f"GPU layers: {getattr(info, 'n_gpu_layers', 0)} of {getattr(info, 'n_layer', '?')}",
+                  f"VRAM: weights {_gib(getattr(info, 'vram_weights_bytes', 0))}, "
+                  f"KV cache {_gib(getattr(info, 'vram_kv_bytes', 0))}; "
+                  f"{_gib(getattr(info, 'vram_free_bytes', 0))} free of "
+                  f"{_gib(getattr(info, 'vram_total_bytes', 0))}"]
+    if getattr(info, "device_notice", ""):
+        lines.append(info.device_notice)
+    return "\n".join(lines)
+
+
 class StatusBar(QStatusBar):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -52,9 +79,12 @@ class StatusBar(QStatusBar):
         self.model.setText(getattr(info, "name", "?"))
         self.model.setToolTip(f"{getattr(info, 'path', '')}\n{getattr(info, 'description', '')}\n"
                               f"context {getattr(info, 'n_ctx', '?')} · KV {getattr(info, 'kv_cache_type', '?')}")
-        device = getattr(info, "device", "CPU")
-        layers = getattr(info, "n_gpu_layers", 0)
-        self.device.setText(f"{device} · {layers} GPU layers" if device != "CPU" else "CPU")
+        self.device.setText(device_summary(info))
+        self.device.setToolTip(device_details(info))
+        notice = getattr(info, "device_notice", "")
+        self.device.setProperty("level", "notice" if notice else "ok")
+        if notice:
+            self.showMessage(notice, 15000)
 
     def set_prefill(self, done: int, message: str) -> None:
         self.state.setText(f"Prefill {message or done}")

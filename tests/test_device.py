@@ -1,0 +1,70 @@
+"""Device choice: what the status bar says, and a CUDA build that finds no GPU runs on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from app.widgets.status_bar import device_details, device_summary
+from evoke_engine import device
+
+
+def _info(**kw):
+    base = dict(device="CPU (Xeon)", device_kind="cpu", device_notice="", n_gpu_layers=0, n_layer=30,
+                vram_weights_bytes=0, vram_kv_bytes=0, vram_total_bytes=0, vram_free_bytes=0)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_status_bar_names_the_gpu_its_layers_and_vram():
+    info = _info(device="CUDA0 (NVIDIA GeForce RTX 4090)", device_kind="cuda", n_gpu_layers=28, n_layer=28,
+                 vram_weights_bytes=4 << 30, vram_kv_bytes=1 << 29, vram_total_bytes=24 << 30,
+                 vram_free_bytes=18 << 30)
+    assert device_summary(info) == "CUDA0 · 28 layers · VRAM 4.5 GiB"
+    details = device_details(info)
+    assert "RTX 4090" in details and "GPU layers: 28 of 28" in details
+    assert "weights 4.0 GiB, KV cache 0.5 GiB; 18.0 GiB free of 24.0 GiB" in details
+
+
+def test_status_bar_says_when_the_gpu_is_not_used():
+    assert device_summary(_info()) == "CPU"
+    fallback = _info(device_notice="CUDA build, but no GPU or NVIDIA driver found; running on the CPU")
+    assert device_summary(fallback) == "CPU (GPU not used)"
+    assert "no GPU or NVIDIA driver" in device_details(fallback)
+
+
+def test_detect_matches_the_installed_build():
+    info = device.detect()
+    assert info.build == ("cuda" if device.cuda_build() else "cpu")
+    if info.build == "cpu":
+        assert info.kind == "cpu" and info.notice == ""
+
+
+FALLBACK_CHILD = """
+import json
+from evoke_engine.runtime import Runtime
+from evoke_engine.settings import Settings
+rt = Runtime(Settings(n_ctx=512, slots=1, home={home!r}))
+rt.decode(rt.tokenize("The capital of France is"), 0, 0)
+info = rt.info()
+print(json.dumps({{"kind": info.device_kind, "notice": info.device_notice, "layers": info.n_gpu_layers,
+                   "finite": bool(abs(rt.logits()).max() < 1e4)}}))
+"""
+
+
+@pytest.mark.cuda_build
+@pytest.mark.parametrize("hide", ["CUDA_VISIBLE_DEVICES", "EVOKE_GPU"])
+def test_cuda_build_runs_on_the_cpu_when_no_gpu_is_visible(tmp_path, hide):
+    """With the GPU hidden (or on a machine without one) the CUDA build loads, decodes on the
+    CPU and says why, instead of failing at import."""
+    env = {**os.environ, hide: "" if hide == "CUDA_VISIBLE_DEVICES" else "cpu"}
+    child = subprocess.run([sys.executable, "-c", FALLBACK_CHILD.format(home=str(tmp_path))],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    assert (report["kind"], report["layers"], report["finite"]) == ("cpu", 0, True)
+    assert "CPU" in report["notice"] or "not used" in report["notice"]
