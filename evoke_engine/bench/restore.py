@@ -12,6 +12,7 @@ import time
 from ..kv import KVCache, SavedKV
 from ..runtime import Runtime
 from ..settings import Settings
+from .pinned_copy import h2d_copy_ms
 
 SIZES = (32, 128, 512, 1024)
 
@@ -84,7 +85,12 @@ def measure(rt: Runtime, kv: KVCache, n: int, trials: int, context_tokens: int) 
         rt.decode(block, seq, at - len(gap), logits_last=False)    # back to the original layout
         kv.flush_pending_shifts()
     med = {k: statistics.median(v) for k, v in rows.items()}
+    pinned = h2d_copy_ms(len(saved.data)) if rt.device.on_gpu else None
+    gpu = {} if pinned is None else {
+        "pinned_copy_ms": round(pinned, 3), "pinned_gbps": round(len(saved.data) / pinned / 1e6, 2),
+        "restore_vs_pinned": round(med["restore_call"] / pinned, 2)}
     return {"tokens": n, "bytes": len(saved.data), "save_ms": round(med["save"], 3),
+            "restore_gbps": round(len(saved.data) / med["restore_call"] / 1e6, 2), **gpu,
             "restore_ms": round(med["restore"], 3), "restore_call_ms": round(med["restore_call"], 3),
             "next_decode_extra_ms": round(med["next_decode_extra"], 3),
             "llama_shift_restore_ms": round(med["llama_shift_restore"], 3),

@@ -1,0 +1,32 @@
+"""Bench tools that run without a GPU: the random-weight GGUF in a real model's shape."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from evoke_engine.bench.pinned_copy import h2d_copy_ms
+from evoke_engine.bench.synthetic_model import TINY, write
+from evoke_engine.kv import KVCache
+from evoke_engine.runtime import Runtime
+from evoke_engine.settings import Settings
+
+
+def test_synthetic_model_loads_decodes_and_takes_the_native_reanchor(tmp_path):
+    path = write(tmp_path / "tiny.gguf", TINY)
+    rt = Runtime(Settings(model_path=str(path), n_ctx=512, slots=1, home=str(tmp_path)))
+    try:
+        kv = KVCache(rt)
+        assert rt.info().n_layer == TINY.n_layer
+        geometry = kv.geometry
+        assert geometry is not None and (geometry.n_head_kv, geometry.head_dim) == (2, 64)
+        rt.decode(rt.tokenize("def main():\n    return 0\n" * 8), 0, 0)
+        assert np.isfinite(rt.logits()).all()
+    finally:
+        rt.close()
+
+
+def test_pinned_copy_reference_is_absent_without_a_gpu():
+    from evoke_engine import device
+
+    if not device.detect().on_gpu:
+        assert h2d_copy_ms(1 << 20) is None
