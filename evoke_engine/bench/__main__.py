@@ -52,7 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("edit", help="regenerate, edit 3 turns back and fork against re-prefill")
     p.add_argument("--tokens", type=int, default=None)
     p.add_argument("--trials", type=int, default=3)
-    for name in ("switch", "reopen", "prewarm"):
+    p = sub.add_parser("switch", help="alternate two long conversations: TTFT against the floor, llama-server "
+                                      "and llama-cpp-python, in one run")
+    p.add_argument("--tokens", type=int, default=None)
+    p.add_argument("--trials", type=int, default=7)
+    p.add_argument("--server", help="a llama-server binary (native/build_llama_server.sh); its rows are "
+                                    "skipped without one")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for every system (0 = all cores)")
+    p.add_argument("--no-reprefill", action="store_true", help="skip the slow llama-cpp-python re-prefill row")
+    for name in ("reopen", "prewarm"):
         p = sub.add_parser(name)
         p.add_argument("--tokens", type=int, default=None)
         p.add_argument("--trials", type=int, default=3)
@@ -75,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run(seeds=args.seeds, budget=args.budget, n_ctx=args.n_ctx, threads=args.threads,
                      embedder=args.embedder)
+    elif args.name == "switch":
+        from .llama_server import check_binary
+        from .switch import run
+
+        result = run(tokens=args.tokens, trials=args.trials, server=check_binary(args.server),
+                     threads=args.threads, reprefill=not args.no_reprefill)
     elif args.name == "edit":
         from .edit import run
 

@@ -1,4 +1,5 @@
-"""`bench switch`, `bench reopen`, `bench prewarm`: time to first token where conversations meet the KV cache.
+"""`bench reopen`, `bench prewarm` (and the shared pieces of `bench switch`): time to first token where
+conversations meet the KV cache.
 
 Invariant: each compares two ways of serving the same messages, measured in one run on one
 model; time to first token is wall-clock from the request to the first streamed piece.
@@ -52,45 +53,6 @@ def _ttft(conv, text: str) -> float:
     conv.submit(text, on_token=lambda _: first or first.append(time.perf_counter()), max_tokens=2,
                 temperature=0).result()
     return (first[0] if first else time.perf_counter()) - start
-
-
-def run_switch(tokens: int | None = None, trials: int = 3) -> dict:
-    tokens = tokens or 2000
-    home = tempfile.mkdtemp(prefix="evoke-bench-")
-    settings = Settings(home=home, budget_tokens=tokens + 1024, n_ctx=4 * (tokens + 1024), slots=2,
-                        recovery="kv_restore", system_prompt=SYSTEM, tools_enabled=False)
-    docs = {"A": document("alpha", tokens), "B": document("beta", tokens)}
-    ours, theirs, sizes = [], [], {}
-    with Engine(settings, scheduler=False) as engine:
-        engine.wait_idle()
-        convs = {}
-        for name, doc in docs.items():
-            convs[name] = engine.new_conversation(system_prompt=SYSTEM, tools=[])
-            convs[name].send("Read this file and reply OK.", [(f"{name}.txt", doc)], max_tokens=4, temperature=0)
-            sizes[name] = convs[name].stats()["active_tokens"]
-        engine.wait_idle()
-        histories = {name: [{"role": "system", "content": SYSTEM}, *conv.template_history()]
-                     for name, conv in convs.items()}
-        order = ["A", "B"] * (trials + 1)
-        for i, name in enumerate(order):
-            ours.append({"conversation": name, "ttft_s": _ttft(convs[name], SHORT[i % len(SHORT)])})
-    llm = comparator_llama(n_ctx=settings.n_ctx, n_threads=os.cpu_count(), n_batch=settings.n_batch)
-    for i, name in enumerate(order):
-        messages = [*histories[name], {"role": "user", "content": SHORT[i % len(SHORT)]}]
-        start = time.perf_counter()
-        for chunk in llm.create_chat_completion(messages=messages, max_tokens=2, temperature=0, stream=True):
-            if chunk["choices"][0]["delta"].get("content"):
-                break
-        theirs.append({"conversation": name, "ttft_s": time.perf_counter() - start})
-    ours_switches = [r["ttft_s"] for r in ours[1:]]
-    theirs_switches = [r["ttft_s"] for r in theirs[1:]]
-    return {"bench": "switch", "conversation_tokens": sizes, "switches": len(ours_switches),
-            "evoke_ttft_s": [round(x, 4) for x in ours_switches],
-            "llama_cpp_python_ttft_s": [round(x, 3) for x in theirs_switches],
-            "evoke_median_s": round(statistics.median(ours_switches), 4),
-            "llama_cpp_python_median_s": round(statistics.median(theirs_switches), 3),
-            "speedup": round(statistics.median(theirs_switches) / statistics.median(ours_switches), 1),
-            "baseline": "llama_cpp.Llama.create_chat_completion, both conversations in one Llama"}
 
 
 REOPEN_CHILD = r"""
