@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("--tokens", type=int, default=None)
         p.add_argument("--trials", type=int, default=3)
+        p.add_argument("--server", help="a llama-server binary: adds its row (skipped without one)")
     for p in sub.choices.values():
         p.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     args = parser.parse_args(argv)
@@ -95,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         result = run(tokens=args.tokens, trials=args.trials)
     else:
         from . import conversations
+        from .llama_server import check_binary
 
-        result = getattr(conversations, f"run_{args.name}")(tokens=args.tokens, trials=args.trials)
+        result = getattr(conversations, f"run_{args.name}")(tokens=args.tokens, trials=args.trials,
+                                                            server=check_binary(args.server))
     result["machine"] = machine()
     json.dump(result, sys.stdout, indent=2)
     print()

@@ -16,7 +16,7 @@ import tempfile
 import time
 import uuid
 
-from ..engine import Engine, default_tools
+from ..engine import Engine, default_tools, system_message
 from ..runtime import default_model_path, safe_model_params
 from ..settings import Settings
 
@@ -84,7 +84,26 @@ print(json.dumps(out))
 """
 
 
-def run_reopen(tokens: int | None = None, trials: int = 3) -> dict:
+def _server_reopen(binary: str, history: list[dict], n_ctx: int, trials: int) -> list[float]:
+    """llama-server's way back after a restart: the slot saved to --slot-save-path, then restored."""
+    from .llama_server import LlamaServer
+
+    save_dir = tempfile.mkdtemp(prefix="evoke-slots-")
+    threads = os.cpu_count() or 1
+    with LlamaServer(binary, n_ctx=n_ctx, threads=threads, args=["-np", "1", "--cache-ram", "0"],
+                     slot_save_path=save_dir) as server:
+        server.ttft([*history, {"role": "user", "content": "Reply OK."}], slot=0)
+        server.slot_action(0, "save", "conversation.bin")
+    out = []
+    for trial in range(trials):                              # every trial: a fresh server process
+        with LlamaServer(binary, n_ctx=n_ctx, threads=threads, args=["-np", "1", "--cache-ram", "0"],
+                         slot_save_path=save_dir) as server:
+            restore = server.slot_action(0, "restore", "conversation.bin")
+            out.append(restore + server.ttft([*history, {"role": "user", "content": SHORT[trial]}], slot=0))
+    return out
+
+
+def run_reopen(tokens: int | None = None, trials: int = 3, server: str | None = None) -> dict:
     tokens = tokens or 2000
     home = tempfile.mkdtemp(prefix="evoke-bench-")
     budget, n_ctx = tokens + 1024, 4 * (tokens + 1024)
@@ -96,6 +115,7 @@ def run_reopen(tokens: int | None = None, trials: int = 3) -> dict:
                   temperature=0)
         size = conv.stats()["active_tokens"]
         cid = conv.id
+        history = [{"role": "system", "content": SYSTEM}, *conv.template_history()]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     out: dict[str, list[float]] = {"reopen": [], "reprefill": [], "open_only": []}
     for _ in range(trials):                                  # every trial: a fresh process, then a reopen
@@ -105,7 +125,13 @@ def run_reopen(tokens: int | None = None, trials: int = 3) -> dict:
             if key in out:
                 out[key] += values
     reopen, reprefill = statistics.median(out["reopen"]), statistics.median(out["reprefill"])
-    return {"bench": "reopen", "conversation_tokens": size, "fresh_process_per_trial": True,
+    server_rows = {}
+    if server:
+        restored = _server_reopen(server, history, n_ctx, trials)
+        server_rows = {"llama_server_slot_restore_ttft_s": [round(x, 4) for x in restored],
+                       "llama_server_slot_restore_median_s": round(statistics.median(restored), 4),
+                       "evoke_vs_llama_server": round(reopen / statistics.median(restored), 2)}
+    return {"bench": "reopen", "conversation_tokens": size, "fresh_process_per_trial": True, **server_rows,
             "reopen_ttft_s": [round(x, 4) for x in out["reopen"]],
             "reprefill_ttft_s": [round(x, 3) for x in out["reprefill"]],
             "open_only_s": [round(x, 4) for x in out["open_only"]],
@@ -142,7 +168,17 @@ def _decode_user_tokens_only(engine: Engine, message: str) -> float:
     return elapsed
 
 
-def run_prewarm(tokens: int | None = None, trials: int = 5) -> dict:
+def _server_prewarm(binary: str, system: dict, trials: int) -> list[float]:
+    """llama-server's nearest thing to a prewarm: an earlier request left the system prompt in its
+    prompt cache (defaults), and each new conversation's first message reuses it."""
+    from .llama_server import LlamaServer
+
+    with LlamaServer(binary, n_ctx=8192, threads=os.cpu_count() or 1) as server:
+        server.ttft([system, {"role": "user", "content": "Hello."}])
+        return [server.ttft([system, {"role": "user", "content": SHORT[trial]}]) for trial in range(trials)]
+
+
+def run_prewarm(tokens: int | None = None, trials: int = 5, server: str | None = None) -> dict:
     tokens = tokens or 1000
     home = tempfile.mkdtemp(prefix="evoke-bench-")
     system = long_system_prompt(tokens - 350)
@@ -164,9 +200,13 @@ def run_prewarm(tokens: int | None = None, trials: int = 5) -> dict:
             start = time.perf_counter()
             conv = engine.new_conversation()
             rows["cold"].append(time.perf_counter() - start + _ttft(conv, message))
+    if server:
+        rows["llama_server_cached_system"] = _server_prewarm(server, system_message(system, default_tools()), trials)
     med = {k: statistics.median(v) for k, v in rows.items()}
     return {"bench": "prewarm", "prefix_tokens": prefix_tokens, "tools": len(default_tools()),
             **{f"{k}_ttft_s": [round(x, 4) for x in v] for k, v in rows.items()},
             **{f"{k}_median_s": round(v, 4) for k, v in med.items()},
             "prewarmed_over_user_only": round(med["prewarmed"] / med["user_only"], 2),
-            "cold_over_prewarmed": round(med["cold"] / med["prewarmed"], 1)}
+            "cold_over_prewarmed": round(med["cold"] / med["prewarmed"], 1),
+            **({"prewarmed_over_llama_server": round(med["prewarmed"] / med["llama_server_cached_system"], 2)}
+               if server else {})}
