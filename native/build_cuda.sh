@@ -36,10 +36,11 @@ if ! ls "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $VERSION with CUDA for $ARCHS (slow: ~190 CUDA files per architecture)"
   start=$(date +%s)
   mkdir -p "$WHEEL_DIR"
+  # A kept CMake build folder: an interrupted build (hours on 2 cores) resumes where it stopped.
   CPATH="$CU_DIR/include${CPATH:+:$CPATH}" CMAKE_ARGS="$ARGS ${CMAKE_ARGS:-}" FORCE_CMAKE=1 \
     CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
     $PY -m pip wheel -v --no-deps --no-cache-dir --no-binary llama-cpp-python -w "$WHEEL_DIR" \
-    "llama-cpp-python==$VERSION" >"$WHEEL_DIR.log" 2>&1 \
+    -C build-dir="$PWD/build/cuda-cmake/$TAG" "llama-cpp-python==$VERSION" >"$WHEEL_DIR.log" 2>&1 \
     || { tail -40 "$WHEEL_DIR.log" >&2; echo "CUDA build failed; whole log: $WHEEL_DIR.log" >&2; exit 1; }
   echo "built in $(( $(date +%s) - start )) s: $(du -h "$WHEEL_DIR"/*.whl | cut -f1) $(ls "$WHEEL_DIR"/*.whl)"
 fi

@@ -235,6 +235,17 @@ def test_lowering_the_budget_in_settings_evicts_and_the_gauge_stays_within_it(de
     assert saved["budget_tokens"] == 256
 
 
+def test_status_bar_and_settings_show_the_device_the_model_runs_on(desk, qtbot):
+    info = desk.c.model_info
+    expected = "CPU" if info.device_kind == "cpu" and not info.device_notice else None
+    if expected:
+        assert desk.w.status.device.text() == "CPU"
+    assert info.device in desk.w.status.device.toolTip()
+    dialog = desk.w.open_settings()
+    assert dialog.device_info.text().startswith(f"Device: {info.device}")
+    dialog.reject()
+
+
 def test_a_bad_budget_is_refused_in_the_dialog(desk, qtbot):
     dialog = desk.w.open_settings()
     dialog.set_value("low_watermark", 0.95)
