@@ -36,12 +36,27 @@ if ! ls "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $VERSION with CUDA for $ARCHS (slow: ~190 CUDA files per architecture)"
   start=$(date +%s)
   mkdir -p "$WHEEL_DIR"
-  # A kept CMake build folder: an interrupted build (hours on 2 cores) resumes where it stopped.
+  # Built from a kept source tree into a kept CMake folder, so an interrupted build (most of an hour
+  # on 2 cores per architecture) resumes where it stopped instead of starting over in a temp folder.
+  SRC_DIR=build/cuda-src
+  if [ ! -d "$SRC_DIR/llama_cpp_python-$VERSION" ]; then
+    mkdir -p "$SRC_DIR"
+    $PY -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$SRC_DIR"
+    tar xzf "$SRC_DIR/llama_cpp_python-$VERSION.tar.gz" -C "$SRC_DIR"
+  fi
   CPATH="$CU_DIR/include${CPATH:+:$CPATH}" CMAKE_ARGS="$ARGS ${CMAKE_ARGS:-}" FORCE_CMAKE=1 \
     CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
-    $PY -m pip wheel -v --no-deps --no-cache-dir --no-binary llama-cpp-python -w "$WHEEL_DIR" \
-    -C build-dir="$PWD/build/cuda-cmake/$TAG" "llama-cpp-python==$VERSION" >"$WHEEL_DIR.log" 2>&1 \
+    $PY -m pip wheel -v --no-deps --no-cache-dir -w "$WHEEL_DIR" -C build-dir="$PWD/build/cuda-cmake/$TAG" \
+    "./$SRC_DIR/llama_cpp_python-$VERSION" >"$WHEEL_DIR.log" 2>&1 \
     || { tail -40 "$WHEEL_DIR.log" >&2; echo "CUDA build failed; whole log: $WHEEL_DIR.log" >&2; exit 1; }
+  # llama-cpp-python installs the CPU backend only under its plain name; with every CPU variant built
+  # as its own module, the wheel gets them from the build folder (llama.cpp picks the best at start).
+  UNPACKED=$(mktemp -d)
+  $PY -m wheel unpack -d "$UNPACKED" "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null
+  cp build/cuda-cmake/"$TAG"/bin/libggml-cpu-*.so "$UNPACKED"/llama_cpp_python-*/llama_cpp/lib/
+  rm "$WHEEL_DIR"/llama_cpp_python-*.whl
+  $PY -m wheel pack -d "$WHEEL_DIR" "$UNPACKED"/llama_cpp_python-* >/dev/null
+  rm -rf "$UNPACKED"
   echo "built in $(( $(date +%s) - start )) s: $(du -h "$WHEEL_DIR"/*.whl | cut -f1) $(ls "$WHEEL_DIR"/*.whl)"
 fi
 [ -n "${EVOKE_CUDA_BUILD_ONLY:-}" ] && exit 0
