@@ -3,7 +3,8 @@
 Public API: Engine, Conversation, Settings, Reply, EngineEvent and the error classes; no Qt here.
 """
 
-from .engine import Conversation, ConversationInfo, Engine
+from .conversation import Conversation
+from .engine import ConversationInfo, Engine
 from .errors import (
                      BudgetError,
                      ContextFullError,

@@ -290,7 +290,7 @@ def test_history_survives_closing_and_reopening_the_window(qapp, qtbot, tmp_path
         assert second.c.current_id == conversation_id and second.w.title.text() == "Fruit talk"
         assert second.w.sidebar.visible_titles() == ["Fruit talk"]
         assert [m.text for m in second.c.messages] == ["Remember the word banana.", reply]
-        assert any(kind == "kv_restored" for kind, _, _ in second.c._event_log[conversation_id])
+        assert "kv_restored" in [row.kind for row in second.c.events.rows]
         send_and_wait(second, qtbot, "What word did I ask you to remember?")
         assert len(second.w.chat.bubbles) == 4
     finally:

@@ -13,9 +13,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 
-from ..engine import Engine, default_tools
+from ..engine import Engine
+from ..prefixes import default_tools
 from ..runtime import default_model_path, safe_model_params
 from ..settings import Settings
 
@@ -166,8 +166,8 @@ def _decode_user_tokens_only(engine: Engine, message: str) -> float:
     """The floor: decode the user's tokens (and the generation prompt) on the cached prefix, sample one."""
     import numpy as np
 
-    conv = engine._create_state(uuid.uuid4().hex, "floor", engine._default_system_prompt(), engine._default_tools())
-    memory, rt, template = conv.memory, engine.rt, engine.template
+    conv = engine.new_conversation(title="floor")
+    memory, rt, template = engine.lifecycle.open(conv.id).memory, engine.rt, engine.template
     user = {"role": "user", "content": message}
     text = template.segment([], user) + template.assistant_frame([user]).opening
     start = time.perf_counter()
@@ -175,8 +175,7 @@ def _decode_user_tokens_only(engine: Engine, message: str) -> float:
     rt.decode(tokens, memory.seq, memory.active_tokens)
     int(np.argmax(rt.logits()))
     elapsed = time.perf_counter() - start
-    engine._forget(conv.id)
-    engine.history.delete(conv.id)
+    engine.delete_conversation(conv.id)
     return elapsed
 
 

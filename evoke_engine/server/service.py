@@ -17,9 +17,10 @@ from pathlib import Path
 
 from anyio import to_thread
 
-from ..engine import Conversation, Engine, default_system_prompt
+from ..engine import Conversation, Engine
 from ..errors import EvokeError
 from ..exchange import FORMAT_NAME, FORMAT_VERSION
+from ..prefixes import default_system_prompt
 from .errors import ApiError
 from .models import ChatRequest
 from .sessions import (
