@@ -44,10 +44,10 @@ def chat(args: argparse.Namespace) -> int:
                 break
             if text == "/stats":
                 stats = conv.stats()
-                print(json.dumps({k: v for k, v in stats.items() if k not in ("blocks", "events")}, indent=1))
+                print(json.dumps({k: v for k, v in stats.as_dict().items() if k not in ("blocks", "events")}, indent=1))
                 continue
             if text == "/blocks":
-                for block in conv.stats()["blocks"]:
+                for block in conv.stats().blocks:
                     print(f"  {block['name']:<28} {block['state']:<9} {block['tokens']:>5} tokens")
                 continue
             if text.startswith("/attach "):
@@ -81,8 +81,8 @@ def chat(args: argparse.Namespace) -> int:
                 continue
             stats = conv.stats()
             print(f"\n[{reply.n_tokens} tokens, {reply.tokens_per_s:.1f} tok/s, first token {reply.ttft_s:.2f} s, "
-                  f"active {stats['active_tokens']}/{stats['budget_tokens']}, evictions {stats['evictions']}, "
-                  f"recoveries {stats['recoveries']}]")
+                  f"active {stats.active_tokens}/{stats.budget_tokens}, evictions {stats.evictions}, "
+                  f"recoveries {stats.recoveries}]")
     finally:
         engine.close()
     return 0

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+from .stats import ConversationStats
 from .turn import Attachment
 from .worker import FOREGROUND
 
@@ -76,16 +77,16 @@ class Conversation:
         """Stop the running and queued replies of this conversation (their partial text is kept)."""
         self.engine.cancel(self.id)
 
-    def stats(self) -> dict:
-        """The latest memory snapshot; never waits for the engine thread."""
-        return dict(self.engine.lifecycle.latest_stats(self.id) or {})
+    def stats(self) -> ConversationStats:
+        """The latest memory snapshot (zeros before the conversation is first opened); never waits."""
+        return self.engine.lifecycle.latest_stats(self.id) or ConversationStats(self.id)
 
     def template_history(self) -> list[dict]:
         """A copy of the template messages (system excluded) the KV was built from (benches, tests)."""
         return self.engine.thread.call(lambda: [dict(m) for m in self.engine.lifecycle.open(self.id).history])
 
     def blocks(self, *, with_text: bool = False) -> list[dict]:
-        """One summary per block (as in `stats()["blocks"]`), with each block's text when asked."""
+        """One summary per block (as in `stats().blocks`), with each block's text when asked."""
         def read() -> list[dict]:
             table = self.engine.lifecycle.open(self.id).memory.table
             return [{**b.summary(), **({"text": b.text} if with_text else {})} for b in table.blocks]
@@ -123,12 +124,7 @@ class Conversation:
         """Pin a block (never evicted) or change its priority multiplier (the harness knows best)."""
         def apply() -> None:
             state = self.engine.lifecycle.open(self.id)
-            block = state.memory.table.by_name(name)
-            if block is None:
-                raise KeyError(f"no block {name!r} in this conversation")
-            block.pinned = pinned
-            if priority is not None:
-                block.priority = priority
+            state.memory.table.pin(name, pinned, priority)
             self.engine.lifecycle.refresh(state)
 
         self.engine.thread.call(apply, priority=FOREGROUND)

@@ -20,7 +20,7 @@ from . import editing, live_settings
 from .conversation import Conversation
 from .embedder import Embedder
 from .errors import EvokeError
-from .events import EngineEvent
+from .events import EngineEvent, EventKind
 from .exchange import parse_json, to_json, to_markdown
 from .kv import KVCache
 from .lifecycle import ConversationLifecycle, ConversationState
@@ -87,19 +87,19 @@ class Engine:
 
     # -- model ------------------------------------------------------------------------------
     def _load(self, settings: Settings) -> ModelInfo:
-        self.emit(EngineEvent("model_loading", f"loading {settings.model_path or 'embedded model'}"))
+        self.emit(EngineEvent(EventKind.MODEL_LOADING, f"loading {settings.model_path or 'embedded model'}"))
         try:
             rt = Runtime(settings)
         except EvokeError as exc:
-            self.emit(EngineEvent("load_failed", str(exc)))
+            self.emit(EngineEvent(EventKind.LOAD_FAILED, str(exc)))
             raise
         self.rt = rt
         self.kv = KVCache(rt)
         self.template = ChatTemplate(rt.meta("tokenizer.chat_template"), bos_token=rt.token_text("bos"),
                                      eos_token=rt.token_text("eos"))
         self.pool = SavedPool(settings.ram_budget_bytes, settings.cache_dir / "spill",
-                              on_spill=lambda b: self.emit(EngineEvent("spilled", f"{b.name} spilled to disk",
-                                                                         block=b.name, tokens=b.n_tokens)))
+                              on_spill=lambda b: self.emit(EngineEvent(EventKind.SPILLED, f"{b.name} spilled to disk",
+                                                                       block=b.name, tokens=b.n_tokens)))
         self.embedder = Embedder(settings.embedder)
         self.slots = SlotRegistry(settings.slots)
         self.prefixes = SharedPrefixes(rt, self.kv, self.template)
@@ -108,7 +108,7 @@ class Engine:
                                                                   settings.slots), ttls, clock=self.clock)
         self.kvfiles.check(fix=True)
         if not rt.eviction_supported:
-            self.emit(EngineEvent("error", f"{rt.eviction_note}; chat works without eviction"))
+            self.emit(EngineEvent(EventKind.ERROR, f"{rt.eviction_note}; chat works without eviction"))
         shared = 0
         if self.prewarm:
             shared = len(self.warm_default_prefix().tokens)
@@ -116,10 +116,10 @@ class Engine:
                 self.thread.submit(self.embedder.warm, priority=BACKGROUND)
         cells = shared + settings.slots * max(0, settings.budget_tokens - shared) + 2 * settings.block_tokens
         if settings.recovery != "none" and cells > rt.n_ctx:
-            self.emit(EngineEvent("error", f"{settings.slots} slots of {settings.budget_tokens} tokens may not fit "
-                                            f"in a context of {rt.n_ctx}; raise n_ctx or lower slots or budget"))
+            self.emit(EngineEvent(EventKind.ERROR, f"{settings.slots} slots of {settings.budget_tokens} tokens may "
+                                  f"not fit in a context of {rt.n_ctx}; raise n_ctx or lower slots or budget"))
         info = self._info = rt.info()
-        self.emit(EngineEvent("model_loaded", f"{info.name} on {info.device}"))
+        self.emit(EngineEvent(EventKind.MODEL_LOADED, f"{info.name} on {info.device}"))
         return info
 
     def model_info(self) -> ModelInfo:
@@ -149,7 +149,7 @@ class Engine:
         self.prefixes.clear()
         self.rt.close()
         self.rt = None
-        self.emit(EngineEvent("model_unloaded", "model unloaded after idle; it comes back on the next message"))
+        self.emit(EngineEvent(EventKind.MODEL_UNLOADED, "model unloaded after idle; it comes back on the next message"))
 
     def apply_settings(self, new: Settings) -> list[str]:
         """Adopt the settings that apply now (the budget reaches open conversations at once) and
@@ -245,7 +245,8 @@ class Engine:
         rows = self.history.list_conversations()
         out = []
         for row in rows:
-            memory = (self.lifecycle.latest_stats(row.id) or {}).get("memory")
+            stats = self.lifecycle.latest_stats(row.id)
+            memory = stats.memory if stats is not None else None
             if memory is None:
                 memory = "disk" if self.kvfiles is not None and self.kvfiles.has(row.id) else "none"
             parent = row.settings.get("forked_from") if isinstance(row.settings, dict) else None
@@ -344,7 +345,7 @@ class Engine:
 
         def progress(done: int, total: int) -> None:
             if total > self.settings.block_tokens * 2:
-                self.emit(EngineEvent("prefill", f"{done}/{total}", conversation_id=state.id, tokens=done))
+                self.emit(EngineEvent(EventKind.PREFILL, f"{done}/{total}", conversation_id=state.id, tokens=done))
 
         try:
             reply = run_turn(state.memory, self.rt, self.template, state.history, text, attachments, params,
@@ -356,8 +357,8 @@ class Engine:
             self.lifecycle.refresh(state)
             state.last_used = self.last_activity = self.clock()
         self.history.add_message(state.id, "assistant", reply.text)
-        self.emit(EngineEvent("turn_done", f"{reply.n_tokens} tokens, stopped: {reply.stopped}",
-                               conversation_id=state.id, tokens=reply.n_tokens))
+        self.emit(EngineEvent(EventKind.TURN_DONE, f"{reply.n_tokens} tokens, stopped: {reply.stopped}",
+                              conversation_id=state.id, tokens=reply.n_tokens))
         return reply
 
     def _roll_back(self, state: ConversationState, n_before: int, user_row: int, superseded: list,
@@ -373,7 +374,8 @@ class Engine:
             editing.truncate_state(self, state, n_before)
         except Exception as exc:  # noqa: BLE001
             self.lifecycle.discard(state, f"the failed turn could not be undone: {exc}")
-        self.emit(EngineEvent("error", f"the turn failed and was rolled back: {error}", conversation_id=state.id))
+        self.emit(EngineEvent(EventKind.ERROR, f"the turn failed and was rolled back: {error}",
+                              conversation_id=state.id))
 
     def _regenerate(self, conversation_id: str, *, params: SamplingParams, on_token,
                     cancel: threading.Event) -> Reply:
@@ -392,8 +394,8 @@ class Engine:
             self.lifecycle.refresh(state)
             state.last_used = self.last_activity = self.clock()
         self.history.add_message(state.id, "assistant", reply.text, previous_id=old.id)
-        self.emit(EngineEvent("turn_done", f"regenerated: {reply.n_tokens} tokens, stopped: {reply.stopped}",
-                               conversation_id=state.id, tokens=reply.n_tokens))
+        self.emit(EngineEvent(EventKind.TURN_DONE, f"regenerated: {reply.n_tokens} tokens, stopped: {reply.stopped}",
+                              conversation_id=state.id, tokens=reply.n_tokens))
         return reply
 
     # -- editing ----------------------------------------------------------------------------

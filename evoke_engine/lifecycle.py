@@ -7,16 +7,18 @@ SQLite is the source of truth (a KV file is adopted only whole and checked, else
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .errors import BudgetError, RestoreError
-from .events import EngineEvent
+from .events import EngineEvent, EventKind
 from .memory import ConversationMemory
 from .prefixes import Prefix, system_message
 from .snapshot import SnapshotError, decode_payload, encode_payload
 from .snapshot_fit import fit_snapshot
+from .stats import ConversationStats
 from .store.errors import StoreError
 from .turn import number_turns, replay_input, replay_reply
 
@@ -55,7 +57,7 @@ class ConversationLifecycle:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._states: dict[str, ConversationState] = {}
-        self._stats: dict[str, dict] = {}
+        self._stats: dict[str, ConversationStats] = {}
 
     # -- lookup -----------------------------------------------------------------------------
     def open_states(self) -> list[ConversationState]:
@@ -65,7 +67,7 @@ class ConversationLifecycle:
         """The state of a conversation that is open now (None when it is not: nothing is loaded)."""
         return self._states.get(conversation_id)
 
-    def latest_stats(self, conversation_id: str) -> dict | None:
+    def latest_stats(self, conversation_id: str) -> ConversationStats | None:
         """The memory snapshot taken at the conversation's last change (any thread)."""
         return self._stats.get(conversation_id)
 
@@ -138,7 +140,7 @@ class ConversationLifecycle:
             oldest = eng.slots.least_recent(exclude=keep)
             self._states[oldest].memory.park()
             slot = eng.slots.release(oldest)
-            eng.emit(EngineEvent("parked", f"conversation left slot {slot}", conversation_id=oldest))
+            eng.emit(EngineEvent(EventKind.PARKED, f"conversation left slot {slot}", conversation_id=oldest))
             self.refresh(self._states[oldest])
         eng.slots.pin(state.id, slot)
         prefix = eng.prefixes.for_conversation(state.system_prompt, state.tools)
@@ -164,7 +166,7 @@ class ConversationLifecycle:
         """The conversation's saved K/V could not come back: drop it and re-prefill from SQLite, in place."""
         log.warning("KV of %s lost (%s): rebuilt from history", state.id, error)
         self._reset(state)
-        self.engine.emit(EngineEvent("kv_rebuilt", f"saved K/V lost ({error}): rebuilt from history",
+        self.engine.emit(EngineEvent(EventKind.KV_REBUILT, f"saved K/V lost ({error}): rebuilt from history",
                                      conversation_id=state.id))
         self._rebuild_from_history(state, self.engine.prefixes.for_conversation(state.system_prompt, state.tools))
 
@@ -178,7 +180,7 @@ class ConversationLifecycle:
         payload = eng.kvfiles.read(state.id, refresh=False)
         if payload is None:
             if had_file:
-                eng.emit(EngineEvent("kv_rebuilt", "cache file unusable (corrupt, expired or of another "
+                eng.emit(EngineEvent(EventKind.KV_REBUILT, "cache file unusable (corrupt, expired or of another "
                                      "model): rebuilt from history", conversation_id=state.id))
             return False
         try:
@@ -202,14 +204,14 @@ class ConversationLifecycle:
             return self._reject_file(state, f"cache file did not apply ({exc})")
         eng.kvfiles.touch(state.id)
         extra = f" ({'; '.join(notes)})" if notes else ""
-        eng.emit(EngineEvent("kv_restored", f"restored {state.memory.active_tokens} tokens from disk{extra}",
+        eng.emit(EngineEvent(EventKind.KV_RESTORED, f"restored {state.memory.active_tokens} tokens from disk{extra}",
                              conversation_id=state.id, tokens=state.memory.active_tokens))
         return True
 
     def _reject_file(self, state: ConversationState, reason: str) -> bool:
         log.warning("KV file of %s: %s", state.id, reason)
         self.engine.kvfiles.remove(state.id)
-        self.engine.emit(EngineEvent("kv_rebuilt", f"{reason}: rebuilt from history", conversation_id=state.id))
+        self.engine.emit(EngineEvent(EventKind.KV_REBUILT, f"{reason}: rebuilt from history", conversation_id=state.id))
         return False
 
     def _rebuild_from_history(self, state: ConversationState, prefix: Prefix) -> None:
@@ -237,9 +239,9 @@ class ConversationLifecycle:
             payload = encode_payload(state.memory.snapshot(state.prefix.key, state.history))
             eng.kvfiles.write(state.id, ttl_class or state.ttl_class, payload)
         except StoreError as exc:
-            eng.emit(EngineEvent("error", f"could not save the KV cache: {exc}", conversation_id=state.id))
+            eng.emit(EngineEvent(EventKind.ERROR, f"could not save the KV cache: {exc}", conversation_id=state.id))
             return False
-        eng.emit(EngineEvent("kv_persisted", f"saved {len(payload) >> 20} MiB ({ttl_class or state.ttl_class})",
+        eng.emit(EngineEvent(EventKind.KV_PERSISTED, f"saved {len(payload) >> 20} MiB ({ttl_class or state.ttl_class})",
                              conversation_id=state.id, tokens=state.memory.active_tokens))
         return True
 
@@ -254,7 +256,7 @@ class ConversationLifecycle:
         self._states.pop(state.id, None)
         stats = self._stats.get(state.id)
         if stats is not None:
-            stats["memory"] = "disk" if eng.kvfiles.has(state.id) else "none"
+            self._stats[state.id] = dataclasses.replace(stats, memory="disk" if eng.kvfiles.has(state.id) else "none")
 
     def release_all(self) -> None:
         for state in self.open_states():
@@ -274,5 +276,5 @@ class ConversationLifecycle:
         self.release(state, persist=False)
         if self.engine.kvfiles is not None:
             self.engine.kvfiles.remove(state.id)
-        self.engine.emit(EngineEvent("kv_rebuilt", f"cache dropped ({reason}): it is rebuilt from history",
+        self.engine.emit(EngineEvent(EventKind.KV_REBUILT, f"cache dropped ({reason}): it is rebuilt from history",
                                      conversation_id=state.id))

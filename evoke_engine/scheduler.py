@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from .events import EngineEvent
+from .events import EngineEvent, EventKind
 from .worker import BACKGROUND
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class Sweeps:
                 if state.id != eng.focused and now - state.last_used > ttl[state.ttl_class]:
                     eng.lifecycle.release(state)
                     released.append(state.id)
-                    eng.emit(EngineEvent("released", "idle conversation saved to disk and released",
+                    eng.emit(EngineEvent(EventKind.RELEASED, "idle conversation saved to disk and released",
                                          conversation_id=state.id))
         if eng.kvfiles is not None:
             eng.kvfiles.sweep_expired(all_models=True)

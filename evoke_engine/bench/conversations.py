@@ -67,7 +67,7 @@ def run_switch(tokens: int | None = None, trials: int = 3) -> dict:
         for name, doc in docs.items():
             convs[name] = engine.new_conversation(system_prompt=SYSTEM, tools=[])
             convs[name].send("Read this file and reply OK.", [(f"{name}.txt", doc)], max_tokens=4, temperature=0)
-            sizes[name] = convs[name].stats()["active_tokens"]
+            sizes[name] = convs[name].stats().active_tokens
         engine.wait_idle()
         histories = {name: [{"role": "system", "content": SYSTEM}, *conv.template_history()]
                      for name, conv in convs.items()}
@@ -132,7 +132,7 @@ def run_reopen(tokens: int | None = None, trials: int = 3) -> dict:
         conv = engine.new_conversation(system_prompt=SYSTEM, tools=[])
         conv.send("Read this file and reply OK.", [("notes.txt", document("gamma", tokens))], max_tokens=4,
                   temperature=0)
-        size = conv.stats()["active_tokens"]
+        size = conv.stats().active_tokens
         cid = conv.id
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     out: dict[str, list[float]] = {"reopen": [], "reprefill": [], "open_only": []}
@@ -194,7 +194,7 @@ def run_prewarm(tokens: int | None = None, trials: int = 5) -> dict:
             start = time.perf_counter()
             conv = engine.new_conversation()
             rows["prewarmed"].append(time.perf_counter() - start + _ttft(conv, message))
-            prefix_tokens = conv.stats()["prefix_tokens"]
+            prefix_tokens = conv.stats().prefix_tokens
             rows["user_only"].append(engine.thread.call(_decode_user_tokens_only, engine, message))
         with Engine(settings, scheduler=False, prewarm=False) as engine:
             engine.embedder.warm()
