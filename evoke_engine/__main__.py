@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from . import Engine, EvokeError, Settings
+from .settings import RECOVERY_BACKENDS
 
 HELP = """commands: /stats  /blocks  /attach FILE  /budget N  /new  /quit"""
 
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("chat", help="chat in the terminal")
     p.add_argument("--model", help="GGUF file (default: the embedded model)")
     p.add_argument("--budget", type=int, help="active KV tokens per conversation")
-    p.add_argument("--recovery", choices=["kv_restore", "breadcrumb", "discard", "none"])
+    p.add_argument("--recovery", choices=RECOVERY_BACKENDS)
     add_serve_arguments(sub.add_parser("serve", help="serve the OpenAI-compatible endpoint"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)

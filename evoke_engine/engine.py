@@ -26,6 +26,7 @@ from .kv import KVCache
 from .lifecycle import ConversationLifecycle, ConversationState
 from .pool import SavedPool
 from .prefixes import Prefix, SharedPrefixes, system_prompt_of, tools_of
+from .recovery import backend as recovery_backend
 from .runtime import ModelInfo, Runtime
 from .sampling import SamplingParams
 from .scheduler import Sweeps
@@ -112,10 +113,10 @@ class Engine:
         shared = 0
         if self.prewarm:
             shared = len(self.warm_default_prefix().tokens)
-            if self.embedder.enabled and settings.recovery != "none":
+            if self.embedder.enabled and recovery_backend(settings.recovery).evicts:
                 self.thread.submit(self.embedder.warm, priority=BACKGROUND)
         cells = shared + settings.slots * max(0, settings.budget_tokens - shared) + 2 * settings.block_tokens
-        if settings.recovery != "none" and cells > rt.n_ctx:
+        if recovery_backend(settings.recovery).evicts and cells > rt.n_ctx:
             self.emit(EngineEvent(EventKind.ERROR, f"{settings.slots} slots of {settings.budget_tokens} tokens may "
                                   f"not fit in a context of {rt.n_ctx}; raise n_ctx or lower slots or budget"))
         info = self._info = rt.info()
@@ -176,7 +177,7 @@ class Engine:
         for state in self.lifecycle.open_states():
             focus = focus_from_history(self.history.messages(state.id), self.embedder, self.settings)
             state.memory.adopt_embedder(self.embedder, focus)
-        if self.embedder.enabled and self.settings.recovery != "none":
+        if self.embedder.enabled and recovery_backend(self.settings.recovery).evicts:
             self.thread.submit(self.embedder.warm, priority=BACKGROUND)
 
     def settings_in_use(self, conversation_id: str) -> dict:

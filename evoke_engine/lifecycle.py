@@ -16,6 +16,7 @@ from .errors import BudgetError, RestoreError
 from .events import EngineEvent, EventKind
 from .memory import ConversationMemory
 from .prefixes import Prefix, system_message
+from .recovery import backend as recovery_backend
 from .snapshot import SnapshotError, decode_payload, encode_payload
 from .snapshot_fit import fit_snapshot
 from .stats import ConversationStats
@@ -97,7 +98,7 @@ class ConversationLifecycle:
         eng.ensure_model()
         state = self.fresh_state(conversation_id, title, system_prompt, tools)
         prefix = eng.prefixes.for_conversation(system_prompt, tools)
-        if len(prefix.tokens) >= eng.settings.budget_tokens and eng.settings.recovery != "none":
+        if len(prefix.tokens) >= eng.settings.budget_tokens and recovery_backend(eng.settings.recovery).evicts:
             raise BudgetError(f"the budget ({eng.settings.budget_tokens} tokens) is not larger than the "
                               f"system prompt and tools ({len(prefix.tokens)} tokens)")
         eng.history.create_conversation(conversation_id, title, system_prompt,

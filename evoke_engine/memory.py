@@ -23,6 +23,8 @@ from .events import EngineEvent, EventKind
 from .kv import KVCache, SavedKV
 from .policy import choose_recoveries, choose_victims, protected_blocks
 from .pool import SavedPool
+from .recovery import RecoveryBackend
+from .recovery import backend as recovery_backend
 from .runtime import Runtime
 from .scorer import Scorer, TaskFocus, cosine
 from .settings import Settings
@@ -82,8 +84,13 @@ class ConversationMemory:
         return sum(b.n_tokens for b in self.table.resident if b.shared)
 
     @property
+    def recovery(self) -> RecoveryBackend:
+        """The backend `settings.recovery` names now (the setting applies at once)."""
+        return recovery_backend(self.settings.recovery)
+
+    @property
     def eviction_enabled(self) -> bool:
-        return self.settings.recovery != "none" and self.rt.eviction_supported
+        return self.recovery.evicts and self.rt.eviction_supported
 
     def cached_tokens(self) -> int:
         return sum(b.n_tokens for b in self.table.saved())
@@ -148,7 +155,7 @@ class ConversationMemory:
         self.ensure_embeddings(b for b in self.table.resident if id(b) not in protected)
         victims = choose_victims(self.table, target_tokens=target_tokens, protected=protected,
                                  score=self.score)
-        keep_bytes = self.settings.recovery == "kv_restore"
+        keep_bytes = self.recovery.keeps_bytes
         saved: dict[int, SavedKV] = {}
         if keep_bytes:                                   # save every victim before any compaction
             for block in victims:
@@ -239,14 +246,7 @@ class ConversationMemory:
 
     # -- recovery ---------------------------------------------------------------------------
     def candidates(self) -> list[Block]:
-        backend = self.settings.recovery
-        if backend == "kv_restore":
-            return [b for b in self.table.saved() if b in self.pool]
-        if backend == "breadcrumb":                      # dropped blocks whose marker is not in context now
-            marked = {b.name.removeprefix("breadcrumb:") for b in self.table.resident if b.role == "breadcrumb"}
-            return [b for b in self.table.blocks if b.state is BlockState.DROPPED and b.role != "breadcrumb"
-                    and b.name not in marked]
-        return []
+        return self.recovery.candidates(self)
 
     def recover(self, message: str, *, message_tokens: int, reply_reserve: int,
                 identity_hashes: set[str] = frozenset()) -> list[Block]:
@@ -269,24 +269,19 @@ class ConversationMemory:
                                   resident_best=resident_best, top_k=self.settings.recovery_top_k,
                                   room_tokens=max(0, room), identity_hashes=identity_hashes)
         recovered: list[Block] = []
+        backend = self.recovery
         for pick in picks:
             self.make_room(pick.block.n_tokens, current=recovered)
-            if self.settings.recovery == "kv_restore":
-                try:
-                    self._restore_block(pick.block)
-                except RestoreError as exc:
-                    self.record_event(EventKind.ERROR, f"could not restore {pick.block.name}: {exc}", pick.block)
-                    continue
-                recovered.append(pick.block)
-                self.record_event(EventKind.RECOVERED, f"recovered {pick.block.name} ({pick.reason}, "
-                                         f"similarity {pick.similarity:.2f})", pick.block)
-            else:
-                recovered.append(self._breadcrumb(pick.block))
+            block = backend.bring_back(self, pick)
+            if block is None:
+                continue
+            recovered.append(block)
             if pick.reason == "identity":
                 self.counters.identity_hits += 1
         return recovered
 
-    def _restore_block(self, block: Block) -> None:
+    def restore_block(self, block: Block) -> None:
+        """Splice a saved block's K/V back at the tail (RestoreError leaves it saved)."""
         saved = self.pool.take(block)
         try:
             self.kv.restore(saved, self.seq, self.active_tokens)
@@ -298,7 +293,8 @@ class ConversationMemory:
         self.counters.recoveries += 1
         self.counters.recovered_tokens += block.n_tokens
 
-    def _breadcrumb(self, block: Block) -> Block:
+    def add_breadcrumb(self, block: Block) -> Block:
+        """Decode a short marker of a dropped block's text at the tail; returns the marker block."""
         words = block.text.split()
         marker = f"[earlier {block.name}: {' '.join(words[:16])}{' …' if len(words) > 16 else ''}]\n"
         crumb = Block(name=f"breadcrumb:{block.name}", role="breadcrumb", turn=self.turn,
