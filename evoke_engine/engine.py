@@ -1,8 +1,8 @@
-"""The Engine: one model, its conversations, slots and shared prefixes, behind one engine thread.
+"""The Engine: the model and its resources, settings, turns and the public API, behind one engine thread.
 
-Invariants: every llama.cpp call runs on the engine thread (`EngineThread`); public methods
-are safe from any thread and never hand out internal structures (snapshots and futures only);
-SQLite history is written before a reply starts, so no user message is lost.
+Invariants: every llama.cpp call runs on the engine thread (`EngineThread`); public methods are safe from
+any thread and hand out snapshots and futures only; a turn's message is in SQLite before its reply starts,
+and a failed turn rolls back. Open conversations live in `lifecycle`, shared prefixes in `prefixes`.
 """
 
 from __future__ import annotations
