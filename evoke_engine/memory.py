@@ -179,7 +179,7 @@ class ConversationMemory:
             self.evict_to(int(self.budget_tokens * self.settings.low_watermark), current=keep)
         if self.active_tokens > self.budget_tokens and self.eviction_enabled:
             self.record_event(EventKind.ERROR, f"protected blocks hold {self.active_tokens} tokens, over the budget "
-                                 f"of {self.budget_tokens}")
+                              f"of {self.budget_tokens}")
         self.counters.max_active_at_turn_end = max(self.counters.max_active_at_turn_end, self.active_tokens)
         self.kv.flush_pending_shifts()       # pay the K-shift now, after the reply, not before the next one
         if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
