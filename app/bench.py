@@ -105,8 +105,8 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         reply = controller.messages[-1]
         return {**probe.summary(phase), "seconds": round(seconds, 2), "reply_chars": len(reply.text),
                 "ttft_s": round(metrics.get("ttft_s", 0.0), 3), "tok_s": round(metrics.get("tok_s", 0.0), 1),
-                "active_tokens": stats.get("active_tokens"), "budget_tokens": stats.get("budget_tokens"),
-                "evictions": stats.get("evictions"), "recoveries": stats.get("recoveries")}
+                "active_tokens": stats.active_tokens, "budget_tokens": stats.budget_tokens,
+                "evictions": stats.evictions, "recoveries": stats.recoveries}
 
     turn("warmup", "Say hello.", max_tokens=8)
     result["stream"] = turn("stream", "Write a Python function that merges two sorted lists, with a docstring.")

@@ -13,6 +13,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from evoke_engine.events import EventKind
+
 from .attachments import AttachmentError, paste_name, read_text_attachment
 from .bridge import EngineBridge, error_text
 from .editing_flow import EditingFlow
@@ -21,9 +23,9 @@ from .models import BlockTableModel, ConversationListModel, EventLogModel
 from .settings_flow import SettingsFlow
 
 log = logging.getLogger(__name__)
-STATE_OF_EVENT = {"evicted": "ram", "spilled": "disk", "dropped": "dropped", "recovered": "resident"}
-MEMORY_EVENTS = {"evicted", "recovered", "spilled", "dropped", "kv_persisted", "kv_restored", "kv_rebuilt",
-                 "parked", "error"}
+STATE_OF_EVENT = {EventKind.EVICTED: "ram", EventKind.SPILLED: "disk", EventKind.RECOVERED: "resident"}
+MEMORY_EVENTS = {EventKind.EVICTED, EventKind.RECOVERED, EventKind.SPILLED, EventKind.KV_PERSISTED,
+                 EventKind.KV_RESTORED, EventKind.KV_REBUILT, EventKind.PARKED, EventKind.ERROR}
 EVENTS_KEPT = 300
 
 
@@ -60,7 +62,7 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         self.messages: list[ChatMessage] = []
         self.pending: list[tuple[str, str]] = []
         self.stream: Stream | None = None
-        self.stats: dict[str, Any] = {}
+        self.stats: Any = None                     # the open conversation's ConversationStats, once it lands
         self.title = ""
         self._event_log: dict[str, deque[tuple[str, str, float]]] = defaultdict(lambda: deque(maxlen=EVENTS_KEPT))
         self._stats_busy = self._stats_dirty = False
@@ -340,12 +342,13 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         self._stats_busy = True
         self.bridge.call(conv.stats, on_done=lambda s: self._stats(conv, s), on_error=self._stats_failed)
 
-    def _stats(self, conv: Any, stats: dict[str, Any]) -> None:
+    def _stats(self, conv: Any, stats: Any) -> None:
         self._stats_busy = False
         if conv is self.conv:
             self.stats = stats
-            self.blocks.set_blocks(stats.get("blocks", []))
-            self.statsChanged.emit(stats)
+            view = stats.as_dict()                     # widgets get plain data
+            self.blocks.set_blocks(view["blocks"])
+            self.statsChanged.emit(view)
         if self._stats_dirty:
             self._stats_dirty = False
             self.refresh_stats()
@@ -355,20 +358,20 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         log.warning("stats failed: %s", error_text(exc))
 
     def _on_event(self, event: Any) -> None:
-        kind = getattr(event, "kind", "")
+        kind = str(getattr(event, "kind", ""))          # an EventKind (a str enum): kept as its plain value
         message = getattr(event, "message", "") or kind
         conv_id = getattr(event, "conversation_id", None)
-        if kind == "model_loading":
+        if kind == EventKind.MODEL_LOADING:
             self._set_model_state("loading", message)
-        elif kind == "model_loaded" and self.model_info is not None:
+        elif kind == EventKind.MODEL_LOADED and self.model_info is not None:
             self._set_model_state("ready", message)
-        elif kind == "model_unloaded":
+        elif kind == EventKind.MODEL_UNLOADED:
             self._set_model_state("unloaded", message)
-        elif kind == "prefill":
+        elif kind == EventKind.PREFILL:
             if conv_id in (None, self.current_id):
                 self.prefillProgress.emit(int(getattr(event, "tokens", 0)), message)
             return
-        if kind not in MEMORY_EVENTS and kind not in ("model_unloaded", "load_failed"):
+        if kind not in MEMORY_EVENTS and kind not in (EventKind.MODEL_UNLOADED, EventKind.LOAD_FAILED):
             return
         block = getattr(event, "block", None)
         text = message if block is None or block in message else f"{kind} {block}"
@@ -379,7 +382,7 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         self.events.append(kind, text, when)
         if block and kind in STATE_OF_EVENT:
             self.blocks.set_state(block, STATE_OF_EVENT[kind])
-        if kind == "error":
+        if kind == EventKind.ERROR:
             (self.errorRaised if conv_id is not None else self.warningRaised).emit(message)
         if conv_id is not None and not self._stats_timer.isActive():
             self._stats_timer.start()

@@ -1,9 +1,11 @@
 """Evoke engine: llama.cpp in-process with a KV cache managed like operating-system memory.
 
-Public API: Engine, Conversation, Settings, Reply, EngineEvent and the error classes; no Qt here.
+Public API: Engine, Conversation, Settings, Reply, EngineEvent/EventKind, ConversationStats and the error
+classes; no Qt here.
 """
 
-from .engine import Conversation, ConversationInfo, Engine
+from .conversation import Conversation
+from .engine import ConversationInfo, Engine
 from .errors import (
                      BudgetError,
                      ContextFullError,
@@ -13,9 +15,11 @@ from .errors import (
                      ModelLoadError,
                      RestoreError,
 )
-from .events import EngineEvent
+from .events import EngineEvent, EventKind
 from .settings import Settings
+from .stats import ConversationStats
 from .turn import Reply
 
-__all__ = ["Engine", "Conversation", "ConversationInfo", "Settings", "Reply", "EngineEvent", "EvokeError",
-           "ModelLoadError", "BudgetError", "ContextFullError", "RestoreError", "EditError", "ImportFormatError"]
+__all__ = ["Engine", "Conversation", "ConversationInfo", "ConversationStats", "Settings", "Reply", "EngineEvent",
+           "EventKind", "EvokeError", "ModelLoadError", "BudgetError", "ContextFullError", "RestoreError", "EditError",
+           "ImportFormatError"]

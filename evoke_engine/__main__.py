@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from . import Engine, EvokeError, Settings
+from .settings import RECOVERY_BACKENDS
 
 HELP = """commands: /stats  /blocks  /attach FILE  /budget N  /new  /quit"""
 
@@ -45,10 +46,10 @@ def chat(args: argparse.Namespace) -> int:
                 break
             if text == "/stats":
                 stats = conv.stats()
-                print(json.dumps({k: v for k, v in stats.items() if k not in ("blocks", "events")}, indent=1))
+                print(json.dumps({k: v for k, v in stats.as_dict().items() if k not in ("blocks", "events")}, indent=1))
                 continue
             if text == "/blocks":
-                for block in conv.stats()["blocks"]:
+                for block in conv.stats().blocks:
                     print(f"  {block['name']:<28} {block['state']:<9} {block['tokens']:>5} tokens")
                 continue
             if text.startswith("/attach "):
@@ -82,8 +83,8 @@ def chat(args: argparse.Namespace) -> int:
                 continue
             stats = conv.stats()
             print(f"\n[{reply.n_tokens} tokens, {reply.tokens_per_s:.1f} tok/s, first token {reply.ttft_s:.2f} s, "
-                  f"active {stats['active_tokens']}/{stats['budget_tokens']}, evictions {stats['evictions']}, "
-                  f"recoveries {stats['recoveries']}]")
+                  f"active {stats.active_tokens}/{stats.budget_tokens}, evictions {stats.evictions}, "
+                  f"recoveries {stats.recoveries}]")
     finally:
         engine.close()
     return 0
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("chat", help="chat in the terminal")
     p.add_argument("--model", help="GGUF file (default: the embedded model)")
     p.add_argument("--budget", type=int, help="active KV tokens per conversation")
-    p.add_argument("--recovery", choices=["kv_restore", "breadcrumb", "discard", "none"])
+    p.add_argument("--recovery", choices=RECOVERY_BACKENDS)
     add_serve_arguments(sub.add_parser("serve", help="serve the OpenAI-compatible endpoint"))
     sub.add_parser("device", help="print the device llama.cpp would run on, as JSON")
     args = parser.parse_args(argv)

@@ -78,11 +78,26 @@ class Block:
 
 
 class BlockTable:
-    """All blocks of a conversation (birth order) and the resident ones (position order)."""
+    """All blocks of a conversation (birth order) and the resident ones (position order).
+
+    The one place that moves blocks between lists, positions and states (the pool records RAM/DISK).
+    """
 
     def __init__(self) -> None:
         self.blocks: list[Block] = []
         self.resident: list[Block] = []
+
+    @classmethod
+    def from_blocks(cls, blocks: list[Block]) -> BlockTable:
+        """A table of `blocks` (birth order): resident ones keep their positions, the others have none."""
+        table = cls()
+        table.blocks = list(blocks)
+        table.resident = sorted((b for b in table.blocks if b.state is BlockState.RESIDENT), key=lambda b: b.pos)
+        for block in table.blocks:
+            if block.state is not BlockState.RESIDENT:
+                block.pos = None
+        table.check()
+        return table
 
     @property
     def active_tokens(self) -> int:
@@ -102,6 +117,18 @@ class BlockTable:
         block.state = BlockState.RESIDENT
         self.resident.append(block)
 
+    def split(self, block: Block, pieces: list[Block]) -> None:
+        """Replace resident `block` by `pieces` (its tokens, in order) at the same positions."""
+        if [t for piece in pieces for t in piece.tokens] != block.tokens:
+            raise InvariantError(f"the pieces of {block.name} do not hold its tokens")
+        start = block.pos
+        at_all, at_resident = self.blocks.index(block), self.resident.index(block)
+        self.blocks[at_all:at_all + 1] = pieces
+        self.resident[at_resident:at_resident + 1] = pieces
+        for piece in pieces:
+            piece.pos, piece.state = start, BlockState.RESIDENT
+            start += piece.n_tokens
+
     def remove_resident(self, block: Block, new_state: BlockState) -> tuple[int, int]:
         """Take `block` out of the resident run; later blocks move down. Returns its old range."""
         if block.shared:
@@ -119,7 +146,35 @@ class BlockTable:
         """Remove a non-resident block from the conversation for good (its message is gone)."""
         if block.state is BlockState.RESIDENT:
             raise ValueError(f"{block.name} is resident: take it out of the context first")
+        block.state = BlockState.DROPPED
         self.blocks.remove(block)
+
+    def mark_dropped(self, block: Block) -> None:
+        """A block out of the context whose K/V bytes are gone (only its text remains)."""
+        if block.state is BlockState.RESIDENT:
+            raise InvariantError(f"{block.name} is resident: take it out of the context first")
+        block.state = BlockState.DROPPED
+
+    def mark_private(self, from_pos: int = 0) -> None:
+        """Resident blocks at and after `from_pos` hold cells no forked sibling shares any more."""
+        for block in self.resident:
+            if block.pos >= from_pos:
+                block.sibling_shared = False
+
+    def mark_sibling_shared(self) -> None:
+        """Every resident block outside the prefix now shares its cells with a forked sibling."""
+        for block in self.resident:
+            if not block.shared:
+                block.sibling_shared = True
+
+    def pin(self, name: str, pinned: bool = True, priority: float | None = None) -> None:
+        """Pin a block (never evicted) or change its priority multiplier."""
+        block = self.by_name(name)
+        if block is None:
+            raise KeyError(f"no block {name!r} in this conversation")
+        block.pinned = pinned
+        if priority is not None:
+            block.priority = priority
 
     def saved(self) -> list[Block]:
         return [b for b in self.blocks if b.state in (BlockState.RAM, BlockState.DISK)]

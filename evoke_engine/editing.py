@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 from jinja2.exceptions import TemplateError
 
 from .errors import EditError
-from .events import EngineEvent
 from .store.history import DELETED, SUPERSEDED, MessageRow
 from .turn import message_key
 
 if TYPE_CHECKING:
-    from .engine import ConversationState, Engine
+    from .engine import Engine
+    from .lifecycle import ConversationState
 
 log = logging.getLogger(__name__)
 
@@ -30,20 +30,11 @@ def aligned_rows(engine: Engine, state: ConversationState) -> tuple[list[Message
     rows = engine.history.messages(state.id)
     if [r.role for r in rows] != [m.get("role") for m in state.history]:
         log.warning("history of %s disagrees with its KV state: rebuilt from SQLite", state.id)
-        discard_state(engine, state, "its history and its cache disagreed")
-        state = engine._open_state(state.id)
+        engine.lifecycle.discard(state, "its history and its cache disagreed")
+        state = engine.lifecycle.open(state.id)
         rows = engine.history.messages(state.id)
-    engine._ensure_slot(state)
+    engine.lifecycle.ensure_slot(state)
     return rows, state
-
-
-def discard_state(engine: Engine, state: ConversationState, reason: str) -> None:
-    """Forget the conversation's KV (slot, pool, file): the next use rebuilds it from SQLite."""
-    engine._release(state, persist=False)
-    if engine.kvfiles is not None:
-        engine.kvfiles.remove(state.id)
-    engine._emit(EngineEvent("kv_rebuilt", f"cache dropped ({reason}): it is rebuilt from history",
-                             conversation_id=state.id))
 
 
 def truncate_state(engine: Engine, state: ConversationState, n_messages: int) -> None:
@@ -53,7 +44,7 @@ def truncate_state(engine: Engine, state: ConversationState, n_messages: int) ->
     doomed = [b for b in state.memory.table.blocks if not b.shared and b.message_key() not in kept]
     if not doomed and n_messages >= len(state.history):
         return
-    engine._ensure_slot(state)
+    engine.lifecycle.ensure_slot(state)
     state.memory.remove_blocks(doomed)
     del state.history[n_messages:]
     state.memory.turn = max((m["evoke_turn"] for m in state.history), default=0)
@@ -61,7 +52,7 @@ def truncate_state(engine: Engine, state: ConversationState, n_messages: int) ->
 
 
 def truncate(engine: Engine, conversation_id: str, n_messages: int) -> None:
-    state = engine._open_state(conversation_id)
+    state = engine.lifecycle.open(conversation_id)
     rows, state = aligned_rows(engine, state)
     if not 0 <= n_messages <= len(rows):
         raise EditError(f"cannot keep {n_messages} messages of {len(rows)}")
@@ -69,9 +60,9 @@ def truncate(engine: Engine, conversation_id: str, n_messages: int) -> None:
     try:
         truncate_state(engine, state, n_messages)
     except Exception as exc:  # noqa: BLE001 - any failure: rebuild from SQLite, never a wrong cache
-        discard_state(engine, state, f"truncation failed: {exc}")
+        engine.lifecycle.discard(state, f"truncation failed: {exc}")
         return
-    engine._refresh(state)
+    engine.lifecycle.refresh(state)
 
 
 def rewind_for_edit(engine: Engine, state: ConversationState, index: int) -> tuple[MessageRow, list[MessageRow]]:
@@ -96,7 +87,7 @@ def rewind_for_regenerate(engine: Engine, state: ConversationState) -> MessageRo
 
 def fork(engine: Engine, conversation_id: str, message_index: int) -> str:
     """A new conversation holding the parent's messages up to `message_index`, its KV shared with the parent."""
-    parent = engine._open_state(conversation_id)
+    parent = engine.lifecycle.open(conversation_id)
     rows, parent = aligned_rows(engine, parent)
     if not 0 <= message_index < len(rows):
         raise EditError(f"no message {message_index} in a conversation of {len(rows)}")
@@ -109,29 +100,28 @@ def fork(engine: Engine, conversation_id: str, message_index: int) -> str:
         for r in rows[:message_index + 1]:
             engine.history.add_message(child_id, r.role, r.text, r.attachments, extra=r.extra)
     if engine.settings.slots < 2:                      # no second slot to share cells with: rebuild
-        engine._open_state(child_id)
+        engine.lifecycle.open(child_id)
         return child_id
-    child = engine._new_state(child_id, f"{parent.title} (fork)", parent.system_prompt, parent.tools, pinned=False)
-    engine._add_prefix_blocks(child, parent.prefix)
-    engine._states[child_id] = child
+    child = engine.lifecycle.fresh_state(child_id, f"{parent.title} (fork)", parent.system_prompt, parent.tools)
+    engine.lifecycle.adopt(child, parent.prefix)
     try:
-        engine._ensure_slot(child, keep=parent.id)
+        engine.lifecycle.ensure_slot(child, keep=parent.id)
         parent.memory.share_into(child.memory)
         child.history = [dict(m) for m in parent.history]
         truncate_state(engine, child, message_index + 1)
         child.memory.check()
     except Exception as exc:  # noqa: BLE001 - the fork still exists in SQLite: rebuild it from there
-        discard_state(engine, child, f"fork could not share the parent's cache: {exc}")
-        engine._open_state(child_id)
+        engine.lifecycle.discard(child, f"fork could not share the parent's cache: {exc}")
+        engine.lifecycle.open(child_id)
     child.last_used = engine.clock()
-    engine._refresh(parent)
-    engine._refresh(child)
+    engine.lifecycle.refresh(parent)
+    engine.lifecycle.refresh(child)
     return child_id
 
 
 def delete_message(engine: Engine, conversation_id: str, index: int) -> None:
     """One message leaves the middle of a conversation: its blocks leave the context with no recovery."""
-    state = engine._open_state(conversation_id)
+    state = engine.lifecycle.open(conversation_id)
     rows, state = aligned_rows(engine, state)
     if not 0 <= index < len(rows):
         raise EditError(f"no message {index} in a conversation of {len(rows)}")
@@ -144,7 +134,7 @@ def delete_message(engine: Engine, conversation_id: str, index: int) -> None:
                         f"({exc}); delete the exchange instead") from exc
     engine.history.hide_messages(state.id, [rows[index].id], DELETED)
     if not stable:
-        discard_state(engine, state, "the template renders later messages differently without it")
+        engine.lifecycle.discard(state, "the template renders later messages differently without it")
         return
     try:
         key = message_key(old[index])
@@ -152,9 +142,9 @@ def delete_message(engine: Engine, conversation_id: str, index: int) -> None:
         state.history = new
         state.memory.kv.flush_pending_shifts()
     except Exception as exc:  # noqa: BLE001
-        discard_state(engine, state, f"removing the message's blocks failed: {exc}")
+        engine.lifecycle.discard(state, f"removing the message's blocks failed: {exc}")
         return
-    engine._refresh(state)
+    engine.lifecycle.refresh(state)
 
 
 def _later_segments_unchanged(engine: Engine, state: ConversationState, old: list[dict], new: list[dict],

@@ -1,22 +1,45 @@
-"""What the engine tells its observers: one immutable event per memory or model change.
+"""What the engine tells its observers: one immutable event per memory or model change, of a typed kind.
 
-Invariant: events are plain data, safe to hand across threads.
+Invariants: events are plain frozen data, safe to hand across threads; `kind` is always an `EventKind`
+(a str enum, so it compares equal to its value and prints as it).
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import asdict, dataclass, field
 
 
+class EventKind(enum.StrEnum):
+    MODEL_LOADING = "model_loading"
+    MODEL_LOADED = "model_loaded"
+    MODEL_UNLOADED = "model_unloaded"
+    LOAD_FAILED = "load_failed"
+    PREFILL = "prefill"                  # tokens of a long message decoded so far
+    EVICTED = "evicted"
+    RECOVERED = "recovered"
+    SPILLED = "spilled"                  # saved bytes went from RAM to disk
+    PARKED = "parked"                    # a conversation left its slot for another
+    RELEASED = "released"                # an idle conversation was saved to disk and left memory
+    KV_PERSISTED = "kv_persisted"
+    KV_RESTORED = "kv_restored"
+    KV_REBUILT = "kv_rebuilt"            # a cache was unusable or dropped: rebuilt from history
+    TURN_DONE = "turn_done"
+    ERROR = "error"
+
+
 @dataclass(frozen=True)
 class EngineEvent:
-    kind: str
+    kind: EventKind
     message: str
     conversation_id: str | None = None
     block: str | None = None
     tokens: int = 0
     time: float = field(default_factory=time.time)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", EventKind(self.kind))    # a wrong kind fails here, not in a subscriber
+
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "kind": self.kind.value}

@@ -78,7 +78,7 @@ def push(engine: Engine, old: Settings, memories: list[ConversationMemory]) -> N
         if "ram_budget_bytes" in changed:
             engine.pool.set_budget(new.ram_budget_bytes)
         if "embedder" in changed:
-            engine._switch_embedder()          # open conversations drop old vectors, focus recomputed
+            engine.switch_embedder()          # open conversations drop old vectors, focus recomputed
     if engine.kvfiles is not None and changed & set(_TTL_CLASS):
         engine.kvfiles.set_ttl_seconds(ttl_seconds(new))
     for memory in memories:

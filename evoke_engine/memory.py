@@ -19,14 +19,17 @@ import numpy as np
 from .blocks import Block, BlockState, BlockTable
 from .embedder import Embedder
 from .errors import BudgetError, InvariantError, RestoreError
-from .events import EngineEvent
+from .events import EngineEvent, EventKind
 from .kv import KVCache, SavedKV
 from .policy import choose_recoveries, choose_victims, protected_blocks
 from .pool import SavedPool
+from .recovery import RecoveryBackend
+from .recovery import backend as recovery_backend
 from .runtime import Runtime
 from .scorer import Scorer, TaskFocus, cosine
 from .settings import Settings
 from .snapshot import Snapshot, SnapshotError
+from .stats import ConversationStats
 
 
 @dataclass
@@ -81,13 +84,19 @@ class ConversationMemory:
         return sum(b.n_tokens for b in self.table.resident if b.shared)
 
     @property
+    def recovery(self) -> RecoveryBackend:
+        """The backend `settings.recovery` names now (the setting applies at once)."""
+        return recovery_backend(self.settings.recovery)
+
+    @property
     def eviction_enabled(self) -> bool:
-        return self.settings.recovery != "none" and self.rt.eviction_supported
+        return self.recovery.evicts and self.rt.eviction_supported
 
     def cached_tokens(self) -> int:
         return sum(b.n_tokens for b in self.table.saved())
 
-    def _event(self, kind: str, message: str, block: Block | None = None) -> None:
+    def record_event(self, kind: EventKind, message: str, block: Block | None = None) -> None:
+        """Keep the event in this conversation's recent events and hand it to the engine's subscribers."""
         event = EngineEvent(kind=kind, conversation_id=self.id, message=message,
                             block=block.name if block else None, tokens=block.n_tokens if block else 0,
                             time=time.time())
@@ -146,7 +155,7 @@ class ConversationMemory:
         self.ensure_embeddings(b for b in self.table.resident if id(b) not in protected)
         victims = choose_victims(self.table, target_tokens=target_tokens, protected=protected,
                                  score=self.score)
-        keep_bytes = self.settings.recovery == "kv_restore"
+        keep_bytes = self.recovery.keeps_bytes
         saved: dict[int, SavedKV] = {}
         if keep_bytes:                                   # save every victim before any compaction
             for block in victims:
@@ -161,7 +170,7 @@ class ConversationMemory:
                 self.pool.put(block, saved[id(block)])
             self.counters.evictions += 1
             self.counters.evicted_tokens += block.n_tokens
-            self._event("evicted", f"evicted {block.name} ({block.n_tokens} tokens)", block)
+            self.record_event(EventKind.EVICTED, f"evicted {block.name} ({block.n_tokens} tokens)", block)
         return victims
 
     def end_turn(self, *, keep: Iterable[Block] = ()) -> None:
@@ -169,8 +178,8 @@ class ConversationMemory:
         if self.eviction_enabled and self.active_tokens > int(self.budget_tokens * self.settings.high_watermark):
             self.evict_to(int(self.budget_tokens * self.settings.low_watermark), current=keep)
         if self.active_tokens > self.budget_tokens and self.eviction_enabled:
-            self._event("error", f"protected blocks hold {self.active_tokens} tokens, over the budget "
-                                 f"of {self.budget_tokens}")
+            self.record_event(EventKind.ERROR, f"protected blocks hold {self.active_tokens} tokens, over the budget "
+                              f"of {self.budget_tokens}")
         self.counters.max_active_at_turn_end = max(self.counters.max_active_at_turn_end, self.active_tokens)
         self.kv.flush_pending_shifts()       # pay the K-shift now, after the reply, not before the next one
         if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
@@ -188,9 +197,7 @@ class ConversationMemory:
         copy = self.kv.save(self.seq, start, self.active_tokens)
         self.kv.drop(self.seq, start, -1)                # the sibling keeps its cells
         self.kv.restore(copy, self.seq, start)
-        for block in self.table.resident:
-            if block.pos >= start:
-                block.sibling_shared = False
+        self.table.mark_private(from_pos=start)
 
     def remove_blocks(self, doomed: Iterable[Block]) -> None:
         """Take blocks out of the conversation for good (their message was edited away or deleted):
@@ -215,7 +222,6 @@ class ConversationMemory:
                     self.table.remove_resident(block, BlockState.DROPPED)
         for block in doomed:
             self.pool.discard(block)
-            block.state = BlockState.DROPPED
             self.table.forget(block)
 
     def share_into(self, child: ConversationMemory) -> None:
@@ -226,32 +232,21 @@ class ConversationMemory:
         start = self.prefix_tokens
         if self.active_tokens > start:
             self.kv.share(self.seq, child.seq, start, self.active_tokens)
-        child.table = BlockTable()
+        self.table.mark_sibling_shared()
+        copies = []
         for block in self.table.blocks:
             copy = block.clone()
-            child.table.blocks.append(copy)
-            if block.state is BlockState.RESIDENT:
-                child.table.resident.append(copy)
-                if not block.shared:
-                    block.sibling_shared = copy.sibling_shared = True
-            elif block in self.pool:
+            copies.append(copy)
+            if block.state is not BlockState.RESIDENT and block in self.pool:
                 self.pool.share(block, copy)
-        child.table.resident.sort(key=lambda b: b.pos)
-        child.table.check()
+        child.table = BlockTable.from_blocks(copies)
         child.turn = self.turn
         child.budget_tokens = self.budget_tokens
         child.focus.vector = None if self.focus.vector is None else self.focus.vector.copy()
 
     # -- recovery ---------------------------------------------------------------------------
     def candidates(self) -> list[Block]:
-        backend = self.settings.recovery
-        if backend == "kv_restore":
-            return [b for b in self.table.saved() if b in self.pool]
-        if backend == "breadcrumb":                      # dropped blocks whose marker is not in context now
-            marked = {b.name.removeprefix("breadcrumb:") for b in self.table.resident if b.role == "breadcrumb"}
-            return [b for b in self.table.blocks if b.state is BlockState.DROPPED and b.role != "breadcrumb"
-                    and b.name not in marked]
-        return []
+        return self.recovery.candidates(self)
 
     def recover(self, message: str, *, message_tokens: int, reply_reserve: int,
                 identity_hashes: set[str] = frozenset()) -> list[Block]:
@@ -274,24 +269,19 @@ class ConversationMemory:
                                   resident_best=resident_best, top_k=self.settings.recovery_top_k,
                                   room_tokens=max(0, room), identity_hashes=identity_hashes)
         recovered: list[Block] = []
+        backend = self.recovery
         for pick in picks:
             self.make_room(pick.block.n_tokens, current=recovered)
-            if self.settings.recovery == "kv_restore":
-                try:
-                    self._restore_block(pick.block)
-                except RestoreError as exc:
-                    self._event("error", f"could not restore {pick.block.name}: {exc}", pick.block)
-                    continue
-                recovered.append(pick.block)
-                self._event("recovered", f"recovered {pick.block.name} ({pick.reason}, "
-                                         f"similarity {pick.similarity:.2f})", pick.block)
-            else:
-                recovered.append(self._breadcrumb(pick.block))
+            block = backend.bring_back(self, pick)
+            if block is None:
+                continue
+            recovered.append(block)
             if pick.reason == "identity":
                 self.counters.identity_hits += 1
         return recovered
 
-    def _restore_block(self, block: Block) -> None:
+    def restore_block(self, block: Block) -> None:
+        """Splice a saved block's K/V back at the tail (RestoreError leaves it saved)."""
         saved = self.pool.take(block)
         try:
             self.kv.restore(saved, self.seq, self.active_tokens)
@@ -303,16 +293,17 @@ class ConversationMemory:
         self.counters.recoveries += 1
         self.counters.recovered_tokens += block.n_tokens
 
-    def _breadcrumb(self, block: Block) -> Block:
+    def add_breadcrumb(self, block: Block) -> Block:
+        """Decode a short marker of a dropped block's text at the tail; returns the marker block."""
         words = block.text.split()
         marker = f"[earlier {block.name}: {' '.join(words[:16])}{' …' if len(words) > 16 else ''}]\n"
         crumb = Block(name=f"breadcrumb:{block.name}", role="breadcrumb", turn=self.turn,
                       tokens=self.rt.tokenize(marker), text=marker)
-        block.state = BlockState.DROPPED
+        self.table.mark_dropped(block)
         self.append_decoded(crumb)
         self.counters.breadcrumbs += 1
         self.counters.recoveries += 1
-        self._event("recovered", f"breadcrumb for {block.name}", crumb)
+        self.record_event(EventKind.RECOVERED, f"breadcrumb for {block.name}", crumb)
         return crumb
 
     # -- budget -----------------------------------------------------------------------------
@@ -337,8 +328,7 @@ class ConversationMemory:
             self.image = image
         self.kv.drop(self.seq)
         self.seq = None
-        for block in self.table.resident:
-            block.sibling_shared = False                 # the image comes back into private cells
+        self.table.mark_private()                        # the image comes back into private cells
 
     def unpark(self, seq: int) -> None:
         """Back into a slot whose prefix cells were already shared in: restore the image in place.
@@ -378,17 +368,15 @@ class ConversationMemory:
         image_tokens = snapshot.image[2] if snapshot.image else 0
         if total - shared != image_tokens or (snapshot.image and snapshot.image[1] != prefix_tokens):
             raise SnapshotError("snapshot image does not match its block table")
-        self.table.blocks = list(snapshot.blocks)
-        self.table.resident = resident
+        self.table = BlockTable.from_blocks(snapshot.blocks)
         for index, block in enumerate(self.table.blocks):
             if block.state is BlockState.RESIDENT:
                 continue
-            block.pos = None
             if index in snapshot.saved:
                 data, origin, n_tokens = snapshot.saved[index]
                 self.pool.put(block, SavedKV(_writable(data), origin, n_tokens))
             else:
-                block.state = BlockState.DROPPED
+                self.table.mark_dropped(block)
         self.table.check()
         if snapshot.image is not None:
             data, origin, n_tokens = snapshot.image
@@ -432,13 +420,13 @@ class ConversationMemory:
         if self.seq is not None and self.kv.pos_max(self.seq) != self.active_tokens - 1:
             raise InvariantError(f"pos_max {self.kv.pos_max(self.seq)} != active {self.active_tokens} - 1")
 
-    def stats(self) -> dict:
+    def stats(self) -> ConversationStats:
         c = self.counters
-        return {"conversation_id": self.id, "active_tokens": self.active_tokens,
-                "budget_tokens": self.budget_tokens, "cached_tokens": self.cached_tokens(),
-                "prefix_tokens": self.prefix_tokens, "evictions": c.evictions, "recoveries": c.recoveries,
-                "evicted_tokens": c.evicted_tokens, "recovered_tokens": c.recovered_tokens,
-                "identity_hits": c.identity_hits, "max_active_at_turn_end": c.max_active_at_turn_end,
-                "prefill_tokens": c.prefill_tokens, "turn": self.turn, "memory": self.memory_location(),
-                "recovery": self.settings.recovery, "blocks": [b.summary() for b in self.table.blocks],
-                "events": [e.as_dict() for e in list(self.events)[-50:]]}
+        return ConversationStats(
+            conversation_id=self.id, active_tokens=self.active_tokens, budget_tokens=self.budget_tokens,
+            cached_tokens=self.cached_tokens(), prefix_tokens=self.prefix_tokens, evictions=c.evictions,
+            recoveries=c.recoveries, evicted_tokens=c.evicted_tokens, recovered_tokens=c.recovered_tokens,
+            identity_hits=c.identity_hits, max_active_at_turn_end=c.max_active_at_turn_end,
+            prefill_tokens=c.prefill_tokens, turn=self.turn, memory=self.memory_location(),
+            recovery=self.settings.recovery, blocks=tuple(b.summary() for b in self.table.blocks),
+            events=tuple(e.as_dict() for e in list(self.events)[-50:]))

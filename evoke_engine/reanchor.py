@@ -105,7 +105,3 @@ def shift(blob: bytearray, layout: BlobLayout, geometry: RopeGeometry, delta: in
         _native.evoke_rope_shift_f16(base + k_offset, layout.n_cells, geometry.n_head_kv,
                                      geometry.head_dim, geometry.n_rot, geometry.mode, float(delta),
                                      geometry.freq_base, geometry.freq_scale)
-
-
-def first_position(blob: bytes | bytearray) -> int:
-    return struct.unpack_from("<i", blob, 16)[0]

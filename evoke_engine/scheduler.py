@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from .events import EngineEvent
+from .events import EngineEvent, EventKind
 from .worker import BACKGROUND
 
 if TYPE_CHECKING:
@@ -65,10 +65,10 @@ class Sweeps:
         eng = self.engine
         if not eng.model_loaded:
             return
-        eng._prefix_for(eng._default_system_prompt(), eng._default_tools())
+        eng.warm_default_prefix()
         now = eng.clock()
         stale_after = eng.settings.ttl_short_s * KEEPALIVE_STALE_FRACTION
-        for state in list(eng._states.values()):
+        for state in eng.lifecycle.open_states():
             if now - state.last_used >= stale_after and eng.kvfiles.has(state.id):
                 eng.kvfiles.touch(state.id)
 
@@ -80,12 +80,12 @@ class Sweeps:
         if eng.model_loaded:
             now = eng.clock()
             ttl = eng.kvfiles.ttl_seconds             # one source of truth with the files' own expiry
-            for state in list(eng._states.values()):
+            for state in eng.lifecycle.open_states():
                 if state.id != eng.focused and now - state.last_used > ttl[state.ttl_class]:
-                    eng._release(state)
+                    eng.lifecycle.release(state)
                     released.append(state.id)
-                    eng._emit(EngineEvent("released", "idle conversation saved to disk and released",
-                                          conversation_id=state.id))
+                    eng.emit(EngineEvent(EventKind.RELEASED, "idle conversation saved to disk and released",
+                                         conversation_id=state.id))
         if eng.kvfiles is not None:
             eng.kvfiles.sweep_expired(all_models=True)
             eng.kvfiles.enforce_disk_budget(eng.settings.disk_budget_bytes)
@@ -97,7 +97,7 @@ class Sweeps:
         eng = self.engine
         limit = eng.settings.model_idle_unload_s
         if limit > 0 and eng.model_loaded and eng.clock() - eng.last_activity >= limit:
-            eng._unload()
+            eng.unload_model()
             return True
         return False
 

@@ -1,16 +1,12 @@
-"""Which conversation holds which llama.cpp sequence (slot), and which shared prefix sequences exist.
+"""Which conversation holds which llama.cpp sequence (slot).
 
 Invariants: a slot holds at most one conversation; a conversation holds at most one slot;
-`release` order is least recently used first; prefix keys are hashes of the prefix tokens.
+`least_recent` is the conversation used longest ago; a free slot that served the fewest goes first.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from .errors import InvariantError
 
@@ -49,51 +45,3 @@ class SlotRegistry:
         slot = self._lru.pop(conversation_id)
         del self._holder[slot]
         return slot
-
-    def holders(self) -> dict[int, str]:
-        return dict(self._holder)
-
-
-def prefix_key(tokens: list[int]) -> str:
-    return "pfx:" + hashlib.sha256(np.asarray(tokens, dtype=np.int32).tobytes()).hexdigest()[:16]
-
-
-@dataclass
-class Prefix:
-    key: str
-    seq: int
-    tokens: list[int]
-    pieces: list[tuple[str, str, list[int]]]     # (block name, text, tokens): system, tools
-    users: set[str] = field(default_factory=set)
-
-
-class PrefixRegistry:
-    """Prefix sequences keyed by token hash; the least recently used one is replaced when full."""
-
-    def __init__(self, seqs: list[int]) -> None:
-        self.seqs = seqs
-        self._by_key: OrderedDict[str, Prefix] = OrderedDict()
-
-    def get(self, key: str) -> Prefix | None:
-        prefix = self._by_key.get(key)
-        if prefix is not None:
-            self._by_key.move_to_end(key)
-        return prefix
-
-    def free_seq(self) -> tuple[int, Prefix | None]:
-        """A sequence for a new prefix, and the prefix it displaces (if any)."""
-        used = {p.seq for p in self._by_key.values()}
-        for seq in self.seqs:
-            if seq not in used:
-                return seq, None
-        _, oldest = self._by_key.popitem(last=False)
-        return oldest.seq, oldest
-
-    def add(self, prefix: Prefix) -> None:
-        self._by_key[prefix.key] = prefix
-
-    def all(self) -> list[Prefix]:
-        return list(self._by_key.values())
-
-    def clear(self) -> None:
-        self._by_key.clear()

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .blocks import Block, BlockState
+from .events import EventKind
 from .memory import ConversationMemory
 from .runtime import Cancelled, Runtime
 from .sampling import SamplerChain, SamplingParams
@@ -232,7 +233,7 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
                 memory.evict_to(int(memory.budget_tokens * memory.settings.low_watermark), current=keep)
                 if memory.active_tokens + 1 > memory.budget_tokens:
                     stopped = "budget"
-                    memory._event("error", "reply stopped: the budget is full of protected blocks")
+                    memory.record_event(EventKind.ERROR, "reply stopped: the budget is full of protected blocks")
                     break
             rt.decode([token], memory.seq, memory.active_tokens)
             reply_block.tokens.append(token)
@@ -268,14 +269,7 @@ def _close_reply(memory: ConversationMemory, rt: Runtime, turn: int, opening: li
     for k, chunk in enumerate(chunks):
         name = f"assistant#{turn}" if k == 0 else f"assistant#{turn}.{k}"
         pieces.append(Block(name=name, role="assistant", turn=turn, tokens=chunk, text=rt.detokenize(chunk)))
-    start = reply_block.pos
-    at_all = table.blocks.index(reply_block)
-    at_res = table.resident.index(reply_block)
-    table.blocks[at_all:at_all + 1] = pieces
-    table.resident[at_res:at_res + 1] = pieces
-    for piece in pieces:
-        piece.pos = start
-        start += piece.n_tokens
+    table.split(reply_block, pieces)
 
 
 def replay_input(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],

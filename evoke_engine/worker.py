@@ -42,9 +42,6 @@ class EngineThread:
         """Jobs queued and not yet started (approximate while other threads submit)."""
         return self._queue.qsize()
 
-    def on_thread(self) -> bool:
-        return threading.current_thread() is self.thread
-
     def _run(self) -> None:
         while True:
             _, _, fn, args, kwargs, future = self._queue.get()

@@ -22,7 +22,7 @@ def build(home: str, then_ask: bool) -> dict:
         conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
         for text, attachments in TURNS:
             conv.send(text, attachments, max_tokens=16, temperature=0)
-        out = {"id": conv.id, "evictions": conv.stats()["evictions"], "prefill": conv.stats()["prefill_tokens"]}
+        out = {"id": conv.id, "evictions": conv.stats().evictions, "prefill": conv.stats().prefill_tokens}
         if then_ask:
             out["reply"] = conv.send(NEXT, max_tokens=16, temperature=0)
         return out
@@ -36,8 +36,8 @@ def reopen(home: str, conversation_id: str) -> dict:
         conv.check()
         stats = conv.stats()
         reply = conv.send(NEXT, max_tokens=16, temperature=0)
-        return {"reply": reply, "events": events, "active": stats["active_tokens"],
-                "prefill_after_open": stats["prefill_tokens"]}
+        return {"reply": reply, "events": events, "active": stats.active_tokens,
+                "prefill_after_open": stats.prefill_tokens}
 
 
 def hammer(home: str) -> None:

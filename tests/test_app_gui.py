@@ -214,17 +214,18 @@ def test_lowering_the_budget_in_settings_evicts_and_the_gauge_stays_within_it(de
     fresh_conversation(desk, qtbot)
     desk.c.attach_file(str(long_file(tmp_path, "big.txt", 18)))
     send_and_wait(desk, qtbot, "Summarize the file.")
-    assert int(desk.c.stats["active_tokens"]) > 600
-    evictions_before = int(desk.c.stats["evictions"])
+    assert int(desk.c.stats.active_tokens) > 600
+    evictions_before = int(desk.c.stats.evictions)
     events_before = len(desk.c.events.texts())
     dialog = desk.w.open_settings()
     assert dialog.spec("budget_tokens").applies_text == "applies now"
     dialog.set_value("budget_tokens", 256)
     with qtbot.wait_signal(desk.c.settingsApplied, timeout=REPLY_MS):
         qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton)
-    qtbot.wait_until(lambda: desk.c.stats.get("budget_tokens") == 256 and not desk.c.stats_pending, timeout=30_000)
+    qtbot.wait_until(lambda: desk.c.stats is not None and desk.c.stats.budget_tokens == 256
+                     and not desk.c.stats_pending, timeout=30_000)
     assert not dialog.isVisible()
-    assert int(desk.c.stats["evictions"]) > evictions_before
+    assert int(desk.c.stats.evictions) > evictions_before
     assert any(text.startswith("evicted file:big.txt#") for text in desk.c.events.texts()[events_before:])
     states = {state for _, _, state in desk.w.memory.block_rows()}
     assert "ram" in states and int(desk.w.memory.counts()["evictions"]) > 0
@@ -301,7 +302,7 @@ def test_history_survives_closing_and_reopening_the_window(qapp, qtbot, tmp_path
         assert second.c.current_id == conversation_id and second.w.title.text() == "Fruit talk"
         assert second.w.sidebar.visible_titles() == ["Fruit talk"]
         assert [m.text for m in second.c.messages] == ["Remember the word banana.", reply]
-        assert any(kind == "kv_restored" for kind, _, _ in second.c._event_log[conversation_id])
+        assert "kv_restored" in [row.kind for row in second.c.events.rows]
         send_and_wait(second, qtbot, "What word did I ask you to remember?")
         assert len(second.w.chat.bubbles) == 4
     finally:

@@ -33,11 +33,11 @@ def test_thirty_turns_stay_inside_the_budget(engine):
         else:
             conv.send(QUESTIONS[turn % len(QUESTIONS)], max_tokens=24, temperature=0)
         stats = conv.stats()
-        assert stats["active_tokens"] <= stats["budget_tokens"], f"turn {turn}: {stats['active_tokens']}"
+        assert stats.active_tokens <= stats.budget_tokens, f"turn {turn}: {stats.active_tokens}"
         conv.check()
     stats = conv.stats()
-    assert stats["evictions"] > 0 and stats["max_active_at_turn_end"] <= 320
-    states = {b["state"] for b in stats["blocks"]}
+    assert stats.evictions > 0 and stats.max_active_at_turn_end <= 320
+    states = {b["state"] for b in stats.blocks}
     assert "resident" in states and "ram" in states
 
 
@@ -46,12 +46,12 @@ def test_message_larger_than_the_budget_is_decoded_in_chunks_not_truncated(engin
     document = long_document(60)                                   # ~1.5K tokens against a 320 budget
     reply = conv.submit("Summarise.", attachments=[("big.txt", document)], max_tokens=12, temperature=0).result()
     stats = conv.stats()
-    file_blocks = [b for b in stats["blocks"] if b["name"].startswith("file:big.txt#")]
+    file_blocks = [b for b in stats.blocks if b["name"].startswith("file:big.txt#")]
     assert reply.prefill_tokens > 1000
     assert sum(b["tokens"] for b in file_blocks) >= reply.prefill_tokens - 40
     assert [b["name"] for b in file_blocks] == [f"file:big.txt#{i}" for i in range(len(file_blocks))]
-    assert stats["evictions"] >= len(file_blocks) - 3
-    assert stats["active_tokens"] <= 320
+    assert stats.evictions >= len(file_blocks) - 3
+    assert stats.active_tokens <= 320
     conv.check()
 
 
@@ -90,10 +90,10 @@ def test_cancel_from_another_thread_keeps_the_partial_reply(engine):
 def test_budget_change_applies_at_once(engine):
     conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
     conv.send("Read this.", attachments=[("a.txt", long_document(8))], max_tokens=8, temperature=0)
-    before = conv.stats()["active_tokens"]
+    before = conv.stats().active_tokens
     conv.set_budget(120)
     after = conv.stats()
-    assert after["active_tokens"] <= 120 < before and after["evictions"] > 0
+    assert after.active_tokens <= 120 < before and after.evictions > 0
     with pytest.raises(BudgetError):
         conv.set_budget(5)
     conv.check()
@@ -137,18 +137,18 @@ def _evict_document(engine, name: str):
     conv.send("Keep this.", attachments=[(name, doc)], max_tokens=6, temperature=0)
     for question in QUESTIONS[:4]:
         conv.send(question, attachments=[("filler.txt", long_document(6))], max_tokens=8, temperature=0)
-    blocks = {b["name"]: b["state"] for b in conv.stats()["blocks"]}
+    blocks = {b["name"]: b["state"] for b in conv.stats().blocks}
     assert blocks[f"file:{name}#0"] == "ram"
     return conv, doc
 
 
 def test_a_file_named_in_the_message_is_recovered(engine):
     conv, _ = _evict_document(engine, "settings.py")
-    before = conv.stats()["recoveries"]
+    before = conv.stats().recoveries
     conv.send("What does settings.py say about port 8003?", max_tokens=8, temperature=0)
     stats = conv.stats()
-    assert stats["recoveries"] > before
-    assert any("settings.py" in e["message"] and "named" in e["message"] for e in stats["events"])
+    assert stats.recoveries > before
+    assert any("settings.py" in e["message"] and "named" in e["message"] for e in stats.events)
     conv.check()
 
 
@@ -156,8 +156,8 @@ def test_reattached_content_comes_back_by_identity_instead_of_a_prefill(engine):
     conv, doc = _evict_document(engine, "same.txt")
     reply = conv.submit("Here it is again.", attachments=[("same.txt", doc)], max_tokens=6, temperature=0).result()
     stats = conv.stats()
-    assert stats["identity_hits"] >= 1
-    assert reply.prefill_tokens < sum(b["tokens"] for b in stats["blocks"] if b["name"].startswith("file:same.txt#"))
+    assert stats.identity_hits >= 1
+    assert reply.prefill_tokens < sum(b["tokens"] for b in stats.blocks if b["name"].startswith("file:same.txt#"))
     conv.check()
 
 
@@ -167,6 +167,6 @@ def test_pinned_blocks_are_never_evicted(engine):
     conv.pin_block("file:keep.txt#0")
     for question in QUESTIONS[:4]:
         conv.send(question, attachments=[("filler.txt", long_document(6))], max_tokens=8, temperature=0)
-    blocks = {b["name"]: b for b in conv.stats()["blocks"]}
+    blocks = {b["name"]: b for b in conv.stats().blocks}
     assert blocks["file:keep.txt#0"]["state"] == "resident" and blocks["file:keep.txt#0"]["pinned"]
-    assert conv.stats()["evictions"] > 0
+    assert conv.stats().evictions > 0

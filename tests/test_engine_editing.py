@@ -55,10 +55,10 @@ def probe_matches_clean_rebuild(engine, conv) -> None:
 def test_regenerate_drops_the_reply_cells_and_samples_again_without_prefill(engine):
     conv = chat(engine)
     before = conv.messages()
-    prefilled = conv.stats()["prefill_tokens"]
+    prefilled = conv.stats().prefill_tokens
     reply = conv.regenerate(**{**GREEDY, "max_tokens": 10}).result()
     after = conv.messages()
-    assert reply.prefill_tokens == 0 and conv.stats()["prefill_tokens"] == prefilled
+    assert reply.prefill_tokens == 0 and conv.stats().prefill_tokens == prefilled
     assert reply.text == before[-1]["text"]                         # greedy: the same reply again
     assert [m["text"] for m in after] == [m["text"] for m in before]
     assert after[-1]["id"] != before[-1]["id"]
@@ -94,8 +94,8 @@ def test_fork_shares_the_parent_cells_and_both_branches_continue(engine):
     child = parent.fork(3)                                          # up to the second reply
     assert [m["text"] for m in child.messages()] == [m["text"] for m in parent.messages()[:4]]
     stats = child.stats()
-    assert stats["prefill_tokens"] == 0                             # nothing decoded for the fork
-    assert any(b["sibling_shared"] for b in stats["blocks"])
+    assert stats.prefill_tokens == 0                             # nothing decoded for the fork
+    assert any(b["sibling_shared"] for b in stats.blocks)
     info = {c.id: c for c in engine.conversations()}
     assert info[child.id].forked_from == parent.id
     parent.check()
@@ -127,7 +127,7 @@ def test_a_failed_turn_rolls_back_history_and_kv(engine):
     with pytest.raises(RuntimeError, match="observer broke"):
         conv.submit("This turn will fail.", on_token=explode, **GREEDY).result()
     assert conv.messages() == before
-    assert conv.stats()["active_tokens"] == stats["active_tokens"]
+    assert conv.stats().active_tokens == stats.active_tokens
     probe_matches_clean_rebuild(engine, conv)
 
 
@@ -157,10 +157,10 @@ def test_fork_while_the_parent_has_blocks_in_ram_and_on_disk(tmp_path):
         parent.send("Read this file.", attachments=[("services.txt", document)], max_tokens=3, temperature=0)
         for text in TURNS:
             parent.send(text, max_tokens=16, temperature=0)
-        states = {b["state"] for b in parent.stats()["blocks"]}
+        states = {b["state"] for b in parent.stats().blocks}
         assert {"ram", "disk"} <= states, states                    # evicted blocks sit in the pool
         child = parent.fork(len(parent.messages()) - 1)
-        assert {b["state"] for b in child.stats()["blocks"]} == states
+        assert {b["state"] for b in child.stats().blocks} == states
         child.check()
         question = "What is the passkey in services.txt?"
         assert child.send(question, **GREEDY) == parent.send(question, **GREEDY)   # same memory, same answer

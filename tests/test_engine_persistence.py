@@ -99,7 +99,7 @@ def test_payload_that_is_not_a_snapshot_is_rejected_cleanly(tmp_path):
             reopened = engine.open_conversation(conv.id)
             reopened.check()
             assert "kv_rebuilt" in events
-            assert reopened.stats()["active_tokens"] > 0
+            assert reopened.stats().active_tokens > 0
             engine.release_conversation(conv.id)
 
 
@@ -188,7 +188,7 @@ def test_model_unloads_when_idle_and_comes_back_on_the_next_message(tmp_path):
         clock.now += 31
         assert engine.thread.call(sweeps.idle_check) is True
         assert not engine.model_loaded and "model_unloaded" in events
-        assert conv.stats()["memory"] == "disk"
+        assert conv.stats().memory == "disk"
         reply = conv.send("What does node 2 hold?", max_tokens=12, temperature=0)
         assert reply and engine.model_loaded
         assert events.index("model_loaded", events.index("model_unloaded")) < events.index("kv_restored")

@@ -90,7 +90,7 @@ def test_a_lost_spill_file_falls_back_to_a_rebuild(tmp_path):
         first = engine.new_conversation(**BRIEF)
         first.send("Remember the word lantern.", max_tokens=6, temperature=0)
         engine.new_conversation(**BRIEF)            # one slot: the first is parked, its image spills to disk
-        assert first.stats()["memory"] == "disk"
+        assert first.stats().memory == "disk"
         spilled = list(engine.pool.spill_dir.glob("*.kv"))
         assert spilled
         for path in spilled:
@@ -153,5 +153,5 @@ def test_benches_read_history_and_blocks_through_public_calls(engine):
     assert len(conv.template_history()) == 2
     blocks = conv.blocks(with_text=True)
     assert any(b["role"] == "file" and "4242" in b["text"] and b["state"] == "resident" for b in blocks)
-    assert [{k: v for k, v in b.items() if k != "text"} for b in blocks] == conv.stats()["blocks"]
+    assert [{k: v for k, v in b.items() if k != "text"} for b in blocks] == list(conv.stats().blocks)
     assert "text" not in conv.blocks()[0]

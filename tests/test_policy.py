@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from evoke_engine.blocks import Block, BlockState, BlockTable
+from evoke_engine.errors import InvariantError
 from evoke_engine.policy import choose_recoveries, choose_victims, named_in, protected_blocks
 from evoke_engine.scorer import Scorer, TaskFocus
 from evoke_engine.settings import Settings
@@ -127,3 +128,33 @@ def test_task_focus_moves_by_ema_and_snaps_on_topic_shift():
     assert focus.snaps == 1 and focus.vector[1] > 0
     focus.update(unit(0, 0, 1))
     assert focus.snaps == 2 and np.allclose(focus.vector, unit(0, 0, 1))
+
+
+def test_every_recovery_setting_names_one_strategy_and_a_wrong_name_lists_the_valid_ones():
+    from evoke_engine.recovery import BACKENDS, backend
+    from evoke_engine.settings import RECOVERY_BACKENDS
+
+    assert tuple(BACKENDS) == RECOVERY_BACKENDS
+    assert [backend(name).name for name in RECOVERY_BACKENDS] == list(RECOVERY_BACKENDS)
+    assert [name for name in RECOVERY_BACKENDS if not backend(name).evicts] == ["none"]
+    assert [name for name in RECOVERY_BACKENDS if backend(name).keeps_bytes] == ["kv_restore"]
+    with pytest.raises(ValueError, match="kv_restore, breadcrumb, discard, none"):
+        backend("restore")
+
+
+def test_the_table_splits_a_resident_block_in_place_and_rebuilds_from_blocks():
+    table = BlockTable()
+    system = table.append(Block(name="system", role="system", turn=0, tokens=[1, 2], text="s", shared=True))
+    reply = table.append(Block(name="assistant#1", role="assistant", turn=1, tokens=[3, 4, 5], text="r"))
+    tail = table.append(Block(name="user#2", role="user", turn=2, tokens=[6], text="u"))
+    pieces = [Block(name="assistant#1", role="assistant", turn=1, tokens=[3, 4], text="r"),
+              Block(name="assistant#1.1", role="assistant", turn=1, tokens=[5], text="")]
+    table.split(reply, pieces)
+    assert [(b.name, b.pos) for b in table.resident] == [("system", 0), ("assistant#1", 2), ("assistant#1.1", 4),
+                                                         ("user#2", 5)]
+    with pytest.raises(InvariantError):
+        table.split(tail, [Block(name="user#2", role="user", turn=2, tokens=[7], text="")])
+    table.remove_resident(pieces[1], BlockState.RAM)
+    copy = BlockTable.from_blocks([b.clone() for b in table.blocks])
+    assert [b.name for b in copy.resident] == ["system", "assistant#1", "user#2"] and copy.active_tokens == 5
+    assert [b.pos for b in copy.blocks] == [0, 2, None, 4] and system.pos == 0

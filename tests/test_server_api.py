@@ -132,7 +132,7 @@ def test_evoke_extensions_pin_the_turn(served):
                                                                         "evoke_task_boundary": True})
     conv_id = evoke(reply.usage)["conversation_id"]
     engine = served[0]
-    blocks = engine.open_conversation(conv_id).stats()["blocks"]
+    blocks = engine.open_conversation(conv_id).stats().blocks
     assert [b["pinned"] for b in blocks if b["role"] == "user"] == [True]
 
 

@@ -33,7 +33,7 @@ class Rig:
         conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
         conv.send("Read this.", [("d.txt", DOC)], max_tokens=6, temperature=0)
         self.source = conv.id
-        assert conv.stats()["evictions"] > 0              # saved blocks exist: their spans get fuzzed too
+        assert conv.stats().evictions > 0              # saved blocks exist: their spans get fuzzed too
         engine.release_conversation(conv.id)
         self.history = [(m.role, m.text) for m in engine.history.messages(conv.id)]
         self.target = uuid.uuid4().hex
@@ -56,9 +56,9 @@ class Rig:
             conv.check()
             if engine.kvfiles.has(self.target):           # the file is gone, or valid
                 decode_payload(engine.kvfiles.read(self.target, refresh=False))
-            before = conv.stats()["evictions"]
+            before = conv.stats().evictions
             reply = conv.send(QUESTION, max_tokens=REPLY_TOKENS, temperature=0)
-            assert conv.stats()["evictions"] == before    # the next turn evicts and recovers nothing here
+            assert conv.stats().evictions == before    # the next turn evicts and recovers nothing here
             messages = [(m["role"], m["text"]) for m in conv.messages()]
             assert messages == [*self.history, ("user", QUESTION), ("assistant", reply)]    # history intact
         finally:

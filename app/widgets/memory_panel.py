@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..models import STATE_LABELS, STATES, StateRole, TokensRole
+from ..models import STATE_LABELS, STATES, StateRole
 
 STATE_COLORS = {"resident": "#3fb950", "ram": "#d29922", "disk": "#58a6ff", "dropped": "#6e7681"}
 EVENT_COLORS = {"evicted": "#d29922", "recovered": "#3fb950", "spilled": "#58a6ff", "dropped": "#8b949e",
@@ -193,6 +193,3 @@ class MemoryPanel(QWidget):
 
     def block_rows(self) -> list[tuple[str, int, str]]:
         return [(r.name, r.tokens, r.state) for r in self.blocks_model.rows]
-
-    def tokens_of(self, row: int) -> int:
-        return int(self.blocks_model.index(row, 1).data(TokensRole) or 0)

@@ -14,9 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 
-from ..engine import Engine, default_tools, system_message
+from ..engine import Engine
+from ..prefixes import default_tools, system_message
 from ..runtime import default_model_path, safe_model_params
 from ..settings import Settings
 
@@ -113,7 +113,7 @@ def run_reopen(tokens: int | None = None, trials: int = 3, server: str | None = 
         conv = engine.new_conversation(system_prompt=SYSTEM, tools=[])
         conv.send("Read this file and reply OK.", [("notes.txt", document("gamma", tokens))], max_tokens=4,
                   temperature=0)
-        size = conv.stats()["active_tokens"]
+        size = conv.stats().active_tokens
         cid = conv.id
         history = [{"role": "system", "content": SYSTEM}, *conv.template_history()]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
@@ -154,8 +154,8 @@ def _decode_user_tokens_only(engine: Engine, message: str) -> float:
     """The floor: decode the user's tokens (and the generation prompt) on the cached prefix, sample one."""
     import numpy as np
 
-    conv = engine._create_state(uuid.uuid4().hex, "floor", engine._default_system_prompt(), engine._default_tools())
-    memory, rt, template = conv.memory, engine.rt, engine.template
+    conv = engine.new_conversation(title="floor")
+    memory, rt, template = engine.lifecycle.open(conv.id).memory, engine.rt, engine.template
     user = {"role": "user", "content": message}
     text = template.segment([], user) + template.assistant_frame([user]).opening
     start = time.perf_counter()
@@ -163,8 +163,7 @@ def _decode_user_tokens_only(engine: Engine, message: str) -> float:
     rt.decode(tokens, memory.seq, memory.active_tokens)
     int(np.argmax(rt.logits()))
     elapsed = time.perf_counter() - start
-    engine._forget(conv.id)
-    engine.history.delete(conv.id)
+    engine.delete_conversation(conv.id)
     return elapsed
 
 
@@ -193,7 +192,7 @@ def run_prewarm(tokens: int | None = None, trials: int = 5, server: str | None =
             start = time.perf_counter()
             conv = engine.new_conversation()
             rows["prewarmed"].append(time.perf_counter() - start + _ttft(conv, message))
-            prefix_tokens = conv.stats()["prefix_tokens"]
+            prefix_tokens = conv.stats().prefix_tokens
             rows["user_only"].append(engine.thread.call(_decode_user_tokens_only, engine, message))
         with Engine(settings, scheduler=False, prewarm=False) as engine:
             engine.embedder.warm()

@@ -42,7 +42,7 @@ def run(tokens: int | None = None, trials: int = 3) -> dict:
         for question in SHORT:
             base.send(question, max_tokens=40, temperature=0)
         engine.wait_idle()
-        size = base.stats()["active_tokens"]
+        size = base.stats().active_tokens
         messages = base.messages()
         edit_index = len(messages) - 6                       # the user message 3 turns back
         for _ in range(trials):

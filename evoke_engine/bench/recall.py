@@ -53,20 +53,20 @@ def run_one(engine: Engine, seed: int, *, fillers: int = 6) -> dict:
     # quoted it would keep the digits resident in an assistant block and blur what recall measures.
     conv.send("Please read this document and reply OK.", attachments=[("document.txt", document)],
               max_tokens=3, temperature=0)
-    largest = max(largest, conv.stats()["active_tokens"])
+    largest = max(largest, conv.stats().active_tokens)
     for question in rng.sample(FILLERS, fillers):
         conv.send(question, max_tokens=80, temperature=0)
-        largest = max(largest, conv.stats()["active_tokens"])
-    key_blocks_before = [b for b in conv.stats()["blocks"] if b["name"].startswith("file:")]
+        largest = max(largest, conv.stats().active_tokens)
+    key_blocks_before = [b for b in conv.stats().blocks if b["name"].startswith("file:")]
     reply = conv.send(PROBE, max_tokens=24, temperature=0)
     stats = conv.stats()
-    largest = max(largest, stats["active_tokens"])
+    largest = max(largest, stats.active_tokens)
     key_block = next((b for b in conv.blocks(with_text=True) if passkey in b["text"] and b["role"] == "file"), None)
     resident_at_probe = key_block is not None and key_block["state"] == "resident"
     engine.delete_conversation(conv.id)
     return {"seed": seed, "passed": passed(reply, passkey), "reply": reply.strip()[:80], "passkey": passkey,
-            "depth": depth, "evictions": stats["evictions"], "recoveries": stats["recoveries"],
-            "max_active_at_turn_end": max(largest, stats["max_active_at_turn_end"]),
+            "depth": depth, "evictions": stats.evictions, "recoveries": stats.recoveries,
+            "max_active_at_turn_end": max(largest, stats.max_active_at_turn_end),
             "key_block_resident_at_probe": resident_at_probe, "file_blocks": len(key_blocks_before)}
 
 

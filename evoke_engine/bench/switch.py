@@ -93,7 +93,7 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
         for name, doc in docs.items():
             convs[name] = engine.new_conversation(system_prompt=SYSTEM, tools=[])
             convs[name].send("Read this file and reply OK.", [(f"{name}.txt", doc)], max_tokens=4, temperature=0)
-            sizes[name] = convs[name].stats()["active_tokens"]
+            sizes[name] = convs[name].stats().active_tokens
         engine.wait_idle()
         histories = {name: [{"role": "system", "content": SYSTEM}, *conv.template_history()]
                      for name, conv in convs.items()}

@@ -17,9 +17,11 @@ from pathlib import Path
 
 from anyio import to_thread
 
-from ..engine import Conversation, Engine, default_system_prompt
+from ..engine import Conversation, Engine
 from ..errors import EvokeError
 from ..exchange import FORMAT_NAME, FORMAT_VERSION
+from ..prefixes import default_system_prompt
+from ..stats import ConversationStats
 from .errors import ApiError
 from .models import ChatRequest
 from .sessions import (
@@ -47,7 +49,7 @@ class Prepared:
     session: str | None
     message: Msg
     sampling: dict
-    before: dict
+    before: ConversationStats
     tool_names: set[str]
     lock: asyncio.Lock
     future: Future | None = None
@@ -103,7 +105,7 @@ class ChatService:
         return view
 
     def _shared_tokens(self, conversation_id: str, messages: list[Msg]) -> int:
-        shared = int(Conversation(self.engine, conversation_id).stats().get("prefix_tokens", 0))
+        shared = Conversation(self.engine, conversation_id).stats().prefix_tokens
         for message in messages:
             if shared >= MIN_SHARED_TOKENS:
                 break
@@ -254,8 +256,8 @@ class ChatService:
         if not (extras["priority"] is not None or extras["pinned"] or extras["keep"]):
             return
         stats = prepared.conv.stats()
-        turn = int(stats.get("turn", 0))
-        blocks = [b for b in stats.get("blocks", []) if b.get("state") != "dropped"]
+        turn = stats.turn
+        blocks = [b for b in stats.blocks if b.get("state") != "dropped"]
         wanted: dict[str, tuple[bool, float | None]] = {}
         for block in blocks:
             if block["turn"] == turn and block["role"] in ("user", "file", "tool"):
@@ -273,19 +275,19 @@ class ChatService:
                 continue
 
     @staticmethod
-    def _usage(prepared: Prepared, reply, after: dict) -> dict:
+    def _usage(prepared: Prepared, reply, after: ConversationStats) -> dict:
         before = prepared.before
-        held = sum(b["tokens"] for b in before.get("blocks", []) if b.get("role") != "breadcrumb")
+        held = sum(b["tokens"] for b in before.blocks if b.get("role") != "breadcrumb")
         decoded = int(reply.prefill_tokens)
         prompt = held + decoded
         if prepared.route == "import":       # the rebuilt history was decoded for this request too
-            decoded += held - int(before.get("prefix_tokens", 0))
+            decoded += held - before.prefix_tokens
         return {"prompt_tokens": prompt, "completion_tokens": int(reply.n_tokens),
                 "total_tokens": prompt + int(reply.n_tokens),
-                "evoke": {"active": int(after.get("active_tokens", 0)), "budget": int(after.get("budget_tokens", 0)),
+                "evoke": {"active": after.active_tokens, "budget": after.budget_tokens,
                           "cached": prompt - decoded, "decoded": decoded,
-                          "evictions": int(after.get("evictions", 0)) - int(before.get("evictions", 0)),
-                          "recoveries": int(after.get("recoveries", 0)) - int(before.get("recoveries", 0)),
+                          "evictions": after.evictions - before.evictions,
+                          "recoveries": after.recoveries - before.recoveries,
                           "conversation_id": prepared.conv.id, "route": prepared.route,
                           "engine_ttft_ms": round(float(reply.ttft_s) * 1000, 1)}}
 

@@ -226,12 +226,6 @@ class HistoryDB:
             conn.executemany(f"UPDATE messages SET status = '{LIVE}' WHERE id = ? AND conversation_id = ?",
                              [(i, conversation_id) for i in message_ids])
 
-    def delete_messages(self, conversation_id: str, message_ids: Iterable[int]) -> None:
-        """Erase rows outright (a turn that failed before any reply)."""
-        with self._db.transaction() as conn:
-            conn.executemany("DELETE FROM messages WHERE id = ? AND conversation_id = ?",
-                             [(i, conversation_id) for i in message_ids])
-
     def compact(self, conversation_id: str) -> int:
         """Erase the conversation's superseded and deleted rows; returns how many went."""
         with self._db.transaction() as conn:

@@ -1,0 +1,281 @@
+"""The open conversations' lifecycle on the engine thread: create, slot, restore, rebuild, persist, release.
+
+Invariants: an open conversation is in `states` exactly while its memory may hold cells or pool bytes;
+SQLite is the source of truth (a KV file is adopted only whole and checked, else rebuilt from history);
+`latest_stats` is the only state read from other threads (a frozen snapshot, replaced, never mutated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .errors import BudgetError, RestoreError
+from .events import EngineEvent, EventKind
+from .memory import ConversationMemory
+from .prefixes import Prefix, system_message
+from .recovery import backend as recovery_backend
+from .snapshot import SnapshotError, decode_payload, encode_payload
+from .snapshot_fit import fit_snapshot
+from .stats import ConversationStats
+from .store.errors import StoreError
+from .turn import number_turns, replay_input, replay_reply
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ConversationState:
+    """Engine-thread state of one open conversation."""
+
+    id: str
+    title: str
+    system_prompt: str
+    tools: list[dict]
+    memory: ConversationMemory
+    history: list[dict] = field(default_factory=list)     # template messages
+    prefix: Prefix | None = None
+    pinned: bool = False
+    last_used: float = 0.0
+
+    @property
+    def ttl_class(self) -> str:
+        return "extended" if self.pinned else "long"
+
+    @property
+    def system_message(self) -> dict:
+        return system_message(self.system_prompt, self.tools)
+
+
+class ConversationLifecycle:
+    """The open conversations of one engine; every method but `latest_stats` runs on the engine thread."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._states: dict[str, ConversationState] = {}
+        self._stats: dict[str, ConversationStats] = {}
+
+    # -- lookup -----------------------------------------------------------------------------
+    def open_states(self) -> list[ConversationState]:
+        return list(self._states.values())
+
+    def get(self, conversation_id: str) -> ConversationState | None:
+        """The state of a conversation that is open now (None when it is not: nothing is loaded)."""
+        return self._states.get(conversation_id)
+
+    def latest_stats(self, conversation_id: str) -> ConversationStats | None:
+        """The memory snapshot taken at the conversation's last change (any thread)."""
+        return self._stats.get(conversation_id)
+
+    def refresh(self, state: ConversationState) -> None:
+        self._stats[state.id] = state.memory.stats()
+
+    # -- opening ----------------------------------------------------------------------------
+    def fresh_state(self, conversation_id: str, title: str, system_prompt: str, tools: list[dict],
+                    pinned: bool = False) -> ConversationState:
+        """A state with an empty memory, not yet open (no blocks, no slot)."""
+        eng = self.engine
+        memory = ConversationMemory(conversation_id, settings=eng.settings, runtime=eng.rt, kv=eng.kv,
+                                    pool=eng.pool, embedder=eng.embedder, emit=eng.emit)
+        return ConversationState(id=conversation_id, title=title, system_prompt=system_prompt, tools=tools,
+                                 memory=memory, pinned=pinned)
+
+    def adopt(self, state: ConversationState, prefix: Prefix) -> None:
+        """Open a fresh state: its memory gets the prefix blocks and it joins the open conversations."""
+        for block in prefix.blocks():
+            state.memory.table.append(block)
+        self._states[state.id] = state
+
+    def create(self, conversation_id: str, title: str, system_prompt: str, tools: list[dict],
+               source: str | None = None) -> ConversationState:
+        """A new conversation: its SQLite row, its prefix shared into a slot."""
+        eng = self.engine
+        eng.ensure_model()
+        state = self.fresh_state(conversation_id, title, system_prompt, tools)
+        prefix = eng.prefixes.for_conversation(system_prompt, tools)
+        if len(prefix.tokens) >= eng.settings.budget_tokens and recovery_backend(eng.settings.recovery).evicts:
+            raise BudgetError(f"the budget ({eng.settings.budget_tokens} tokens) is not larger than the "
+                              f"system prompt and tools ({len(prefix.tokens)} tokens)")
+        eng.history.create_conversation(conversation_id, title, system_prompt,
+                                        settings={"tools": tools, **({"source": source} if source else {})})
+        self.adopt(state, prefix)
+        self.ensure_slot(state)
+        state.last_used = eng.clock()
+        self.refresh(state)
+        return state
+
+    def open(self, conversation_id: str) -> ConversationState:
+        """The open state of a conversation: in memory, else from its KV file, else rebuilt from history."""
+        eng = self.engine
+        eng.ensure_model()
+        state = self._states.get(conversation_id)
+        if state is not None:
+            return state
+        row = eng.history.get_conversation(conversation_id)
+        if row is None:
+            raise KeyError(f"no conversation {conversation_id}")
+        tools = row.settings.get("tools", []) if isinstance(row.settings, dict) else []
+        state = self.fresh_state(row.id, row.title, row.system_prompt, tools, row.pinned)
+        prefix = eng.prefixes.for_conversation(state.system_prompt, state.tools)
+        if not self._restore_from_file(state, prefix):
+            self._rebuild_from_history(state, prefix)
+        state.last_used = eng.clock()
+        self.refresh(state)
+        return state
+
+    # -- slots ------------------------------------------------------------------------------
+    def ensure_slot(self, state: ConversationState, keep: str | None = None) -> None:
+        """Put the conversation in a slot, parking the least recently used other one (never `keep`)."""
+        eng = self.engine
+        memory = state.memory
+        if memory.seq is not None:
+            eng.slots.touch(state.id)
+            return
+        slot = eng.slots.free_slot()
+        if slot is None:
+            oldest = eng.slots.least_recent(exclude=keep)
+            self._states[oldest].memory.park()
+            slot = eng.slots.release(oldest)
+            eng.emit(EngineEvent(EventKind.PARKED, f"conversation left slot {slot}", conversation_id=oldest))
+            self.refresh(self._states[oldest])
+        eng.slots.pin(state.id, slot)
+        prefix = eng.prefixes.for_conversation(state.system_prompt, state.tools)
+        state.prefix = prefix
+        eng.kv.drop(slot)
+        eng.prefixes.share_into(prefix, slot)
+        try:
+            memory.unpark(slot)
+        except RestoreError as exc:                 # its parked bytes are gone (a spill file deleted)
+            self._rebuild_lost(state, exc)
+
+    def _reset(self, state: ConversationState) -> None:
+        """Out of its slot and the pool, with a fresh empty memory and no history (not open)."""
+        self._states.pop(state.id, None)
+        if self.engine.slots.slot_of(state.id) is not None:
+            self.engine.slots.release(state.id)
+        state.memory.release()
+        state.memory = self.fresh_state(state.id, state.title, state.system_prompt, state.tools,
+                                        state.pinned).memory
+        state.history = []
+
+    def _rebuild_lost(self, state: ConversationState, error: Exception) -> None:
+        """The conversation's saved K/V could not come back: drop it and re-prefill from SQLite, in place."""
+        log.warning("KV of %s lost (%s): rebuilt from history", state.id, error)
+        self._reset(state)
+        self.engine.emit(EngineEvent(EventKind.KV_REBUILT, f"saved K/V lost ({error}): rebuilt from history",
+                                     conversation_id=state.id))
+        self._rebuild_from_history(state, self.engine.prefixes.for_conversation(state.system_prompt, state.tools))
+
+    # -- restore and rebuild ----------------------------------------------------------------
+    def _restore_from_file(self, state: ConversationState, prefix: Prefix) -> bool:
+        """Adopt the conversation's KV file if the whole of it checks out and fits (`snapshot_check`,
+        `snapshot_fit`); else remove the file, say why in one `kv_rebuilt` event and return False.
+        Only a restore that worked refreshes the file's time, so an unusable file still expires."""
+        eng = self.engine
+        had_file = eng.kvfiles.has(state.id)
+        payload = eng.kvfiles.read(state.id, refresh=False)
+        if payload is None:
+            if had_file:
+                eng.emit(EngineEvent(EventKind.KV_REBUILT, "cache file unusable (corrupt, expired or of another "
+                                     "model): rebuilt from history", conversation_id=state.id))
+            return False
+        try:
+            snapshot = decode_payload(payload)
+            notes = fit_snapshot(snapshot, conversation_id=state.id, prefix_key=prefix.key,
+                                 prefix_tokens=prefix.tokens, messages=eng.history.messages(state.id),
+                                 n_layer=eng.loaded_model.n_layer, n_vocab=eng.rt.n_vocab,
+                                 geometry=eng.kv.geometry, embedder=eng.embedder, settings=eng.settings)
+        except SnapshotError as exc:
+            return self._reject_file(state, f"cache file rejected ({exc})")
+        try:
+            state.memory.load_snapshot(snapshot, len(prefix.tokens))
+            state.history = snapshot.history
+            number_turns(state.history)
+            self._states[state.id] = state
+            self.ensure_slot(state)
+            state.memory.check()
+        except Exception as exc:  # noqa: BLE001 - checked yet unusable is a bug to log, and still only a cache
+            log.exception("KV file of %s passed its checks but did not apply", state.id)
+            self._reset(state)
+            return self._reject_file(state, f"cache file did not apply ({exc})")
+        eng.kvfiles.touch(state.id)
+        extra = f" ({'; '.join(notes)})" if notes else ""
+        eng.emit(EngineEvent(EventKind.KV_RESTORED, f"restored {state.memory.active_tokens} tokens from disk{extra}",
+                             conversation_id=state.id, tokens=state.memory.active_tokens))
+        return True
+
+    def _reject_file(self, state: ConversationState, reason: str) -> bool:
+        log.warning("KV file of %s: %s", state.id, reason)
+        self.engine.kvfiles.remove(state.id)
+        self.engine.emit(EngineEvent(EventKind.KV_REBUILT, f"{reason}: rebuilt from history", conversation_id=state.id))
+        return False
+
+    def _rebuild_from_history(self, state: ConversationState, prefix: Prefix) -> None:
+        """Re-prefill the conversation from SQLite (the source of truth)."""
+        eng = self.engine
+        self.adopt(state, prefix)
+        self.ensure_slot(state)
+        system = state.system_message
+        for message in eng.history.messages(state.id):
+            if message.role == "assistant":
+                replay_reply(state.memory, eng.rt, eng.template, state.history, message.text, system=system)
+            else:
+                replay_input(state.memory, eng.rt, eng.template, state.history, message.text,
+                             message.attachments, system=system, role=message.role, extra=message.extra)
+        if state.history and state.history[-1]["role"] != "assistant":
+            state.memory.end_turn()
+
+    # -- persist and release ----------------------------------------------------------------
+    def persist(self, state: ConversationState, ttl_class: str | None = None) -> bool:
+        """Write the conversation's KV file; a failure is reported and loses nothing (SQLite has the text)."""
+        eng = self.engine
+        if not state.history:
+            return False
+        try:
+            payload = encode_payload(state.memory.snapshot(state.prefix.key, state.history))
+            eng.kvfiles.write(state.id, ttl_class or state.ttl_class, payload)
+        except StoreError as exc:
+            eng.emit(EngineEvent(EventKind.ERROR, f"could not save the KV cache: {exc}", conversation_id=state.id))
+            return False
+        eng.emit(EngineEvent(EventKind.KV_PERSISTED, f"saved {len(payload) >> 20} MiB ({ttl_class or state.ttl_class})",
+                             conversation_id=state.id, tokens=state.memory.active_tokens))
+        return True
+
+    def release(self, state: ConversationState, persist: bool = True) -> None:
+        """Persist (optionally) and drop a conversation from the context, the pool and memory."""
+        eng = self.engine
+        if persist:
+            self.persist(state)
+        if state.memory.seq is not None:
+            eng.slots.release(state.id)
+        state.memory.release()
+        self._states.pop(state.id, None)
+        stats = self._stats.get(state.id)
+        if stats is not None:
+            self._stats[state.id] = dataclasses.replace(stats, memory="disk" if eng.kvfiles.has(state.id) else "none")
+
+    def release_all(self) -> None:
+        for state in self.open_states():
+            self.release(state)
+
+    def forget(self, conversation_id: str) -> None:
+        """The conversation is being deleted: no file, no cells, no snapshot remain."""
+        state = self._states.get(conversation_id)
+        if state is not None:
+            self.release(state, persist=False)
+        self._stats.pop(conversation_id, None)
+        if self.engine.kvfiles is not None:
+            self.engine.kvfiles.remove(conversation_id)
+
+    def discard(self, state: ConversationState, reason: str) -> None:
+        """Forget the conversation's KV (slot, pool, file): the next use rebuilds it from SQLite."""
+        self.release(state, persist=False)
+        if self.engine.kvfiles is not None:
+            self.engine.kvfiles.remove(state.id)
+        self.engine.emit(EngineEvent(EventKind.KV_REBUILT, f"cache dropped ({reason}): it is rebuilt from history",
+                                     conversation_id=state.id))

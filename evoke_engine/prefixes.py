@@ -1,0 +1,127 @@
+"""The shared prefixes: a system prompt with its tool schemas, decoded once into a prefix sequence.
+
+Invariants: a prefix's key is the hash of its tokens; its cells are decoded once and only ever shared
+into slots (never shifted or evicted); when every prefix sequence is taken the least recently used goes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .blocks import Block
+from .kv import KVCache
+from .runtime import Runtime
+from .settings import Settings
+from .template import ChatTemplate
+
+log = logging.getLogger(__name__)
+RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+
+
+def default_system_prompt() -> str:
+    return (RESOURCES / "system_prompt.txt").read_text().strip()
+
+
+def default_tools() -> list[dict]:
+    return json.loads((RESOURCES / "tools.json").read_text())
+
+
+def system_prompt_of(settings: Settings) -> str:
+    """The system prompt a new conversation gets: the setting, else the built-in one."""
+    return settings.system_prompt if settings.system_prompt is not None else default_system_prompt()
+
+
+def tools_of(settings: Settings) -> list[dict]:
+    """The tool schemas a new conversation gets (none when tools are off)."""
+    return default_tools() if settings.tools_enabled else []
+
+
+def system_message(system_prompt: str, tools: list[dict]) -> dict:
+    """The template message that opens every conversation: the system prompt with the tool schemas."""
+    return {"role": "system", "content": system_prompt + tools_text(tools)}
+
+
+def tools_text(tools: list[dict]) -> str:
+    if not tools:
+        return ""
+    lines = ["", "", "# Tools", "You can call these read-only tools; answer with a JSON object "
+             '{"name": ..., "arguments": {...}} to call one.']
+    lines += [json.dumps(tool["function"], separators=(",", ":")) for tool in tools]
+    return "\n".join(lines)
+
+
+def prefix_key(tokens: list[int]) -> str:
+    return "pfx:" + hashlib.sha256(np.asarray(tokens, dtype=np.int32).tobytes()).hexdigest()[:16]
+
+
+@dataclass
+class Prefix:
+    key: str
+    seq: int
+    tokens: list[int]
+    pieces: list[tuple[str, str, list[int]]]     # (block name, text, tokens): system, tools
+
+    def blocks(self) -> list[Block]:
+        """The conversation's first blocks: one per piece, their cells shared with the prefix sequence."""
+        return [Block(name=name, role=name, turn=0, tokens=list(tokens), text=text, shared=True)
+                for name, text, tokens in self.pieces]
+
+
+class SharedPrefixes:
+    """Prefix sequences keyed by token hash, decoded on first use (engine thread)."""
+
+    def __init__(self, runtime: Runtime, kv: KVCache, template: ChatTemplate) -> None:
+        self.rt, self.kv, self.template = runtime, kv, template
+        self.seqs = list(runtime.prefix_seqs)
+        self._by_key: OrderedDict[str, Prefix] = OrderedDict()
+
+    def for_conversation(self, system_prompt: str, tools: list[dict]) -> Prefix:
+        """The prefix of a conversation with this system prompt and tools, decoded now if it is not cached."""
+        extra = tools_text(tools)
+        segment = self.template.segment([], system_message(system_prompt, tools))
+        split = segment.find(extra) if extra else -1
+        texts = [("system", segment)] if split < 0 else [("system", segment[:split]), ("tools", segment[split:])]
+        texts = [(name, text) for name, text in texts if text]
+        pieces = [(name, text, self.rt.tokenize(text, add_special=(i == 0))) for i, (name, text) in enumerate(texts)]
+        tokens = [t for _, _, toks in pieces for t in toks]
+        key = prefix_key(tokens)
+        prefix = self._by_key.get(key)
+        if prefix is not None:
+            self._by_key.move_to_end(key)
+            return prefix
+        seq, displaced = self._free_seq()
+        self.kv.drop(seq)
+        if tokens:
+            self.rt.decode(tokens, seq, 0, logits_last=False)
+        prefix = Prefix(key=key, seq=seq, tokens=tokens, pieces=pieces)
+        self._by_key[key] = prefix
+        if displaced is not None:
+            log.info("prefix %s displaced by %s", displaced.key, key)
+        return prefix
+
+    def share_into(self, prefix: Prefix, seq: int) -> None:
+        """Give sequence `seq` the prefix's cells (no decode, no copy)."""
+        if prefix.tokens:
+            self.kv.share(prefix.seq, seq, 0, len(prefix.tokens))
+
+    def _free_seq(self) -> tuple[int, Prefix | None]:
+        """A sequence for a new prefix, and the prefix it displaces (if any)."""
+        used = {p.seq for p in self._by_key.values()}
+        for seq in self.seqs:
+            if seq not in used:
+                return seq, None
+        _, oldest = self._by_key.popitem(last=False)
+        return oldest.seq, oldest
+
+    def all(self) -> list[Prefix]:
+        return list(self._by_key.values())
+
+    def clear(self) -> None:
+        self._by_key.clear()
