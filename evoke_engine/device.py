@@ -43,7 +43,9 @@ class DeviceInfo:
 
 
 def _ggml() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(LLAMA_LIB_DIR / "libggml.so"))
+    """ggml's registry as libllama sees it: symbols looked up through libllama's own handle, because
+    the wheel ships libggml.so and libggml.so.0 as separate copies (two registries if both load)."""
+    lib = ctypes.CDLL(str(LLAMA_LIB_DIR / "libllama.so"))
     lib.ggml_backend_reg_count.restype = ctypes.c_size_t
     lib.ggml_backend_reg_get.restype = ctypes.c_void_p
     lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
