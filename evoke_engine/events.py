@@ -17,6 +17,7 @@ class EngineEvent:
     block: str | None = None
     tokens: int = 0
     time: float = field(default_factory=time.time)
+    detail: dict | None = None        # e.g. the signal values that chose a recovered block
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -23,8 +23,10 @@ from .events import EngineEvent
 from .kv import KVCache, SavedKV
 from .policy import choose_recoveries, choose_victims, protected_blocks
 from .pool import SavedPool
+from .recall_signals import RecallSignal
+from .recall_signals import prepare as prepare_lines
 from .runtime import Runtime
-from .scorer import Scorer, TaskFocus, cosine
+from .scorer import Scorer, TaskFocus
 from .settings import Settings
 from .snapshot import Snapshot, SnapshotError
 
@@ -67,6 +69,7 @@ class ConversationMemory:
         self.turn = 0
         self.counters = Counters()
         self.events: deque[EngineEvent] = deque(maxlen=200)
+        self.decisions: deque[dict] = deque(maxlen=50)   # why each recent recovery was chosen
         self._query_text = ""
         self._query: np.ndarray | None = None
         self._query_ready = True
@@ -87,10 +90,10 @@ class ConversationMemory:
     def cached_tokens(self) -> int:
         return sum(b.n_tokens for b in self.table.saved())
 
-    def _event(self, kind: str, message: str, block: Block | None = None) -> None:
+    def _event(self, kind: str, message: str, block: Block | None = None, detail: dict | None = None) -> None:
         event = EngineEvent(kind=kind, conversation_id=self.id, message=message,
                             block=block.name if block else None, tokens=block.n_tokens if block else 0,
-                            time=time.time())
+                            time=time.time(), detail=detail)
         self.events.append(event)
         self.emit(event)
 
@@ -175,6 +178,7 @@ class ConversationMemory:
         self.kv.flush_pending_shifts()       # pay the K-shift now, after the reply, not before the next one
         if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
             self.ensure_embeddings(b for b in self.table.resident if not b.shared)
+            prepare_lines(self.embedder, self.settings.recall_signal, (b for b in self.table.resident if not b.shared))
 
     # -- blocks that leave for good (edits) and cells a fork shares --------------------------
     def _unshare_from(self, pos: int, *, leaving: Iterable[Block] = ()) -> None:
@@ -264,14 +268,13 @@ class ConversationMemory:
         self.ensure_embeddings(saved)
         residents = [b for b in self.table.resident if not b.shared]
         self.ensure_embeddings(residents)
-        resident_best: dict[str, float] = {}
-        for block in residents:
-            sim = cosine(block.embedding, self.query)
-            resident_best[block.role] = max(sim, resident_best.get(block.role, -1.0))
+        signal = RecallSignal(self.settings.recall_signal, query_text=self._query_text, query=self.query,
+                              saved=saved, residents=residents, embedder=self.embedder,
+                              user_margin=self.settings.recall_user_margin)
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
         room = int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve
-        picks = choose_recoveries(saved, message=message, similarity=lambda b: cosine(b.embedding, self.query),
-                                  resident_best=resident_best, top_k=self.settings.recovery_top_k,
+        picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
+                                  resident_best=signal.resident_best, top_k=self.settings.recovery_top_k,
                                   room_tokens=max(0, room), identity_hashes=identity_hashes)
         recovered: list[Block] = []
         for pick in picks:
@@ -284,12 +287,20 @@ class ConversationMemory:
                     continue
                 recovered.append(pick.block)
                 self._event("recovered", f"recovered {pick.block.name} ({pick.reason}, "
-                                         f"similarity {pick.similarity:.2f})", pick.block)
+                                         f"similarity {pick.similarity:.2f})", pick.block,
+                            detail=self._explain(pick, signal))
             else:
-                recovered.append(self._breadcrumb(pick.block))
+                recovered.append(self._breadcrumb(pick.block, detail=self._explain(pick, signal)))
             if pick.reason == "identity":
                 self.counters.identity_hits += 1
         return recovered
+
+    def _explain(self, pick, signal: RecallSignal) -> dict:
+        """The signal values that chose `pick` (events and `stats()["recovery_decisions"]`)."""
+        detail = {"turn": self.turn, "block": pick.block.name, "reason": pick.reason,
+                  "score": round(pick.similarity, 5), **signal.explain(pick.block)}
+        self.decisions.append(detail)
+        return detail
 
     def _restore_block(self, block: Block) -> None:
         saved = self.pool.take(block)
@@ -303,7 +314,7 @@ class ConversationMemory:
         self.counters.recoveries += 1
         self.counters.recovered_tokens += block.n_tokens
 
-    def _breadcrumb(self, block: Block) -> Block:
+    def _breadcrumb(self, block: Block, detail: dict | None = None) -> Block:
         words = block.text.split()
         marker = f"[earlier {block.name}: {' '.join(words[:16])}{' …' if len(words) > 16 else ''}]\n"
         crumb = Block(name=f"breadcrumb:{block.name}", role="breadcrumb", turn=self.turn,
@@ -312,7 +323,7 @@ class ConversationMemory:
         self.append_decoded(crumb)
         self.counters.breadcrumbs += 1
         self.counters.recoveries += 1
-        self._event("recovered", f"breadcrumb for {block.name}", crumb)
+        self._event("recovered", f"breadcrumb for {block.name}", crumb, detail=detail)
         return crumb
 
     # -- budget -----------------------------------------------------------------------------
@@ -441,4 +452,5 @@ class ConversationMemory:
                 "identity_hits": c.identity_hits, "max_active_at_turn_end": c.max_active_at_turn_end,
                 "prefill_tokens": c.prefill_tokens, "turn": self.turn, "memory": self.memory_location(),
                 "recovery": self.settings.recovery, "blocks": [b.summary() for b in self.table.blocks],
-                "events": [e.as_dict() for e in list(self.events)[-50:]]}
+                "events": [e.as_dict() for e in list(self.events)[-50:]],
+                "recovery_decisions": list(self.decisions)}
