@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    logging.getLogger("evoke_engine.bench").setLevel(logging.INFO)      # progress lines on stderr
 
     if args.name == "restore":
         from .restore import run
@@ -83,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                      overrides=parse_overrides(args.set), keep_sessions=not args.no_raw)
     elif args.name == "recall":
         from .recall import run
+        from .recall_suite import parse_overrides
 
-        result = run(seeds=args.seeds, budget=args.budget,
+        result = run(seeds=args.seeds, budget=args.budget, overrides=parse_overrides(args.set),
                      backends=tuple((args.backends or "none,discard,breadcrumb,kv_restore").split(",")))
     elif args.name == "endpoint":
         from .endpoint import run

@@ -9,6 +9,7 @@ passes only when its answer's whole tokens are in the reply.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import statistics
 import tempfile
@@ -18,6 +19,7 @@ from ..engine import Engine
 from ..settings import Settings
 from .recall_workload import FACT_TYPES, Session, make_session, overlap, passed
 
+log = logging.getLogger(__name__)
 SYSTEM = "You are a helpful assistant. Answer briefly."
 
 
@@ -155,6 +157,8 @@ def run(seeds: int = 12, seed_start: int = 0, budgets: tuple[int, ...] = (256, 5
                 engine.apply_settings(dataclasses.replace(engine.settings, budget_tokens=budget, recovery=backend))
                 runs = [run_session(engine, s) for s in sessions]
                 summary = summarize(runs)
+                log.info("%s@%s: %s/%s in %.0f s", backend, budget, summary["pooled"]["passed"],
+                         summary["pooled"]["n"], time.perf_counter() - started)
                 if backend == "none":
                     result["ceiling"] = summary
                 else:
