@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budgets", default="256,512,1024", help="with --suite: comma-separated budgets")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a Settings override for every run (repeatable), e.g. --set recovery_top_k=2")
+    p.add_argument("--decoys", type=int, default=2, help="with --suite: look-alike facts per fact (difficulty)")
     p.add_argument("--no-raw", action="store_true", help="with --suite: leave per-session rows out")
     p = sub.add_parser("endpoint", help="14-turn session: our endpoint against llama_cpp.server")
     p.add_argument("--seeds", type=int, default=3)
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         backends = tuple((args.backends or "none,kv_restore,breadcrumb,discard").split(","))
         seeds, budgets = (2, (512,)) if args.quick else (args.seeds, tuple(int(b) for b in args.budgets.split(",")))
         result = run(seeds=seeds, seed_start=args.seed_start, budgets=budgets, backends=backends,
-                     overrides=parse_overrides(args.set), keep_sessions=not args.no_raw)
+                     overrides=parse_overrides(args.set), keep_sessions=not args.no_raw, decoys=args.decoys)
     elif args.name == "recall":
         from .recall import run
         from .recall_suite import parse_overrides

@@ -140,13 +140,14 @@ def bars(result: dict) -> dict:
 
 def run(seeds: int = 12, seed_start: int = 0, budgets: tuple[int, ...] = (256, 512, 1024),
         backends: tuple[str, ...] = ("none", "kv_restore", "breadcrumb", "discard"), probes: int = 3,
-        overrides: dict | None = None, home: str | None = None, keep_sessions: bool = True) -> dict:
+        overrides: dict | None = None, home: str | None = None, keep_sessions: bool = True, decoys: int = 2) -> dict:
     overrides = dict(overrides or {})
-    sessions = [make_session(seed, probes=probes) for seed in range(seed_start, seed_start + seeds)]
+    sessions = [make_session(seed, probes=probes, decoys=decoys) for seed in range(seed_start, seed_start + seeds)]
     home = home or tempfile.mkdtemp(prefix="evoke-recall-suite-")
     base = Settings(home=home, n_ctx=8192, slots=2, budget_tokens=max(budgets), recovery="none",
                     system_prompt=SYSTEM, tools_enabled=False, **overrides)
     result: dict = {"bench": "recall_suite", "seeds": [seed_start, seed_start + seeds], "probes_per_session": probes,
+                    "decoys": decoys,
                     "budgets": list(budgets), "overrides": overrides, "ceiling": None, "policies": {}, "raw": {}}
     started = time.perf_counter()
     with Engine(base, scheduler=False) as engine:

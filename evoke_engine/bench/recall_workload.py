@@ -256,10 +256,11 @@ def _log(rng: random.Random, lines: int) -> str:
     return "\n".join(out)
 
 
-def make_session(seed: int, *, probes: int = 3, probe_offset: int | None = None) -> Session:
+def make_session(seed: int, *, probes: int = 3, probe_offset: int | None = None, decoys: int = 2) -> Session:
     """One session: 2-3 attached files holding the facts (one fact stated in chat instead), fillers, probes.
 
-    Probed types rotate with the seed (`probe_offset`), so consecutive seeds cover every type evenly.
+    Probed types rotate with the seed (`probe_offset`), so consecutive seeds cover every type evenly;
+    `decoys` lines per fact state the same type of fact about other subjects (0-4: the difficulty).
     """
     rng = random.Random(seed * 7919 + 17)
     used: set[str] = set()
@@ -273,7 +274,7 @@ def make_session(seed: int, *, probes: int = 3, probe_offset: int | None = None)
     decoys = []
     for fact in facts:
         others = [i for i in range(len(FRAMES[fact.kind])) if i != fact.frame]
-        for frame_index in rng.sample(others, 2):
+        for frame_index in rng.sample(others, decoys):
             decoys.append(make_fact(fact.kind, frame_index, rng, used).statement)
 
     n_files = rng.choice([2, 3])

@@ -64,7 +64,8 @@ def recall_suite(r: dict) -> str:
 
     over = " ".join(f"--set {k}={v}" for k, v in r.get("overrides", {}).items())
     lines = [f"`bench recall --suite --seeds {r['seeds'][1] - r['seeds'][0]} --seed-start {r['seeds'][0]} "
-             f"--budgets {','.join(map(str, r['budgets']))}{' ' + over if over else ''}`. {_machine(r)}", "",
+             f"--budgets {','.join(map(str, r['budgets']))} --decoys {r.get('decoys', 2)}"
+             f"{' ' + over if over else ''}`. {_machine(r)}", "",
              "| backend | budget | pooled | " + " | ".join(FACT_TYPES) + " | fact block in context at probe "
              "| recovery precision | tokens recovered / turn | p50 turn s |",
              "|---|---:|---:|" + "---:|" * len(FACT_TYPES) + "---:|---:|---:|---:|"]
