@@ -271,11 +271,11 @@ def make_session(seed: int, *, probes: int = 3, probe_offset: int | None = None,
     chat_fact.where = "chat"
 
     # Decoys: the same types, other frames, other values (a neighbouring line that looks alike).
-    decoys = []
+    decoy_lines = []
     for fact in facts:
         others = [i for i in range(len(FRAMES[fact.kind])) if i != fact.frame]
         for frame_index in rng.sample(others, decoys):
-            decoys.append(make_fact(fact.kind, frame_index, rng, used).statement)
+            decoy_lines.append(make_fact(fact.kind, frame_index, rng, used).statement)
 
     n_files = rng.choice([2, 3])
     kinds = rng.sample(FILE_KINDS, n_files)
@@ -286,7 +286,7 @@ def make_session(seed: int, *, probes: int = 3, probe_offset: int | None = None,
         index = rng.randrange(n_files)
         fact.where = f"file:{files[index][0]}"
         files[index][1].append(fact.statement)
-    for line in decoys:
+    for line in decoy_lines:
         files[rng.randrange(n_files)][1].append(line)
     attachments = []
     for (name, header), (_, lines) in zip(kinds, files, strict=True):
