@@ -37,6 +37,7 @@ class EngineEvent:
     block: str | None = None
     tokens: int = 0
     time: float = field(default_factory=time.time)
+    detail: dict | None = None        # e.g. the signal values that chose a recovered block
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", EventKind(self.kind))    # a wrong kind fails here, not in a subscriber

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 Reader = Callable[["Engine", "ConversationMemory"], Any]
 
-_LIVE_IN_MEMORY = ("high_watermark", "low_watermark", "tail_fraction", "block_tokens", "recovery", "recovery_top_k")
+_LIVE_IN_MEMORY = ("high_watermark", "low_watermark", "tail_fraction", "block_tokens", "recovery", "recovery_top_k",
+                  "recall_signal", "recall_user_margin")
 _LIVE_IN_SCORER = ("weight_similarity", "weight_focus", "weight_recency", "recency_half_life_turns",
                    "user_floor", "assistant_floor")
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed")

@@ -23,10 +23,12 @@ from .events import EngineEvent, EventKind
 from .kv import KVCache, SavedKV
 from .policy import choose_recoveries, choose_victims, protected_blocks
 from .pool import SavedPool
+from .recall_signals import RecallSignal
+from .recall_signals import prepare as prepare_lines
 from .recovery import RecoveryBackend
 from .recovery import backend as recovery_backend
 from .runtime import Runtime
-from .scorer import Scorer, TaskFocus, cosine
+from .scorer import Scorer, TaskFocus
 from .settings import Settings
 from .snapshot import Snapshot, SnapshotError
 from .stats import ConversationStats
@@ -70,6 +72,7 @@ class ConversationMemory:
         self.turn = 0
         self.counters = Counters()
         self.events: deque[EngineEvent] = deque(maxlen=200)
+        self.decisions: deque[dict] = deque(maxlen=50)   # why each recent recovery was chosen
         self._query_text = ""
         self._query: np.ndarray | None = None
         self._query_ready = True
@@ -95,11 +98,12 @@ class ConversationMemory:
     def cached_tokens(self) -> int:
         return sum(b.n_tokens for b in self.table.saved())
 
-    def record_event(self, kind: EventKind, message: str, block: Block | None = None) -> None:
+    def record_event(self, kind: EventKind, message: str, block: Block | None = None,
+                     detail: dict | None = None) -> None:
         """Keep the event in this conversation's recent events and hand it to the engine's subscribers."""
         event = EngineEvent(kind=kind, conversation_id=self.id, message=message,
                             block=block.name if block else None, tokens=block.n_tokens if block else 0,
-                            time=time.time())
+                            time=time.time(), detail=detail)
         self.events.append(event)
         self.emit(event)
 
@@ -184,6 +188,7 @@ class ConversationMemory:
         self.kv.flush_pending_shifts()       # pay the K-shift now, after the reply, not before the next one
         if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
             self.ensure_embeddings(b for b in self.table.resident if not b.shared)
+            prepare_lines(self.embedder, self.settings.recall_signal, (b for b in self.table.resident if not b.shared))
 
     # -- blocks that leave for good (edits) and cells a fork shares --------------------------
     def _unshare_from(self, pos: int, *, leaving: Iterable[Block] = ()) -> None:
@@ -259,26 +264,32 @@ class ConversationMemory:
         self.ensure_embeddings(saved)
         residents = [b for b in self.table.resident if not b.shared]
         self.ensure_embeddings(residents)
-        resident_best: dict[str, float] = {}
-        for block in residents:
-            sim = cosine(block.embedding, self.query)
-            resident_best[block.role] = max(sim, resident_best.get(block.role, -1.0))
+        signal = RecallSignal(self.settings.recall_signal, query_text=self._query_text, query=self.query,
+                              saved=saved, residents=residents, embedder=self.embedder,
+                              user_margin=self.settings.recall_user_margin)
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
         room = int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve
-        picks = choose_recoveries(saved, message=message, similarity=lambda b: cosine(b.embedding, self.query),
-                                  resident_best=resident_best, top_k=self.settings.recovery_top_k,
+        picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
+                                  resident_best=signal.resident_best, top_k=self.settings.recovery_top_k,
                                   room_tokens=max(0, room), identity_hashes=identity_hashes)
         recovered: list[Block] = []
         backend = self.recovery
         for pick in picks:
             self.make_room(pick.block.n_tokens, current=recovered)
-            block = backend.bring_back(self, pick)
+            block = backend.bring_back(self, pick, self._explain(pick, signal))
             if block is None:
                 continue
             recovered.append(block)
             if pick.reason == "identity":
                 self.counters.identity_hits += 1
         return recovered
+
+    def _explain(self, pick, signal: RecallSignal) -> dict:
+        """The signal values that chose `pick` (in its event and `stats().recovery_decisions`)."""
+        detail = {"turn": self.turn, "block": pick.block.name, "reason": pick.reason,
+                  "score": round(pick.similarity, 5), **signal.explain(pick.block)}
+        self.decisions.append(detail)
+        return detail
 
     def restore_block(self, block: Block) -> None:
         """Splice a saved block's K/V back at the tail (RestoreError leaves it saved)."""
@@ -293,7 +304,7 @@ class ConversationMemory:
         self.counters.recoveries += 1
         self.counters.recovered_tokens += block.n_tokens
 
-    def add_breadcrumb(self, block: Block) -> Block:
+    def add_breadcrumb(self, block: Block, detail: dict | None = None) -> Block:
         """Decode a short marker of a dropped block's text at the tail; returns the marker block."""
         words = block.text.split()
         marker = f"[earlier {block.name}: {' '.join(words[:16])}{' …' if len(words) > 16 else ''}]\n"
@@ -303,7 +314,7 @@ class ConversationMemory:
         self.append_decoded(crumb)
         self.counters.breadcrumbs += 1
         self.counters.recoveries += 1
-        self.record_event(EventKind.RECOVERED, f"breadcrumb for {block.name}", crumb)
+        self.record_event(EventKind.RECOVERED, f"breadcrumb for {block.name}", crumb, detail=detail)
         return crumb
 
     # -- budget -----------------------------------------------------------------------------
@@ -429,4 +440,5 @@ class ConversationMemory:
             identity_hits=c.identity_hits, max_active_at_turn_end=c.max_active_at_turn_end,
             prefill_tokens=c.prefill_tokens, turn=self.turn, memory=self.memory_location(),
             recovery=self.settings.recovery, blocks=tuple(b.summary() for b in self.table.blocks),
-            events=tuple(e.as_dict() for e in list(self.events)[-50:]))
+            events=tuple(e.as_dict() for e in list(self.events)[-50:]),
+            recovery_decisions=tuple(self.decisions))

@@ -28,8 +28,9 @@ class RecoveryBackend:
         """Blocks out of the context that this backend could bring back now."""
         return []
 
-    def bring_back(self, memory: ConversationMemory, pick: RecoveryPick) -> Block | None:
-        """Put the picked block's content back at the tail; the block now resident, or None if it failed."""
+    def bring_back(self, memory: ConversationMemory, pick: RecoveryPick, detail: dict | None = None) -> Block | None:
+        """Put the picked block's content back at the tail; the block now resident, or None if it failed.
+        `detail` (the signal values that chose it) goes into the recovery event."""
         raise NotImplementedError(f"recovery {self.name!r} brings nothing back")
 
 
@@ -48,14 +49,14 @@ class KVRestore(RecoveryBackend):
     def candidates(self, memory: ConversationMemory) -> list[Block]:
         return [b for b in memory.table.saved() if b in memory.pool]
 
-    def bring_back(self, memory: ConversationMemory, pick: RecoveryPick) -> Block | None:
+    def bring_back(self, memory: ConversationMemory, pick: RecoveryPick, detail: dict | None = None) -> Block | None:
         try:
             memory.restore_block(pick.block)
         except RestoreError as exc:
             memory.record_event(EventKind.ERROR, f"could not restore {pick.block.name}: {exc}", pick.block)
             return None
         memory.record_event(EventKind.RECOVERED, f"recovered {pick.block.name} ({pick.reason}, "
-                                                 f"similarity {pick.similarity:.2f})", pick.block)
+                                                 f"similarity {pick.similarity:.2f})", pick.block, detail=detail)
         return pick.block
 
 
@@ -69,8 +70,8 @@ class Breadcrumb(RecoveryBackend):
         return [b for b in memory.table.blocks if b.state is BlockState.DROPPED and b.role != "breadcrumb"
                 and b.name not in marked]        # dropped blocks whose marker is not in the context now
 
-    def bring_back(self, memory: ConversationMemory, pick: RecoveryPick) -> Block | None:
-        return memory.add_breadcrumb(pick.block)
+    def bring_back(self, memory: ConversationMemory, pick: RecoveryPick, detail: dict | None = None) -> Block | None:
+        return memory.add_breadcrumb(pick.block, detail)
 
 
 class NoEviction(RecoveryBackend):

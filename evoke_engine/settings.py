@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 APP_NAME = "evoke-desk"
 RECOVERY_BACKENDS = ("kv_restore", "breadcrumb", "discard", "none")
 KV_CACHE_TYPES = ("f16", "q8_0")
+RECALL_SIGNALS = ("block", "lines", "lines+lexical", "block+lexical")   # recall_signals.SIGNALS
 NOW, RELOAD = "now", "reload"
 
 
@@ -68,6 +69,11 @@ class Settings:
                              group="Memory", choices=RECOVERY_BACKENDS)
     recovery_top_k: int = _setting(4, "Saved blocks considered for recovery per turn.",
                                    group="Memory", low=0, high=64)
+    recall_signal: str = _setting("block", "How saved blocks are matched to a message for recovery: one vector "
+                                  "per block, or each line's vector (max), optionally fused with BM25 over lines.",
+                                  group="Memory", choices=RECALL_SIGNALS)
+    recall_user_margin: float = _setting(0.0, "A saved user message is recovered only as the best match by this "
+                                         "similarity margin (0 off).", group="Memory", low=0.0, high=1.0)
     ram_budget_bytes: int = _setting(2 << 30, "Host RAM for saved K/V blocks before they spill to disk.",
                                      group="Memory", low=0, high=1 << 40)
     embedder: str = _setting("", "Sentence-transformers model name or path; empty is the bundled MiniLM, "

@@ -29,7 +29,9 @@ class ConversationStats:
     recovery: str = ""                   # the recovery backend in use
     blocks: tuple[dict[str, Any], ...] = ()    # `Block.summary()` of every block, birth order
     events: tuple[dict[str, Any], ...] = ()    # the latest events, `EngineEvent.as_dict()`
+    recovery_decisions: tuple[dict[str, Any], ...] = ()   # per recovered block, the signal values that chose it
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (lists, not tuples) for JSON and Qt signals."""
-        return {**asdict(self), "blocks": [dict(b) for b in self.blocks], "events": [dict(e) for e in self.events]}
+        return {**asdict(self), "blocks": [dict(b) for b in self.blocks], "events": [dict(e) for e in self.events],
+                "recovery_decisions": [dict(d) for d in self.recovery_decisions]}

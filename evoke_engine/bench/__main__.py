@@ -42,7 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("recall", help="attached-document passkey recall per recovery backend")
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--budget", type=int, default=512)
-    p.add_argument("--backends", default="none,discard,breadcrumb,kv_restore")
+    p.add_argument("--backends", default=None, help="default: none,discard,breadcrumb,kv_restore "
+                   "(with --suite: none,kv_restore,breadcrumb,discard)")
+    p.add_argument("--suite", action="store_true", help="the broad recall suite (six fact types, paraphrases)")
+    p.add_argument("--quick", action="store_true", help="with --suite: 2 seeds at budget 512 (a slow test)")
+    p.add_argument("--seed-start", type=int, default=0, help="with --suite: first seed")
+    p.add_argument("--budgets", default="256,512,1024", help="with --suite: comma-separated budgets")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Settings override for every run (repeatable), e.g. --set recovery_top_k=2")
+    p.add_argument("--decoys", type=int, default=2, help="with --suite: look-alike facts per fact (difficulty)")
+    p.add_argument("--no-raw", action="store_true", help="with --suite: leave per-session rows out")
     p = sub.add_parser("endpoint", help="14-turn session: our endpoint against llama_cpp.server")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--budget", type=int, default=512)
@@ -69,16 +78,26 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    logging.getLogger("evoke_engine.bench").setLevel(logging.INFO)      # progress lines on stderr
 
     if args.name == "restore":
         from .restore import run
 
         result = run(tuple(int(s) for s in args.sizes.split(",")), trials=args.trials, n_ctx=args.n_ctx,
                      model_path=args.model, n_gpu_layers=args.n_gpu_layers)
+    elif args.name == "recall" and args.suite:
+        from .recall_suite import parse_overrides, run
+
+        backends = tuple((args.backends or "none,kv_restore,breadcrumb,discard").split(","))
+        seeds, budgets = (2, (512,)) if args.quick else (args.seeds, tuple(int(b) for b in args.budgets.split(",")))
+        result = run(seeds=seeds, seed_start=args.seed_start, budgets=budgets, backends=backends,
+                     overrides=parse_overrides(args.set), keep_sessions=not args.no_raw, decoys=args.decoys)
     elif args.name == "recall":
         from .recall import run
+        from .recall_suite import parse_overrides
 
-        result = run(seeds=args.seeds, budget=args.budget, backends=tuple(args.backends.split(",")))
+        result = run(seeds=args.seeds, budget=args.budget, overrides=parse_overrides(args.set),
+                     backends=tuple((args.backends or "none,discard,breadcrumb,kv_restore").split(",")))
     elif args.name == "endpoint":
         from .endpoint import run
 

@@ -71,10 +71,11 @@ def run_one(engine: Engine, seed: int, *, fillers: int = 6) -> dict:
 
 
 def run(seeds: int = 10, budget: int = 512, backends: tuple[str, ...] = ("none", "discard", "breadcrumb",
-        "kv_restore"), home: str | None = None) -> dict:
+        "kv_restore"), home: str | None = None, overrides: dict | None = None) -> dict:
     results = {}
     for backend in backends:
-        settings = Settings(budget_tokens=budget, recovery=backend, n_ctx=8192, home=home, slots=2)
+        settings = Settings(budget_tokens=budget, recovery=backend, n_ctx=8192, home=home, slots=2,
+                            **(overrides or {}))
         started = time.perf_counter()
         with Engine(settings) as engine:
             runs = [run_one(engine, seed) for seed in range(seeds)]
@@ -85,4 +86,5 @@ def run(seeds: int = 10, budget: int = 512, backends: tuple[str, ...] = ("none",
             "max_active_at_turn_end": max(r["max_active_at_turn_end"] for r in runs),
             "key_block_resident_at_probe": sum(r["key_block_resident_at_probe"] for r in runs),
             "seconds": round(time.perf_counter() - started, 1), "runs": runs}
-    return {"bench": "recall", "budget_tokens": budget, "seeds": seeds, "backends": results}
+    return {"bench": "recall", "budget_tokens": budget, "seeds": seeds, "overrides": overrides or {},
+            "backends": results}

@@ -55,6 +55,30 @@ def edit(r: dict) -> str:
     return "\n".join(lines)
 
 
+def recall_suite(r: dict) -> str:
+    """One row per (backend, budget): pooled and per-type pass rates with Wilson 95% intervals."""
+    from .recall_workload import FACT_TYPES
+
+    def cell(row: dict) -> str:
+        return f"{row['passed']}/{row['n']} [{row['wilson95'][0]:.2f}, {row['wilson95'][1]:.2f}]"
+
+    over = " ".join(f"--set {k}={v}" for k, v in r.get("overrides", {}).items())
+    lines = [f"`bench recall --suite --seeds {r['seeds'][1] - r['seeds'][0]} --seed-start {r['seeds'][0]} "
+             f"--budgets {','.join(map(str, r['budgets']))} --decoys {r.get('decoys', 2)}"
+             f"{' ' + over if over else ''}`. {_machine(r)}", "",
+             "| backend | budget | pooled | " + " | ".join(FACT_TYPES) + " | fact block in context at probe "
+             "| recovery precision | tokens recovered / turn | p50 turn s |",
+             "|---|---:|---:|" + "---:|" * len(FACT_TYPES) + "---:|---:|---:|---:|"]
+    rows = ([("none", "-", r["ceiling"])] if r.get("ceiling") else []) + \
+        [(name, budget, row) for name, by_budget in r["policies"].items() for budget, row in by_budget.items()]
+    for name, budget, row in rows:
+        lines.append(f"| {name} | {budget} | **{cell(row['pooled'])}** | "
+                     + " | ".join(cell(row["per_type"][t]) for t in FACT_TYPES)
+                     + f" | {row['fact_block_in_context_at_probe']} | {row['recovery_precision']} | "
+                       f"{row['tokens_recovered_per_turn']} | {row['p50_turn_s']} |")
+    return "\n".join(lines)
+
+
 def endpoint(r: dict) -> str:
     from .endpoint import table
 
@@ -66,7 +90,8 @@ def main(paths: list[str]) -> None:
     for path in paths:
         with open(path) as fh:
             result = json.load(fh)
-        render = {"restore": restore, "recall": recall, "endpoint": endpoint, "edit": edit}.get(result["bench"], simple)
+        render = {"restore": restore, "recall": recall, "recall_suite": recall_suite, "endpoint": endpoint,
+                  "edit": edit}.get(result["bench"], simple)
         print(render(result))
         print()
 
