@@ -9,6 +9,7 @@ from __future__ import annotations
 import llama_cpp as ll
 import pytest
 from test_engine_kv import (  # noqa: F401  (collected again here, on the GPU rig below)
+    clean,
     test_block_restored_at_the_tail_still_answers,
     test_restore_at_a_new_position_matches_llama_cpp_shift,
     test_round_trip_at_original_position_continues_identically,
@@ -24,19 +25,10 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
     rt = Runtime(Settings(n_ctx=4096, slots=2, home=str(tmp_path_factory.mktemp("gpu"))))
+    assert rt.device.on_gpu, "the GPU rig runs on the CPU"
     kv = KVCache(rt)
     yield rt, kv
     rt.close()
-
-
-@pytest.fixture()
-def clean(rig):
-    rt, kv = rig
-    assert rt.device.on_gpu, "the GPU rig runs on the CPU"
-    for seq in range(rt.n_seq_max):
-        kv.drop(seq)
-    kv.shift_pending = False
-    return rt, kv
 
 
 def test_model_and_kv_live_on_the_gpu_by_default(rig):
