@@ -6,7 +6,7 @@ export QT_QPA_PLATFORM ?= offscreen
 
 .PHONY: install run chat test test-fast test-soak lint bench gpu cpu clean
 
-$(STAMP): pyproject.toml packaging/install.sh native/rope_reanchor.c
+$(STAMP): pyproject.toml packaging/install.sh native/build.sh native/rope_reanchor.c native/attention_capture.cpp
 	bash packaging/install.sh
 	bash native/build.sh
 	touch $(STAMP)

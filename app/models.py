@@ -118,6 +118,7 @@ class BlockRow:
     shared: bool = False
     recoveries: int = 0
     sibling_shared: bool = False
+    attention: float | None = None      # share of the model's attention (1 = most attended); None: not captured
 
     @property
     def shared_with(self) -> str:
@@ -125,21 +126,30 @@ class BlockRow:
         return "prefix" if self.shared else "fork" if self.sibling_shared else ""
 
 
+def _share(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 class BlockTableModel(QAbstractTableModel):
     """The blocks of the open conversation in birth order: name, tokens, state, what it is shared with."""
 
-    HEADERS = ("Block", "Tokens", "State", "Shared")
+    BASE_HEADERS = ("Block", "Tokens", "State", "Shared")
+    ATTENTION_HEADER = "Attention"     # shown only while the engine captures the model's attention
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.rows: list[BlockRow] = []
+        self.HEADERS: tuple[str, ...] = self.BASE_HEADERS
 
     def set_blocks(self, blocks: list[dict[str, Any]]) -> None:
         rows = [BlockRow(str(b.get("name", "?")), str(b.get("role", "")), str(b.get("state", "resident")),
                          int(b.get("tokens", 0)), bool(b.get("pinned")), bool(b.get("shared")),
-                         int(b.get("recoveries", 0) or 0), bool(b.get("sibling_shared"))) for b in blocks]
+                         int(b.get("recoveries", 0) or 0), bool(b.get("sibling_shared")),
+                         _share(b.get("attention"))) for b in blocks]
+        captured = any("attention" in b for b in blocks)
         self.beginResetModel()
         self.rows = rows
+        self.HEADERS = self.BASE_HEADERS + ((self.ATTENTION_HEADER,) if captured else ())
         self.endResetModel()
 
     def set_state(self, name: str, state: str) -> bool:
@@ -175,8 +185,9 @@ class BlockTableModel(QAbstractTableModel):
         row = self.rows[index.row()]
         col = index.column()
         if role == Qt.ItemDataRole.DisplayRole:
-            return (row.name, str(row.tokens), STATE_LABELS.get(row.state, row.state), row.shared_with)[col]
-        if role == Qt.ItemDataRole.TextAlignmentRole and col == 1:
+            attention = "" if row.attention is None else f"{row.attention:.2f}"
+            return (row.name, str(row.tokens), STATE_LABELS.get(row.state, row.state), row.shared_with, attention)[col]
+        if role == Qt.ItemDataRole.TextAlignmentRole and col in (1, 4):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         if role == Qt.ItemDataRole.ToolTipRole:
             extra = [f"role {row.role}"] + (["shared prefix"] if row.shared else []) + \

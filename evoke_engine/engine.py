@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from . import editing, live_settings
+from .attention import AttentionCapture, attach_capture
 from .conversation import Conversation
 from .embedder import Embedder
 from .errors import EvokeError
@@ -68,6 +69,7 @@ class Engine:
         self.last_activity = clock()
         self.history = HistoryDB(self.settings.data_dir / "history.sqlite3")
         self.rt: Runtime | None = None
+        self.attention: AttentionCapture | None = None
         self.kvfiles: KVFileStore | None = None
         self.ready: Future = self.thread.submit(self._load, self.settings, priority=FOREGROUND)
         self.sweeps = Sweeps(self, scheduler) if scheduler is not False else None
@@ -89,13 +91,15 @@ class Engine:
     # -- model ------------------------------------------------------------------------------
     def _load(self, settings: Settings) -> ModelInfo:
         self.emit(EngineEvent(EventKind.MODEL_LOADING, f"loading {settings.model_path or 'embedded model'}"))
+        capture = AttentionCapture.create(gqa=settings.attention_gqa) if settings.attention_capture else None
         try:
-            rt = Runtime(settings)
+            rt = Runtime(settings, eval_callback=capture)
         except EvokeError as exc:
             self.emit(EngineEvent(EventKind.LOAD_FAILED, str(exc)))
             raise
         self.rt = rt
-        self.kv = KVCache(rt)
+        self.attention = attach_capture(capture, rt, settings, self.emit)
+        self.kv = KVCache(rt, mirror=self.attention)
         self.template = ChatTemplate(rt.meta("tokenizer.chat_template"), bos_token=rt.token_text("bos"),
                                      eos_token=rt.token_text("eos"))
         self.pool = SavedPool(settings.ram_budget_bytes, settings.cache_dir / "spill",
@@ -150,6 +154,9 @@ class Engine:
         self.prefixes.clear()
         self.rt.close()
         self.rt = None
+        if self.attention is not None:                 # after the context that called into it
+            self.attention.close()
+            self.attention = None
         self.emit(EngineEvent(EventKind.MODEL_UNLOADED, "model unloaded after idle; it comes back on the next message"))
 
     def apply_settings(self, new: Settings) -> list[str]:

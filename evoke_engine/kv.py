@@ -2,13 +2,16 @@
 
 Invariants: bytes are saved only from cells without a pending K-shift (a pending shift is
 applied first by a one-token decode in the scratch sequence); the scratch sequence is empty
-between calls; cells shared with a prefix sequence are never shifted or removed here.
+between calls; cells shared with a prefix sequence are never shifted or removed here; every
+sequence operation goes through `_seq_rm` / `_seq_add` / `_seq_cp`, which tell the `mirror`
+(the attention capture's K store, when there is one) after llama.cpp did it.
 """
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import Protocol
 
 import llama_cpp as ll
 import numpy as np
@@ -34,11 +37,21 @@ class SavedKV:
         return len(self.data)
 
 
+class SequenceMirror(Protocol):
+    """Something that follows llama.cpp's sequence operations (attention.AttentionCapture)."""
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None: ...
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None: ...
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None: ...
+    def load_state(self, seq: int, blob: bytearray | memoryview) -> bool: ...
+
+
 class KVCache:
     """Save / evict / restore / share over position ranges of sequences of one context."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, *, mirror: SequenceMirror | None = None) -> None:
         self.rt = runtime
+        self.mirror = mirror
         self.scratch = runtime.scratch_seq
         self.shift_pending = False
         self.shift_flushes = 0
@@ -60,12 +73,11 @@ class KVCache:
         if p1 <= p0:
             raise ValueError(f"empty range [{p0}, {p1})")
         self.flush_pending_shifts()
-        mem, _ctx = self.rt.memory, self.rt.ctx
-        ll.llama_memory_seq_cp(mem, seq, self.scratch, p0, p1)
+        self._seq_cp(seq, self.scratch, p0, p1)
         try:
             data = self._state_of(self.scratch)
         finally:
-            ll.llama_memory_seq_rm(mem, self.scratch, -1, -1)
+            self._seq_rm(self.scratch, -1, -1)
         return SavedKV(data=data, origin_pos=p0, n_tokens=p1 - p0)
 
     def _state_of(self, seq: int) -> bytearray:
@@ -80,17 +92,16 @@ class KVCache:
     def evict(self, seq: int, p0: int, p1: int, *, compact: bool = True) -> None:
         """Remove [p0, p1) from `seq`; with `compact`, later tokens move down to close the gap."""
         self.rt._check_thread()
-        mem = self.rt.memory
-        if not ll.llama_memory_seq_rm(mem, seq, p0, p1):
+        if not self._seq_rm(seq, p0, p1):
             raise RuntimeError(f"llama_memory_seq_rm refused [{p0}, {p1}) of seq {seq}")
         if compact and self.pos_max(seq) >= p1:
-            ll.llama_memory_seq_add(mem, seq, p1, -1, -(p1 - p0))
+            self._seq_add(seq, p1, -1, -(p1 - p0))
             self.shift_pending = True
 
     def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None:
         """Splice saved K/V into `seq` at positions at_pos.. (RoPE re-anchored, no forward pass)."""
         self.rt._check_thread()
-        mem, ctx = self.rt.memory, self.rt.ctx
+        ctx = self.rt.ctx
         delta = at_pos - saved.origin_pos
         if delta and self.geometry is not None:
             layout = reanchor.parse(saved.data, self.geometry)
@@ -103,26 +114,28 @@ class KVCache:
         read = ll.llama_state_seq_set_data(ctx, (ctypes.c_uint8 * size).from_buffer(saved.data), size,
                                            self.scratch)
         if read == 0:
-            ll.llama_memory_seq_rm(mem, self.scratch, -1, -1)
+            self._seq_rm(self.scratch, -1, -1)
             raise RestoreError(f"llama.cpp rejected {saved.n_tokens} saved tokens "
                                "(no contiguous free cells, or bytes from another model)")
+        if self.mirror is not None:
+            self.mirror.load_state(self.scratch, saved.data)
         try:
             if delta:
-                ll.llama_memory_seq_add(mem, self.scratch, -1, -1, delta)
+                self._seq_add(self.scratch, -1, -1, delta)
                 self.shift_pending = True
-            ll.llama_memory_seq_cp(mem, self.scratch, seq, -1, -1)
+            self._seq_cp(self.scratch, seq, -1, -1)
         finally:
-            ll.llama_memory_seq_rm(mem, self.scratch, -1, -1)
+            self._seq_rm(self.scratch, -1, -1)
 
     def share(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Give `dst` the cells of `src` in [p0, p1): no decode and no byte copy."""
         self.rt._check_thread()
-        ll.llama_memory_seq_cp(self.rt.memory, src, dst, p0, p1)
+        self._seq_cp(src, dst, p0, p1)
 
     def drop(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         """Forget [p0, p1) of `seq` without compaction (cells shared elsewhere survive)."""
         self.rt._check_thread()
-        ll.llama_memory_seq_rm(self.rt.memory, seq, p0, p1)
+        self._seq_rm(seq, p0, p1)
 
     def flush_pending_shifts(self, via_seq: int | None = None) -> None:
         """Apply every queued K-shift now: one token decoded in an empty sequence, then removed."""
@@ -130,9 +143,26 @@ class KVCache:
             return
         seq = self.scratch if via_seq is None else via_seq
         self.rt.decode([self._flush_token()], seq, 0, logits_last=False)
-        ll.llama_memory_seq_rm(self.rt.memory, seq, -1, -1)
+        self._seq_rm(seq, -1, -1)
         self.shift_pending = False
         self.shift_flushes += 1
+
+    # -- llama.cpp's sequence operations, followed by the mirror ----------------------------------
+    def _seq_rm(self, seq: int, p0: int, p1: int) -> bool:
+        ok = ll.llama_memory_seq_rm(self.rt.memory, seq, p0, p1)
+        if ok and self.mirror is not None:
+            self.mirror.seq_rm(seq, p0, p1)
+        return ok
+
+    def _seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        ll.llama_memory_seq_add(self.rt.memory, seq, p0, p1, delta)
+        if self.mirror is not None:
+            self.mirror.seq_add(seq, p0, p1, delta)
+
+    def _seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        ll.llama_memory_seq_cp(self.rt.memory, src, dst, p0, p1)
+        if self.mirror is not None:
+            self.mirror.seq_cp(src, dst, p0, p1)
 
     def _flush_token(self) -> int:
         bos = ll.llama_vocab_bos(self.rt.vocab)
@@ -140,20 +170,7 @@ class KVCache:
 
     # -- native re-anchoring ------------------------------------------------------------------
     def _rope_geometry(self) -> reanchor.RopeGeometry | None:
-        rt = self.rt
-        arch = rt.meta("general.architecture") or ""
-        rope_type = ll.llama_model_rope_type(rt.model)
-        if rope_type not in (0, 2) or rt.meta(f"{arch}.rope.scaling.type") not in (None, "none", "linear"):
-            return None
-        n_head = ll.llama_model_n_head(rt.model)
-        n_head_kv = ll.llama_model_n_head_kv(rt.model)
-        head_dim = int(rt.meta(f"{arch}.attention.key_length") or ll.llama_model_n_embd(rt.model) // n_head)
-        n_rot = int(rt.meta(f"{arch}.rope.dimension_count") or head_dim)
-        scale = float(ll.llama_model_rope_freq_scale_train(rt.model) or 1.0)
-        return reanchor.RopeGeometry(
-            n_layer=ll.llama_model_n_layer(rt.model), n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
-            mode=rope_type, freq_base=float(rt.meta(f"{arch}.rope.freq_base") or 10000.0),
-            freq_scale=scale)
+        return rope_geometry(self.rt)
 
     def _calibrate_native_reanchor(self) -> str:
         """Use the native rotation only if it reproduces llama.cpp's own K-shift on this model."""
@@ -164,7 +181,7 @@ class KVCache:
         geometry = self._rope_geometry()
         if geometry is None:
             return "rope scaling not covered by the native rotation: llama.cpp K-shift used"
-        rt, mem, delta = self.rt, self.rt.memory, 37
+        rt, delta = self.rt, 37
         probe = rt.tokenize("Calibration: the quick brown fox jumps over the lazy dog.")[:12]
         try:
             rt.decode(probe, self.scratch, 0, logits_last=False)
@@ -174,12 +191,12 @@ class KVCache:
                 return "state layout not recognised: llama.cpp K-shift used"
             ours = bytearray(original)
             reanchor.shift(ours, layout, geometry, delta)
-            ll.llama_memory_seq_add(mem, self.scratch, -1, -1, delta)
+            self._seq_add(self.scratch, -1, -1, delta)
             self.shift_pending = True
             self.flush_pending_shifts(via_seq=0)
             theirs = self._state_of(self.scratch)
         finally:
-            ll.llama_memory_seq_rm(mem, self.scratch, -1, -1)
+            self._seq_rm(self.scratch, -1, -1)
         if len(theirs) != len(ours) or reanchor.parse(theirs, geometry) != layout:
             return "llama.cpp's shifted state differs in shape: llama.cpp K-shift used"
         a = np.frombuffer(bytes(ours), dtype=np.uint8)
@@ -196,3 +213,20 @@ class KVCache:
         self.geometry = geometry
         self.calibration_error = worst
         return ""
+
+
+def rope_geometry(rt: Runtime) -> reanchor.RopeGeometry | None:
+    """The model's RoPE geometry when the native rotation covers it (NORM or NEOX, no or linear scaling)."""
+    arch = rt.meta("general.architecture") or ""
+    rope_type = ll.llama_model_rope_type(rt.model)
+    if rope_type not in (0, 2) or rt.meta(f"{arch}.rope.scaling.type") not in (None, "none", "linear"):
+        return None
+    n_head = ll.llama_model_n_head(rt.model)
+    n_head_kv = ll.llama_model_n_head_kv(rt.model)
+    head_dim = int(rt.meta(f"{arch}.attention.key_length") or ll.llama_model_n_embd(rt.model) // n_head)
+    n_rot = int(rt.meta(f"{arch}.rope.dimension_count") or head_dim)
+    scale = float(ll.llama_model_rope_freq_scale_train(rt.model) or 1.0)
+    return reanchor.RopeGeometry(
+        n_layer=ll.llama_model_n_layer(rt.model), n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
+        mode=rope_type, freq_base=float(rt.meta(f"{arch}.rope.freq_base") or 10000.0),
+        freq_scale=scale)

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 Reader = Callable[["Engine", "ConversationMemory"], Any]
 
 _LIVE_IN_MEMORY = ("high_watermark", "low_watermark", "tail_fraction", "block_tokens", "recovery", "recovery_top_k",
-                  "recall_signal", "recall_user_margin")
+                  "recall_signal", "recall_user_margin", "attention_aggregation")
 _LIVE_IN_SCORER = ("weight_similarity", "weight_focus", "weight_recency", "recency_half_life_turns",
-                   "user_floor", "assistant_floor")
+                   "user_floor", "assistant_floor", "weight_attention")
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed")
 _TTL_CLASS = {"ttl_short_s": "short", "ttl_long_s": "long", "ttl_extended_s": "extended"}
 

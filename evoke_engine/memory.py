@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .attention import AttentionSignal
 from .blocks import Block, BlockState, BlockTable
 from .embedder import Embedder
 from .errors import BudgetError, InvariantError, RestoreError
@@ -68,6 +69,7 @@ class ConversationMemory:
         self.seq: int | None = None
         self.image: Block | None = None          # the slot's bytes while parked
         self.scorer = Scorer(settings)
+        self.attention = AttentionSignal(getattr(kv, "mirror", None))   # inert unless the capture is on
         self.focus = TaskFocus(ema=settings.focus_ema, snap_cosine=settings.focus_snap_cosine)
         self.turn = 0
         self.counters = Counters()
@@ -148,7 +150,8 @@ class ConversationMemory:
             block.embedding = vector
 
     def score(self, block: Block) -> float:
-        return self.scorer.score(block, query=self.query, focus=self.focus.vector, current_turn=self.turn)
+        return self.scorer.score(block, query=self.query, focus=self.focus.vector, current_turn=self.turn,
+                                 attention=self.attention.value(block))
 
     def evict_to(self, target_tokens: int, *, current: Iterable[Block] = ()) -> list[Block]:
         """Evict lowest-scored evictable blocks until active <= target (or nothing is left)."""
@@ -157,6 +160,7 @@ class ConversationMemory:
         tail = int(self.budget_tokens * self.settings.tail_fraction)
         protected = protected_blocks(self.table, tail_tokens=tail, current=current)
         self.ensure_embeddings(b for b in self.table.resident if id(b) not in protected)
+        self.attention.refresh(self.seq, self.table.resident, self.settings.attention_aggregation)
         victims = choose_victims(self.table, target_tokens=target_tokens, protected=protected,
                                  score=self.score)
         keep_bytes = self.recovery.keeps_bytes
@@ -271,7 +275,8 @@ class ConversationMemory:
         room = int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve
         picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
                                   resident_best=signal.resident_best, top_k=self.settings.recovery_top_k,
-                                  room_tokens=max(0, room), identity_hashes=identity_hashes)
+                                  room_tokens=max(0, room), identity_hashes=identity_hashes,
+                                  tie_break=self.attention.last if self.attention.enabled else None)
         recovered: list[Block] = []
         backend = self.recovery
         for pick in picks:
@@ -431,6 +436,19 @@ class ConversationMemory:
         if self.seq is not None and self.kv.pos_max(self.seq) != self.active_tokens - 1:
             raise InvariantError(f"pos_max {self.kv.pos_max(self.seq)} != active {self.active_tokens} - 1")
 
+    def _block_summaries(self) -> Iterator[dict]:
+        """`Block.summary()` of every block, with its attention share when the capture is on: current for
+        resident blocks, last known for saved ones (the memory panel's Attention column)."""
+        if not self.attention.enabled:
+            yield from (b.summary() for b in self.table.blocks)
+            return
+        self.attention.refresh(self.seq, self.table.resident, self.settings.attention_aggregation)
+        for block in self.table.blocks:
+            share = self.attention.value(block)
+            if share is None and not block.shared:
+                share = self.attention.last_known.get(block.name)
+            yield {**block.summary(), "attention": share}
+
     def stats(self) -> ConversationStats:
         c = self.counters
         return ConversationStats(
@@ -439,6 +457,6 @@ class ConversationMemory:
             recoveries=c.recoveries, evicted_tokens=c.evicted_tokens, recovered_tokens=c.recovered_tokens,
             identity_hits=c.identity_hits, max_active_at_turn_end=c.max_active_at_turn_end,
             prefill_tokens=c.prefill_tokens, turn=self.turn, memory=self.memory_location(),
-            recovery=self.settings.recovery, blocks=tuple(b.summary() for b in self.table.blocks),
+            recovery=self.settings.recovery, blocks=tuple(self._block_summaries()),
             events=tuple(e.as_dict() for e in list(self.events)[-50:]),
             recovery_decisions=tuple(self.decisions))

@@ -60,8 +60,10 @@ def named_in(message: str, block: Block) -> bool:
 
 def choose_recoveries(saved: list[Block], *, message: str, similarity: Callable[[Block], float],
                       resident_best: dict[str, float], top_k: int, room_tokens: int,
-                      identity_hashes: set[str] = frozenset()) -> list[RecoveryPick]:
+                      identity_hashes: set[str] = frozenset(),
+                      tie_break: Callable[[Block], float] | None = None) -> list[RecoveryPick]:
     """Identity hits and named blocks first, then similarity top-K past the resident gate.
+    Equal similarities go to the higher `tie_break` (a saved block's last-known attention).
 
     The gate compares like with like: a saved block comes back only if it is more similar to
     the message than every resident block of its role (`resident_best[role]`). Measured here:
@@ -75,12 +77,13 @@ def choose_recoveries(saved: list[Block], *, message: str, similarity: Callable[
         elif named_in(message, block):
             picks.append(RecoveryPick(block, "named", similarity(block)))
     chosen = {id(p.block) for p in picks}
-    ranked = sorted((b for b in saved if id(b) not in chosen), key=similarity, reverse=True)
+    tie = tie_break or (lambda _block: 0.0)
+    ranked = sorted((b for b in saved if id(b) not in chosen), key=lambda b: (similarity(b), tie(b)), reverse=True)
     for block in ranked[:top_k]:
         sim = similarity(block)
         if sim > resident_best.get(block.role, -1.0):
             picks.append(RecoveryPick(block, "similar", sim))
-    picks.sort(key=lambda p: ({"identity": 0, "named": 1, "similar": 2}[p.reason], -p.similarity))
+    picks.sort(key=lambda p: ({"identity": 0, "named": 1, "similar": 2}[p.reason], -p.similarity, -tie(p.block)))
     planned, used = [], 0
     for pick in picks:
         if used + pick.block.n_tokens <= room_tokens:

@@ -118,7 +118,9 @@ class ModelInfo:
 class Runtime:
     """Owns the llama.cpp model, context, vocabulary and a reusable batch."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, eval_callback=None) -> None:
+        """`eval_callback`: an object with `cb_eval` (a ggml_backend_sched_eval_callback) and `user_data`,
+        installed on the context and kept alive with it (the attention capture)."""
         self.owner = threading.current_thread()
         self.settings = settings
         path = Path(settings.model_path) if settings.model_path else default_model_path()
@@ -152,6 +154,10 @@ class Runtime:
         cparams.flash_attn_type = _FLASH[settings.flash_attention]
         cparams.kv_unified = True
         cparams.no_perf = True
+        self._eval_callback = eval_callback
+        if eval_callback is not None:
+            cparams.cb_eval, cparams.cb_eval_user_data = eval_callback.cb_eval, eval_callback.user_data
+        self.before_decode = None           # called with the sequence before each decode (the capture's target)
         self.ctx = ll.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             ll.llama_model_free(self.model)
@@ -299,6 +305,8 @@ class Runtime:
         self._check_thread()
         batch = self._batch
         total = len(tokens)
+        if self.before_decode is not None:
+            self.before_decode(seq)
         done = 0
         while done < total:
             if cancel is not None and cancel.is_set():

@@ -1,4 +1,5 @@
-"""Block scores in [0, 1] from weighted signals: similarity, task focus, recency, floors, pins.
+"""Block scores in [0, 1] from weighted signals: similarity, task focus, recency, the model's own
+attention (when captured), floors, pins.
 
 Invariants: pure functions of plain values (no llama.cpp, no embedder calls); a pinned block
 scores 1.0; user and assistant blocks never score below their role floors.
@@ -49,13 +50,17 @@ class Scorer:
         return 0.5 ** (age / self.s.recency_half_life_turns)
 
     def score(self, block: Block, *, query: np.ndarray | None, focus: np.ndarray | None,
-              current_turn: int) -> float:
+              current_turn: int, attention: float | None = None) -> float:
+        """`attention`: the block's share of the model's attention (1 = the most attended block), or
+        None when not captured (the signal then takes no part, and scores are as without it)."""
         if block.pinned:
             return 1.0
         s = self.s
         signals = ((s.weight_similarity, max(0.0, cosine(block.embedding, query))),
                    (s.weight_focus, max(0.0, cosine(block.embedding, focus))),
                    (s.weight_recency, self.recency(block, current_turn)))
+        if attention is not None:
+            signals += ((s.weight_attention, min(1.0, max(0.0, attention))),)
         total_weight = sum(w for w, _ in signals) or 1.0
         raw = sum(w * v for w, v in signals) / total_weight
         value = min(block.priority * raw, 1.0)

@@ -22,6 +22,8 @@ APP_NAME = "evoke-desk"
 RECOVERY_BACKENDS = ("kv_restore", "breadcrumb", "discard", "none")
 KV_CACHE_TYPES = ("f16", "q8_0")
 RECALL_SIGNALS = ("block", "lines", "lines+lexical", "block+lexical")   # recall_signals.SIGNALS
+ATTENTION_AGGREGATIONS = ("adakv", "mean")     # evoke_engine.attention.AGGREGATIONS
+ATTENTION_GQA = ("mean", "max")
 NOW, RELOAD = "now", "reload"
 
 
@@ -94,6 +96,18 @@ class Settings:
     user_floor: float = _setting(0.6, "Lowest score of a user block.", group="Scorer", low=0.0, high=1.0)
     assistant_floor: float = _setting(0.5, "Lowest score of an assistant block.",
                                       group="Scorer", low=0.0, high=1.0)
+
+    # The model's own attention as a signal (native/attention_capture.cpp); off until it wins the ablation
+    attention_capture: bool = _setting(False, "Capture the model's own attention per block (llama.cpp's cb_eval) "
+                                       "and use it as a scorer signal.", group="Attention", applies=RELOAD)
+    attention_layers: str = _setting("", "Layers whose attention is captured, comma-separated; empty is one "
+                                     "layer at about two thirds of the depth.", group="Attention", applies=RELOAD)
+    attention_gqa: str = _setting("mean", "How the query heads of one KV head are combined: mean or max.",
+                                  group="Attention", applies=RELOAD, choices=ATTENTION_GQA)
+    weight_attention: float = _setting(1.0, "Weight of the attention signal (when captured).",
+                                       group="Attention", low=0.0, high=10.0)
+    attention_aggregation: str = _setting("adakv", "Attention across heads: Ada-KV's adaptive top-B (adakv) or "
+                                          "the mean over heads.", group="Attention", choices=ATTENTION_AGGREGATIONS)
 
     # Conversation defaults
     system_prompt: str | None = _setting(None, "System prompt; empty uses resources/system_prompt.txt.",

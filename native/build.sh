@@ -10,3 +10,25 @@ if ! $CC $FLAGS -march=native rope_reanchor.c -o build/libevoke_rope.so -lm 2>/d
   $CC $FLAGS -mf16c rope_reanchor.c -o build/libevoke_rope.so -lm
 fi
 echo "built native/build/libevoke_rope.so"
+
+# The attention capture (issue 9): a cb_eval callback built against the installed llama-cpp-python.
+# Optional: when it does not build, the engine runs without the attention signal (a warning, not a failure).
+build_attention() {
+  local py="${PYTHON:-../.venv/bin/python}"
+  [ -x "$py" ] || py=python3
+  local pkg
+  pkg=$("$py" -c 'import importlib.util, os; s = importlib.util.find_spec("llama_cpp"); print(os.path.dirname(s.origin))') || return 1
+  local inc="$pkg/../include" lib="$pkg/lib"
+  [ -f "$inc/ggml-backend.h" ] || { echo "no ggml headers under $inc" >&2; return 1; }
+  local cxx=${CXX:-c++}
+  local flags="-O3 -fPIC -shared -std=c++17 -ffp-contract=off -I$inc -L$lib -Wl,-rpath,$lib"
+  if ! $cxx $flags -march=native attention_capture.cpp -o build/libevoke_attention.so -lggml-base 2>/dev/null; then
+    $cxx $flags attention_capture.cpp -o build/libevoke_attention.so -lggml-base
+  fi
+}
+if build_attention; then
+  echo "built native/build/libevoke_attention.so"
+else
+  rm -f build/libevoke_attention.so
+  echo "warning: native/build/libevoke_attention.so did not build; the attention signal is unavailable" >&2
+fi

@@ -6,6 +6,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from PySide6.QtCore import Qt
 
 from app import settings_form as form
 from app.attachments import AttachmentError, is_large_paste, paste_name, read_text_attachment
@@ -125,6 +126,17 @@ def test_block_model_follows_events_and_sums_tokens_by_state(qapp):
     for i in range(3):
         log.append("evicted", f"evicted user#{i}")
     assert log.texts() == ["evicted user#1", "evicted user#2"]
+
+
+def test_block_model_shows_an_attention_column_only_while_attention_is_captured(qapp):
+    model = BlockTableModel()
+    model.set_blocks([{"name": "user#1", "state": "resident", "tokens": 10}])
+    assert model.columnCount() == 4
+    model.set_blocks([{"name": "system", "state": "resident", "tokens": 40, "shared": True, "attention": None},
+                      {"name": "file:a.txt#1", "state": "ram", "tokens": 64, "attention": 0.25},
+                      {"name": "user#2", "state": "resident", "tokens": 10, "attention": 1.0}])
+    assert model.columnCount() == 5 and model.headerData(4, Qt.Orientation.Horizontal) == "Attention"
+    assert [model.data(model.index(row, 4)) for row in range(3)] == ["", "0.25", "1.00"]
 
 
 # -- scheduler ---------------------------------------------------------------------------------

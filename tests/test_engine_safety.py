@@ -121,6 +121,7 @@ NEW_VALUES = {
     "recall_signal": "lines+lexical", "recall_user_margin": 0.2, "ram_budget_bytes": 1 << 20, "embedder": "off",
     "weight_similarity": 2.0, "weight_focus": 0.25, "weight_recency": 0.75, "recency_half_life_turns": 6.0,
     "focus_ema": 0.45, "focus_snap_cosine": 0.1, "user_floor": 0.4, "assistant_floor": 0.3,
+    "weight_attention": 0.5, "attention_aggregation": "mean",
     "system_prompt": "You are terse.", "tools_enabled": False, "temperature": 0.3, "top_p": 0.8, "top_k": 20,
     "min_p": 0.1, "repeat_penalty": 1.2, "max_tokens": 77, "seed": 7, "ttl_short_s": 111, "ttl_long_s": 222,
     "ttl_extended_s": 333, "disk_budget_bytes": 1 << 25, "keepalive_interval_s": 77, "eviction_interval_s": 88,

@@ -151,6 +151,7 @@ class MemoryPanel(QWidget):
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
         header.resizeSection(2, 92)
         header.setSectionResizeMode(3, QHeaderView.ResizeMode.ResizeToContents)
+        blocks_model.modelReset.connect(self._fit_attention_column)
         split.addWidget(self.table)
         events_box = QWidget()
         events_layout = QVBoxLayout(events_box)
@@ -190,6 +191,11 @@ class MemoryPanel(QWidget):
 
     def counts(self) -> dict[str, str]:
         return {k: v.text() for k, v in self.counters.items()}
+
+    def _fit_attention_column(self) -> None:
+        """The Attention column comes and goes with the capture; size it to its figures when present."""
+        if self.table.model().columnCount() > 4:
+            self.table.horizontalHeader().setSectionResizeMode(4, QHeaderView.ResizeMode.ResizeToContents)
 
     def block_rows(self) -> list[tuple[str, int, str]]:
         return [(r.name, r.tokens, r.state) for r in self.blocks_model.rows]

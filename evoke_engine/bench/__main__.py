@@ -61,6 +61,20 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("edit", help="regenerate, edit 3 turns back and fork against re-prefill")
     p.add_argument("--tokens", type=int, default=None)
     p.add_argument("--trials", type=int, default=3)
+    p = sub.add_parser("attention", help="decode tokens/s with the attention capture on one layer against off")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--layers", default="", help="captured layers (empty: one at about 2/3 depth)")
+    p.add_argument("--gqa", default="mean", choices=("mean", "max"))
+    p.add_argument("--flash-attention", default="auto", choices=("auto", "on", "off"))
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores; 1 gives clean CPU times)")
+    p = sub.add_parser("ablation", help="eviction signals (embedding, attention mean/Ada-KV, both) on two workloads")
+    p.add_argument("--seeds", type=int, default=12)
+    p.add_argument("--budgets", default="256,512,1024")
+    p.add_argument("--workloads", default="passkey,two_facts")
+    p.add_argument("--arms", default="embedding,attention/mean,attention/adakv,both/mean,both/adakv")
+    p.add_argument("--no-ceiling", action="store_true", help="skip the no-eviction ceiling row per workload")
     p = sub.add_parser("switch", help="alternate two long conversations: TTFT against the floor, llama-server "
                                       "and llama-cpp-python, in one run")
     p.add_argument("--tokens", type=int, default=None)
@@ -103,6 +117,17 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run(seeds=args.seeds, budget=args.budget, n_ctx=args.n_ctx, threads=args.threads,
                      embedder=args.embedder)
+    elif args.name == "attention":
+        from .attention import run
+
+        result = run(context=args.context, tokens=args.tokens, rounds=args.rounds, layers=args.layers, gqa=args.gqa,
+                     flash_attention=args.flash_attention, threads=args.threads)
+    elif args.name == "ablation":
+        from .ablation import run
+
+        result = run(seeds=args.seeds, budgets=tuple(int(b) for b in args.budgets.split(",")),
+                     workloads=tuple(args.workloads.split(",")), arms=tuple(args.arms.split(",")),
+                     ceiling=not args.no_ceiling)
     elif args.name == "switch":
         from .llama_server import check_binary
         from .switch import run

@@ -79,6 +79,20 @@ def recall_suite(r: dict) -> str:
     return "\n".join(lines)
 
 
+def ablation(r: dict) -> str:
+    """One row per (workload, budget, arm): probes passed with a Wilson 95% interval, evictions, recoveries."""
+    lines = [f"`bench ablation --seeds {r['seeds']} --budgets {','.join(map(str, r['budgets']))} "
+             f"--workloads {','.join(r['workloads'])}`. {_machine(r)}", "",
+             "| workload | budget | signal | passed | rate [95% CI] | evictions | recoveries | seconds |",
+             "|---|---:|---|---:|---|---:|---:|---:|"]
+    for row in r["rows"]:
+        low, high = row["wilson95"]
+        lines.append(f"| {row['workload']} | {row['budget'] or '-'} | {row['arm']} | {row['passed']}/{row['n']} | "
+                     f"**{row['rate']:.2f}** [{low:.2f}, {high:.2f}] | {row['evictions']} | {row['recoveries']} | "
+                     f"{row['seconds']} |")
+    return "\n".join(lines)
+
+
 def endpoint(r: dict) -> str:
     from .endpoint import table
 
@@ -91,7 +105,7 @@ def main(paths: list[str]) -> None:
         with open(path) as fh:
             result = json.load(fh)
         render = {"restore": restore, "recall": recall, "recall_suite": recall_suite, "endpoint": endpoint,
-                  "edit": edit}.get(result["bench"], simple)
+                  "edit": edit, "ablation": ablation}.get(result["bench"], simple)
         print(render(result))
         print()
 
