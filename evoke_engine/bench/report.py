@@ -90,7 +90,27 @@ def ablation(r: dict) -> str:
         lines.append(f"| {row['workload']} | {row['budget'] or '-'} | {row['arm']} | {row['passed']}/{row['n']} | "
                      f"**{row['rate']:.2f}** [{low:.2f}, {high:.2f}] | {row['evictions']} | {row['recoveries']} | "
                      f"{row['seconds']} |")
+    lines += ["", "Pooled over the budgets (the ceiling never evicts, so it has no budget):", "",
+              "| signal | " + " | ".join(r["workloads"]) + " | both workloads |",
+              "|---|" + "---:|" * (len(r["workloads"]) + 1)]
+    for arm in dict.fromkeys(row["arm"] for row in r["rows"]):
+        cells, total_k, total_n = [], 0, 0
+        for workload in r["workloads"]:
+            rows = [row for row in r["rows"] if row["arm"] == arm and row["workload"] == workload]
+            k, n = sum(row["passed"] for row in rows), sum(row["n"] for row in rows)
+            cells.append(_pooled(k, n))
+            total_k, total_n = total_k + k, total_n + n
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {_pooled(total_k, total_n)} |")
     return "\n".join(lines)
+
+
+def _pooled(k: int, n: int) -> str:
+    from .recall_suite import wilson
+
+    if n == 0:
+        return "-"
+    low, high = wilson(k, n)
+    return f"{k}/{n} = **{k / n:.2f}** [{low:.2f}, {high:.2f}]"
 
 
 def endpoint(r: dict) -> str:
