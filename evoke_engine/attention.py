@@ -277,7 +277,6 @@ class AttentionSignal:
         self.capture = capture if capture is not None and capture.active else None
         self.current: dict[int, float] = {}       # id(block) -> share, resident blocks at the last refresh
         self.last_known: dict[str, float] = {}    # block name -> share when it was last resident
-        self.raw: dict[str, float] = {}           # block name -> mass (memory panel)
 
     @property
     def enabled(self) -> bool:
@@ -300,7 +299,6 @@ class AttentionSignal:
             share = sums[id(block)] / top
             self.current[id(block)] = share
             self.last_known[block.name] = share
-            self.raw[block.name] = sums[id(block)]
 
     def value(self, block: Block) -> float | None:
         """The share of a resident block at the last refresh (None when unknown)."""
