@@ -4,7 +4,9 @@ Invariants: bytes are saved only from cells without a pending K-shift (a pending
 applied first by a one-token decode in the scratch sequence); the scratch sequence is empty
 between calls; cells shared with a prefix sequence are never shifted or removed here; every
 sequence operation goes through `_seq_rm` / `_seq_add` / `_seq_cp`, which tell the `mirror`
-(the attention capture's K store, when there is one) after llama.cpp did it.
+(the attention capture's K store, when there is one) after llama.cpp did it. Tokens held ahead of
+a sequence (`hold_ahead`) live only until the next operation on it: any but a compaction below
+them drops them, and `claim_ahead` hands them to the decode that was going to decode them anyway.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class KVCache:
         self.native_reanchors = 0
         self.geometry: reanchor.RopeGeometry | None = None
         self.reanchor_note = self._calibrate_native_reanchor()
+        self._ahead: dict[int, tuple[int, list[int]]] = {}     # seq -> (first position, tokens)
 
     # -- queries ----------------------------------------------------------------------------
     def pos_max(self, seq: int) -> int:
@@ -65,6 +68,37 @@ class KVCache:
 
     def pos_min(self, seq: int) -> int:
         return ll.llama_memory_seq_pos_min(self.rt.memory, seq)
+
+    def ahead_tokens(self, seq: int) -> int:
+        """Tokens decoded at the end of `seq` ahead of their owner (`hold_ahead`), 0 when none."""
+        held = self._ahead.get(seq)
+        return len(held[1]) if held else 0
+
+    # -- tokens decoded ahead of the message that will own them --------------------------------
+    def hold_ahead(self, seq: int, pos: int, tokens: list[int]) -> None:
+        """Note that `tokens` were decoded at pos.. of `seq` (the cells after every block), before the
+        message they open exists: the next decode at `pos` that starts with them skips them."""
+        self._forget_ahead(seq)
+        if tokens:
+            self._ahead[seq] = (pos, list(tokens))
+
+    def claim_ahead(self, seq: int, pos: int, tokens: list[int], *, whole: bool = False) -> int:
+        """How many leading `tokens` are already decoded at pos.. of `seq`: those cells now belong to the
+        caller, who decodes only the rest. Held tokens that do not match are dropped (0). Unless `whole`,
+        one token is always left to decode (its logits are wanted)."""
+        held = self._ahead.pop(seq, None)
+        if held is None:
+            return 0
+        at, ahead = held
+        if at == pos and tokens[:len(ahead)] == ahead and (whole or len(tokens) > len(ahead)):
+            return len(ahead)
+        self._seq_rm(seq, at, -1)
+        return 0
+
+    def _forget_ahead(self, seq: int) -> None:
+        held = self._ahead.pop(seq, None)
+        if held is not None:
+            self._seq_rm(seq, held[0], -1)
 
     # -- primitives -------------------------------------------------------------------------
     def save(self, seq: int, p0: int, p1: int) -> SavedKV:
@@ -90,8 +124,14 @@ class KVCache:
         return data
 
     def evict(self, seq: int, p0: int, p1: int, *, compact: bool = True) -> None:
-        """Remove [p0, p1) from `seq`; with `compact`, later tokens move down to close the gap."""
+        """Remove [p0, p1) from `seq`; with `compact`, later tokens move down to close the gap
+        (tokens held ahead move with them and stay held)."""
         self.rt._check_thread()
+        held = self._ahead.get(seq)
+        if held is not None and not (compact and p1 <= held[0]):
+            self._forget_ahead(seq)
+        elif held is not None:
+            self._ahead[seq] = (held[0] - (p1 - p0), held[1])
         if not self._seq_rm(seq, p0, p1):
             raise RuntimeError(f"llama_memory_seq_rm refused [{p0}, {p1}) of seq {seq}")
         if compact and self.pos_max(seq) >= p1:
@@ -101,6 +141,7 @@ class KVCache:
     def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None:
         """Splice saved K/V into `seq` at positions at_pos.. (RoPE re-anchored, no forward pass)."""
         self.rt._check_thread()
+        self._forget_ahead(seq)
         ctx = self.rt.ctx
         delta = at_pos - saved.origin_pos
         if delta and self.geometry is not None:
@@ -130,11 +171,16 @@ class KVCache:
     def share(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Give `dst` the cells of `src` in [p0, p1): no decode and no byte copy."""
         self.rt._check_thread()
+        held = self._ahead.get(src)
+        if held is not None and (p1 < 0 or p1 > held[0]):
+            self._forget_ahead(src)                      # only a range over the held cells would copy them
+        self._forget_ahead(dst)
         self._seq_cp(src, dst, p0, p1)
 
     def drop(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         """Forget [p0, p1) of `seq` without compaction (cells shared elsewhere survive)."""
         self.rt._check_thread()
+        self._forget_ahead(seq)
         self._seq_rm(seq, p0, p1)
 
     def flush_pending_shifts(self, via_seq: int | None = None) -> None:

@@ -1,7 +1,8 @@
 """One conversation's KV memory: its slot's resident blocks, eviction, recovery, parking.
 
 Invariants (engine thread only): the block table mirrors the slot sequence exactly (resident
-blocks at contiguous positions, `pos_max == active_tokens - 1`); victims are saved before any
+blocks at contiguous positions, `pos_max == active_tokens - 1`, plus the next message's opening
+when it was decoded ahead: `KVCache.hold_ahead`); victims are saved before any
 compaction; at every turn end `active_tokens <= budget_tokens` unless protected blocks alone
 exceed it (reported, never silent).
 """
@@ -121,11 +122,25 @@ class ConversationMemory:
         return self._query
 
     # -- decoding new blocks ----------------------------------------------------------------
+    def decode_at_tail(self, tokens: list[int], *, ahead: list[int] = (), logits_last: bool = True,
+                       cancel=None) -> None:
+        """Decode `tokens` after the last block (the caller then adds them to the table). Leading tokens
+        already decoded there ahead of time are not decoded again; `ahead` (the opening the next message
+        will start with) goes into the same llama_decode after them and is held outside the table, its
+        few cells outside the budget, until a decode claims it or any other operation drops it."""
+        if ahead and logits_last:
+            raise ValueError("tokens decoded ahead come after the last logits wanted")
+        start = self.active_tokens
+        done = self.kv.claim_ahead(self.seq, start, tokens, whole=not logits_last)
+        self.rt.decode([*tokens[done:], *ahead], self.seq, start + done, logits_last=logits_last, cancel=cancel)
+        if ahead:
+            self.kv.hold_ahead(self.seq, start + len(tokens), list(ahead))
+
     def append_decoded(self, block: Block, *, current: Iterable[Block] = (), cancel=None) -> None:
         """Make room for `block`, decode its tokens at the tail and add it to the table."""
         self.make_room(block.n_tokens, current=current)
         try:
-            self.rt.decode(block.tokens, self.seq, self.active_tokens, cancel=cancel)
+            self.decode_at_tail(block.tokens, cancel=cancel)
         except BaseException:
             self.kv.drop(self.seq, self.active_tokens, -1)   # chunks decoded before a cancel leave with it
             raise
@@ -433,8 +448,12 @@ class ConversationMemory:
 
     def check(self) -> None:
         self.table.check()
-        if self.seq is not None and self.kv.pos_max(self.seq) != self.active_tokens - 1:
-            raise InvariantError(f"pos_max {self.kv.pos_max(self.seq)} != active {self.active_tokens} - 1")
+        if self.seq is None:
+            return
+        ahead = self.kv.ahead_tokens(self.seq)
+        if self.kv.pos_max(self.seq) != self.active_tokens + ahead - 1:
+            raise InvariantError(f"pos_max {self.kv.pos_max(self.seq)} != active {self.active_tokens} "
+                                 f"+ {ahead} held ahead - 1")
 
     def _block_summaries(self) -> Iterator[dict]:
         """`Block.summary()` of every block, with its attention share when the capture is on: current for

@@ -87,6 +87,22 @@ def input_message(text: str, attachments: Sequence[Attachment], turn: int, role:
     return {"role": role, "content": render_user_content(text, attachments), **(extra or {}), "evoke_turn": turn}
 
 
+_PROBE = "\x00evoke-next-message\x00"
+
+
+def next_user_opening(rt: Runtime, template: ChatTemplate, messages: list[dict]) -> list[int]:
+    """Tokens the template puts before the content of a user message that follows `messages` and a
+    reply (e.g. `<|im_start|>user\n`): what every next message starts with, unless it is a tool result
+    or tokenizes across that boundary (`KVCache.claim_ahead` checks the tokens, so a miss costs a drop)."""
+    try:
+        after_reply = [*messages, {"role": "assistant", "content": "OK"}]
+        segment = template.segment(after_reply, {"role": "user", "content": _PROBE})
+    except Exception:  # noqa: BLE001 - a template that refuses the probe just gets no head start
+        return []
+    at = segment.find(_PROBE)
+    return rt.tokenize(segment[:at]) if at > 0 else []
+
+
 def number_turns(history: list[dict]) -> None:
     """Give every message its turn (`evoke_turn`) where it lacks one: an input starts a turn, a reply
     joins the turn of the input before it (histories written before turns were recorded)."""
@@ -123,6 +139,7 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     history.append(user_message)
     frame = template.assistant_frame([*head, *history])
     opening, closing = rt.tokenize(frame.opening), rt.tokenize(frame.closing)
+    next_opening = next_user_opening(rt, template, [*head, *history])
     memory.set_query(text or user_message["content"][:2000])
 
     # Recovery, before the new tail: re-attached content (identity) and what the message needs.
@@ -146,12 +163,12 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
                 on_progress(done, total)
         question = [b for b in blocks if b.role == "user"][-1:]      # kept while the reply is written
         reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, current + question,
-                          started, last_block=last)
+                          started, last_block=last, next_opening=next_opening)
         done += last.n_tokens if last is not None else 0
     except Cancelled:
         reply = Reply(text="", n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0,
                       prefill_tokens=done, recovered=[])
-        _close_reply(memory, rt, turn, opening, [], closing, "", current)
+        _close_reply(memory, rt, turn, opening, [], closing, "", current, next_opening=next_opening)
     reply.prefill_tokens = done
     reply.recovered = [b.name for b in recovered]
     history.append({"role": "assistant", "content": reply.text, "evoke_turn": turn})
@@ -170,14 +187,16 @@ def regenerate_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemp
     turn = memory.turn = history[-1]["evoke_turn"]
     frame = template.assistant_frame([*([system] if system else []), *history])
     opening, closing = rt.tokenize(frame.opening), rt.tokenize(frame.closing)
+    next_opening = next_user_opening(rt, template, [*([system] if system else []), *history])
     memory.set_query(history[-1]["content"][-2000:])
     question = [b for b in memory.table.resident if b.message_key() == (turn, "input") and b.role == "user"][-1:]
     try:
-        reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, question, started)
+        reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, question, started,
+                          next_opening=next_opening)
     except Cancelled:
         reply = Reply(text="", n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0, prefill_tokens=0,
                       recovered=[])
-        _close_reply(memory, rt, turn, opening, [], closing, "", question)
+        _close_reply(memory, rt, turn, opening, [], closing, "", question, next_opening=next_opening)
     history.append({"role": "assistant", "content": reply.text, "evoke_turn": turn})
     memory.end_turn()
     return reply
@@ -185,13 +204,15 @@ def regenerate_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemp
 
 def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closing: list[int],
               params: SamplingParams, on_token, cancel: threading.Event, turn: int,
-              current: list[Block], started: float, last_block: Block | None = None) -> Reply:
+              current: list[Block], started: float, last_block: Block | None = None,
+              next_opening: list[int] = ()) -> Reply:
     """Sample the reply. `last_block` (the message's last block, not yet decoded) goes into the same
-    llama_decode call as the reply's opening: the first token waits for one decode, not two."""
+    llama_decode call as the reply's opening: the first token waits for one decode, not two.
+    `next_opening` is decoded ahead with the closing (see `_close_reply`)."""
     reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=[], text="")
     pending = last_block.tokens if last_block is not None else []
     memory.make_room(len(pending) + len(opening) + 1, current=current)
-    rt.decode([*pending, *opening], memory.seq, memory.active_tokens)
+    memory.decode_at_tail([*pending, *opening])
     if last_block is not None:
         memory.table.append(last_block)
         memory.counters.prefill_tokens += last_block.n_tokens
@@ -235,12 +256,12 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
                     stopped = "budget"
                     memory.record_event(EventKind.ERROR, "reply stopped: the budget is full of protected blocks")
                     break
-            rt.decode([token], memory.seq, memory.active_tokens)
+            memory.decode_at_tail([token])
             reply_block.tokens.append(token)
             generated.append(token)
     text += decoder.decode(b"", final=True)
     decode_s = time.perf_counter() - first_at if first_at else 0.0
-    _close_reply(memory, rt, turn, [], generated, closing, text, current, reply_block)
+    _close_reply(memory, rt, turn, [], generated, closing, text, current, reply_block, next_opening=next_opening)
     return Reply(text=text, n_tokens=len(generated), stopped=stopped, ttft_s=ttft, decode_s=decode_s,
                  prefill_tokens=0, recovered=[])
 
@@ -251,18 +272,21 @@ def _stop_hit(text: str, stops: Sequence[str], searched_to: int) -> int | None:
 
 
 def _close_reply(memory: ConversationMemory, rt: Runtime, turn: int, opening: list[int], generated: list[int],
-                 closing: list[int], text: str, current: list[Block], reply_block: Block | None = None) -> None:
-    """Decode the template's closing tokens and split the reply into assistant blocks."""
+                 closing: list[int], text: str, current: list[Block], reply_block: Block | None = None, *,
+                 next_opening: list[int] = ()) -> None:
+    """Decode the template's closing tokens and split the reply into assistant blocks. The opening of
+    the next user message (`next_opening`) is decoded in the same call and held ahead: the next turn's
+    first token then waits for the message's own tokens only."""
     table = memory.table
     if reply_block is None:
         reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=[], text="")
         memory.make_room(len(opening) + len(closing), current=current)
-        rt.decode(opening, memory.seq, memory.active_tokens, logits_last=False)
+        memory.decode_at_tail(opening, logits_last=False)
         reply_block.tokens = list(opening)
         table.append(reply_block)
-    memory.make_room(len(closing), current=[*current, reply_block])
-    if closing:
-        rt.decode(closing, memory.seq, memory.active_tokens, logits_last=False)
+    memory.make_room(len(closing) + len(next_opening), current=[*current, reply_block])
+    if closing or next_opening:
+        memory.decode_at_tail(closing, ahead=next_opening, logits_last=False)
         reply_block.tokens.extend(closing)
     chunks = split_tokens(rt, reply_block.tokens, memory.settings.block_tokens)
     pieces = []

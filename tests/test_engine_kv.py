@@ -176,6 +176,66 @@ def test_shared_prefix_cells_are_never_shifted(clean):
     assert bytes(kv._state_of(prefix_seq)) == before
 
 
+def test_tokens_held_ahead_are_claimed_by_the_decode_that_starts_with_them(clean):
+    """The next message's opening decoded ahead (with the reply's closing) and claimed later gives
+    the same greedy answer as decoding the whole message at once, also after a compaction below it."""
+    rt, kv = clean
+    tokens, p0, p1 = _needle(rt)
+    question = rt.tokenize("\nWhat is the passkey?<|im_end|>\n<|im_start|>assistant\nThe passkey is")
+    body = tokens[:len(tokens) - len(question)]
+    head, rest = question[:3], question[3:]
+    rt.decode(body, 0, 0, logits_last=False)
+    reference_start = kv.pos_max(0) + 1
+    rt.decode(question, 0, reference_start)
+    reference = greedy(rt, kv, 0, 6)
+    assert "7431" in rt.detokenize(reference).replace(" ", "")
+    kv.drop(0, reference_start, -1)
+
+    rt.decode(head, 0, reference_start, logits_last=False)
+    kv.hold_ahead(0, reference_start, head)
+    assert kv.ahead_tokens(0) == 3 and kv.pos_max(0) == reference_start + 2
+    assert kv.claim_ahead(0, reference_start, head) == 0           # one token must be left for logits
+    assert kv.pos_max(0) == reference_start - 1                     # ...so the held cells were dropped
+
+    rt.decode(head, 0, reference_start, logits_last=False)
+    kv.hold_ahead(0, reference_start, head)
+    kv.evict(0, 0, 10)                                              # compaction below: they move along
+    at = reference_start - 10
+    assert kv.ahead_tokens(0) == 3 and kv.pos_max(0) == at + 2
+    done = kv.claim_ahead(0, at, question)
+    assert done == 3 and kv.ahead_tokens(0) == 0
+    rt.decode(question[done:], 0, at + done)
+    assert "7431" in rt.detokenize(greedy(rt, kv, 0, 6)).replace(" ", "")
+
+
+@pytest.mark.parametrize("operation", ["restore", "drop", "share", "evict_in_place", "mismatch"])
+def test_any_other_operation_drops_the_tokens_held_ahead(clean, operation):
+    rt, kv = clean
+    tokens = rt.tokenize(TEXT)[:200]
+    rt.decode(tokens[:150], 0, 0, logits_last=False)
+    saved = kv.save(0, 20, 40)
+    rt.decode(tokens[150:153], 0, 150, logits_last=False)
+    kv.hold_ahead(0, 150, tokens[150:153])
+    if operation == "restore":
+        kv.restore(saved, 0, 150)
+        assert kv.pos_max(0) == 169                                 # landed where the held cells were
+    elif operation == "drop":
+        kv.drop(0, 100, -1)
+        assert kv.pos_max(0) == 99
+    elif operation == "share":
+        kv.share(0, 1, 0, 150)                                      # below them: the source keeps them
+        assert kv.ahead_tokens(0) == 3 and kv.pos_max(1) == 149
+        kv.share(0, 1)
+        assert kv.pos_max(0) == 149 and kv.pos_max(1) == 149
+    elif operation == "evict_in_place":
+        kv.evict(0, 100, 120, compact=False)                        # nothing moves: they would sit past a gap
+        assert kv.pos_max(0) == 149
+    else:
+        assert kv.claim_ahead(0, 150, tokens[151:160]) == 0
+        assert kv.pos_max(0) == 149
+    assert kv.ahead_tokens(0) == 0
+
+
 def test_runtime_refuses_calls_from_another_thread(clean):
     import threading
 
