@@ -61,6 +61,7 @@ class KVCache:
         self.geometry: reanchor.RopeGeometry | None = None
         self.reanchor_note = self._calibrate_native_reanchor()
         self._ahead: dict[int, tuple[int, list[int]]] = {}     # seq -> (first position, tokens)
+        self.ahead_claimed = 0                                  # tokens held ahead that a decode then skipped
 
     # -- queries ----------------------------------------------------------------------------
     def pos_max(self, seq: int) -> int:
@@ -71,8 +72,11 @@ class KVCache:
 
     def ahead_tokens(self, seq: int) -> int:
         """Tokens decoded at the end of `seq` ahead of their owner (`hold_ahead`), 0 when none."""
+        return len(self.held_ahead(seq))
+
+    def held_ahead(self, seq: int) -> list[int]:
         held = self._ahead.get(seq)
-        return len(held[1]) if held else 0
+        return list(held[1]) if held else []
 
     # -- tokens decoded ahead of the message that will own them --------------------------------
     def hold_ahead(self, seq: int, pos: int, tokens: list[int]) -> None:
@@ -91,6 +95,7 @@ class KVCache:
             return 0
         at, ahead = held
         if at == pos and tokens[:len(ahead)] == ahead and (whole or len(tokens) > len(ahead)):
+            self.ahead_claimed += len(ahead)
             return len(ahead)
         self._seq_rm(seq, at, -1)
         return 0

@@ -69,6 +69,7 @@ class ConversationMemory:
         self.table = BlockTable()
         self.seq: int | None = None
         self.image: Block | None = None          # the slot's bytes while parked
+        self.image_ahead: list[int] = []         # the opening held ahead, the image's last cells
         self.scorer = Scorer(settings)
         self.attention = AttentionSignal(getattr(kv, "mirror", None))   # inert unless the capture is on
         self.focus = TaskFocus(ema=settings.focus_ema, snap_cosine=settings.focus_snap_cosine)
@@ -352,11 +353,12 @@ class ConversationMemory:
         if self.seq is None:
             raise InvariantError(f"conversation {self.id} is not in a slot: nothing to park")
         start = self.prefix_tokens
+        ahead = self.kv.held_ahead(self.seq)
         if self.active_tokens > start:
             image = Block(name="slot-image", role="image", turn=self.turn,
                           tokens=[t for b in self.table.resident if not b.shared for t in b.tokens], text="")
-            self.pool.put(image, self.kv.save(self.seq, start, self.active_tokens))
-            self.image = image
+            self.pool.put(image, self.kv.save(self.seq, start, self.active_tokens + len(ahead)))
+            self.image, self.image_ahead = image, ahead
         self.kv.drop(self.seq)
         self.seq = None
         self.table.mark_private()                        # the image comes back into private cells
@@ -367,25 +369,28 @@ class ConversationMemory:
         self.seq = seq
         if self.image is not None:
             image, self.image = self.image, None
+            ahead, self.image_ahead = self.image_ahead, []
             self.kv.restore(self.pool.take(image), seq, self.prefix_tokens)
+            self.kv.hold_ahead(seq, self.active_tokens, ahead)
 
     # -- persistence ------------------------------------------------------------------------
     def snapshot(self, prefix_key: str, history: list[dict]) -> Snapshot:
         """Everything needed to bring this conversation back without a forward pass."""
-        image = None
+        image, ahead = None, []
         if self.seq is not None:
             start = self.prefix_tokens
             if self.active_tokens > start:
-                saved = self.kv.save(self.seq, start, self.active_tokens)
+                ahead = self.kv.held_ahead(self.seq)
+                saved = self.kv.save(self.seq, start, self.active_tokens + len(ahead))
                 image = (bytes(saved.data), saved.origin_pos, saved.n_tokens)
         elif self.image is not None:
-            image = self.pool.peek_bytes(self.image)
+            image, ahead = self.pool.peek_bytes(self.image), self.image_ahead
         saved_blocks = {i: self.pool.peek_bytes(b) for i, b in enumerate(self.table.blocks) if b in self.pool}
         focus = None if self.focus.vector is None else [float(x) for x in self.focus.vector]
         return Snapshot(conversation_id=self.id, prefix_key=prefix_key, turn=self.turn,
                         budget_tokens=self.budget_tokens, history=history, blocks=self.table.blocks,
                         image=image, saved=saved_blocks, counters=asdict(self.counters), focus=focus,
-                        embedder=self.embedder.identity)
+                        embedder=self.embedder.identity, ahead=ahead)
 
     def load_snapshot(self, snapshot: Snapshot, prefix_tokens: int) -> None:
         """Adopt a snapshot's table while out of a slot; `unpark` then restores its image."""
@@ -397,7 +402,8 @@ class ConversationMemory:
         if shared != prefix_tokens:
             raise SnapshotError(f"snapshot prefix of {shared} tokens, current prefix {prefix_tokens}")
         image_tokens = snapshot.image[2] if snapshot.image else 0
-        if total - shared != image_tokens or (snapshot.image and snapshot.image[1] != prefix_tokens):
+        mismatch = total - shared + len(snapshot.ahead) != image_tokens
+        if mismatch or (snapshot.image and snapshot.image[1] != prefix_tokens):
             raise SnapshotError("snapshot image does not match its block table")
         self.table = BlockTable.from_blocks(snapshot.blocks)
         for index, block in enumerate(self.table.blocks):
@@ -413,7 +419,7 @@ class ConversationMemory:
             data, origin, n_tokens = snapshot.image
             image = Block(name="slot-image", role="image", turn=snapshot.turn, tokens=[], text="")
             self.pool.put(image, SavedKV(_writable(data), origin, n_tokens))
-            self.image = image
+            self.image, self.image_ahead = image, list(snapshot.ahead)
         self.turn = snapshot.turn
         self.budget_tokens = snapshot.budget_tokens
         for key, value in snapshot.counters.items():
@@ -437,7 +443,7 @@ class ConversationMemory:
             self.seq = None
         for block in [*self.table.blocks, *([self.image] if self.image else [])]:
             self.pool.discard(block)
-        self.image = None
+        self.image, self.image_ahead = None, []
 
     def memory_location(self) -> str:
         if self.seq is not None:

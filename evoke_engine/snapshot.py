@@ -35,6 +35,7 @@ class Snapshot:
     counters: dict = field(default_factory=dict)
     focus: list[float] | None = None
     embedder: str | None = None          # identity of the embedder that computed the vectors (None: unknown)
+    ahead: list[int] = field(default_factory=list)   # the next message's opening: the image's last cells
 
 
 def _block_head(block: Block) -> dict:
@@ -61,7 +62,7 @@ def encode_payload(snapshot: Snapshot) -> bytes:
     head = {"format": FORMAT, "conversation_id": snapshot.conversation_id, "prefix_key": snapshot.prefix_key,
             "turn": snapshot.turn, "budget_tokens": snapshot.budget_tokens, "history": snapshot.history,
             "blocks": [_block_head(b) for b in snapshot.blocks], "spans": spans, "counters": snapshot.counters,
-            "focus": snapshot.focus, "embedder": snapshot.embedder}
+            "focus": snapshot.focus, "embedder": snapshot.embedder, "ahead": snapshot.ahead}
     head_bytes = json.dumps(head, separators=(",", ":")).encode()
     return struct.pack("<I", len(head_bytes)) + head_bytes + b"".join(blobs)
 
@@ -104,4 +105,5 @@ def decode_payload(payload: bytes | bytearray) -> Snapshot:
     return Snapshot(conversation_id=head["conversation_id"], prefix_key=head["prefix_key"], turn=head["turn"],
                     budget_tokens=head["budget_tokens"], history=head["history"], blocks=blocks,
                     image=blob("image"), saved=saved, counters=dict(head.get("counters", {})),
-                    focus=None if focus is None else [float(x) for x in focus], embedder=head.get("embedder"))
+                    focus=None if focus is None else [float(x) for x in focus], embedder=head.get("embedder"),
+                    ahead=list(head["ahead"]))

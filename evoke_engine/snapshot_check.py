@@ -19,7 +19,9 @@ import numpy as np
 from .blocks import BlockState, content_hash
 from .settings import Settings
 
-FORMAT = 2               # 2: the head names the embedder of its vectors ("embedder")
+FORMAT = 3               # 3: the image may end with the next message's opening ("ahead", its tokens)
+                         # 2: the head names the embedder of its vectors ("embedder")
+MAX_AHEAD = 64           # tokens of a message's opening held ahead (a template's role header is a few)
 OLDEST_FORMAT = 1        # 1: no "embedder"; migrated by treating its vectors as of an unknown embedder
 ROLES = frozenset({"system", "tools", "user", "assistant", "file", "breadcrumb"})
 STATES = frozenset(state.value for state in BlockState)
@@ -60,6 +62,8 @@ def migrate_head(head: Any) -> dict:
          f"snapshot format {version!r} (this version reads {OLDEST_FORMAT} to {FORMAT})")
     if version == 1:
         head = {**head, "format": 2, "embedder": None}
+    if head["format"] == 2:
+        head = {**head, "format": 3, "ahead": []}
     return head
 
 
@@ -132,7 +136,7 @@ def _check_table(rows: list[dict]) -> tuple[int, int]:
     return shared, own
 
 
-def _check_spans(spans: Any, rows: list[dict], body_len: int, shared: int, own: int) -> None:
+def _check_spans(spans: Any, rows: list[dict], body_len: int, shared: int, own: int, ahead: int) -> None:
     need(isinstance(spans, dict), "spans is not an object")
     ranges = []
     for key, span in spans.items():
@@ -143,8 +147,8 @@ def _check_spans(spans: Any, rows: list[dict], body_len: int, shared: int, own: 
              f"span {key!r} [{offset}, +{length}) lies outside the {body_len}-byte area")
         need(n_tokens > 0 and 0 <= origin <= MAX_POS - n_tokens, f"span {key!r}: origin or token count out of range")
         if key == "image":
-            need(n_tokens == own and origin == shared,
-                 f"image span holds {n_tokens} tokens at {origin}, the table {own} at {shared}")
+            need(n_tokens == own + ahead and origin == shared,
+                 f"image span holds {n_tokens} tokens at {origin}, the table {own} (+ {ahead} ahead) at {shared}")
         else:
             need(key.isdigit() and str(int(key)) == key and int(key) < len(rows), f"span key {key!r} names no block")
             row = rows[int(key)]
@@ -184,7 +188,11 @@ def check_head(head: dict, body_len: int) -> None:
         _check_row(index, row)
     shared, own = _check_table(rows)
     need(shared < budget, f"budget_tokens {budget} is not larger than the shared prefix ({shared} tokens)")
-    _check_spans(head.get("spans"), rows, body_len, shared, own)
+    ahead = head.get("ahead")
+    need(isinstance(ahead, list) and len(ahead) <= MAX_AHEAD and all(is_int(t) and t >= 0 for t in ahead),
+         f"ahead is not a list of at most {MAX_AHEAD} token ids")
+    need(own > 0 or not ahead, "tokens held ahead of a conversation with no tokens of its own")
+    _check_spans(head.get("spans"), rows, body_len, shared, own, len(ahead))
 
 
 def check_blob(what: str, blob: bytes | bytearray | memoryview, origin: int, n_tokens: int) -> tuple:

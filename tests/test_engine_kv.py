@@ -183,7 +183,7 @@ def test_tokens_held_ahead_are_claimed_by_the_decode_that_starts_with_them(clean
     tokens, p0, p1 = _needle(rt)
     question = rt.tokenize("\nWhat is the passkey?<|im_end|>\n<|im_start|>assistant\nThe passkey is")
     body = tokens[:len(tokens) - len(question)]
-    head, rest = question[:3], question[3:]
+    head = question[:3]
     rt.decode(body, 0, 0, logits_last=False)
     reference_start = kv.pos_max(0) + 1
     rt.decode(question, 0, reference_start)

@@ -60,6 +60,41 @@ def test_more_conversations_than_slots_gives_identical_replies(tmp_path):
     assert "slot" in infos
 
 
+def _held_ahead(engine: Engine, conversation_id: str) -> int:
+    """Tokens held ahead at the end of the conversation's slot (it is brought into one first)."""
+    def in_slot() -> int:
+        state = engine.lifecycle.open(conversation_id)
+        engine.lifecycle.ensure_slot(state)
+        return engine.kv.ahead_tokens(state.memory.seq)
+    return engine.thread.call(in_slot)
+
+
+def test_the_next_message_opening_is_held_ahead_through_park_and_restart(tmp_path):
+    """A reply's closing decodes the next user message's opening too; the next turn skips it, and it
+    survives leaving the slot and a restart (it is the image's last cells)."""
+    settings = Settings(home=str(tmp_path), slots=1, budget_tokens=1024, n_ctx=4096)
+    with Engine(settings, scheduler=False) as engine:
+        conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
+        conv.send("Read this.", [("a.txt", DOC)], max_tokens=8, temperature=0)
+        assert _held_ahead(engine, conv.id) == 3                     # <|im_start|> user \n
+        claimed = engine.kv.ahead_claimed
+        conv.send("What does node 5 hold?", max_tokens=8, temperature=0)
+        assert engine.kv.ahead_claimed == claimed + 3
+        other = engine.new_conversation(system_prompt="You are brief.", tools=[])   # parks conv
+        other.send("Hello.", max_tokens=4, temperature=0)
+        assert _held_ahead(engine, conv.id) == 3                     # back in the one slot, still held
+        conv.check()
+        cid = conv.id
+        branch = conv.fork(len(conv.messages()) - 1)                # the same history, no restart
+        expected = branch.send("And node 7?", max_tokens=12, temperature=0)
+        engine.delete_conversation(branch.id)
+    with Engine(settings, scheduler=False) as engine:
+        conv = engine.open_conversation(cid)
+        assert _held_ahead(engine, cid) == 3
+        conv.check()
+        assert conv.send("And node 7?", max_tokens=12, temperature=0) == expected
+
+
 @pytest.mark.slow
 def test_reply_after_a_restart_equals_the_reply_without_it(tmp_path):
     kept = child("build", str(tmp_path / "kept"), "ask")

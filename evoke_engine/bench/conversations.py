@@ -22,7 +22,9 @@ from ..settings import Settings
 
 SYSTEM = "You are a careful assistant. Answer briefly."
 SHORT = ["Which section mentions the cache?", "What does section 4 configure?", "Summarise section 2 briefly.",
-         "Is there a timeout setting here?", "Which port is used in section 7?", "Name one log file here."]
+         "Is there a timeout setting here?", "Which port is used in section 7?", "Name one log file here.",
+         "How many retries does section 9 allow?", "Which key does section 5 read?", "Is section 3 about logging?",
+         "What happens after the last retry?", "Which section has the highest port?", "Where are errors written?"]
 
 
 def document(tag: str, n_tokens_hint: int) -> str:

@@ -1,12 +1,15 @@
 """`bench switch`: time to first token when a user alternates between two long conversations, against
 what a user would pick instead, all measured in one run: the floor, llama-server, llama-cpp-python.
 
-Invariants: every system serves the same two histories and the same short messages in the same
-A/B order; the first request of each system warms it and is not counted; medians of the rest.
+Invariants: every system serves the same two histories and the same short messages (a new one at each
+switch) in the same A/B order; every system is warmed on both conversations before anything is timed;
+the systems take turns at each switch (rotating who goes first, a pause between requests), so a drift
+of the machine's speed lands on all of them alike; medians over the switches.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import tempfile
@@ -22,103 +25,164 @@ from ..template import ChatTemplate
 from .conversations import SHORT, SYSTEM, _ttft, comparator_llama, document
 from .llama_server import LlamaServer
 
+PAUSE_S = 0.3           # between two requests: the previous system's threads go idle first
+WARM = ["Reply OK if you can read this.", "Please reply OK once more."]
 
-def _floor(histories: dict[str, list[dict]], order: list[str], n_ctx: int, threads: int) -> list[float]:
-    """Decode only the new tail (the message and the reply's opening) on a cached context, sample one."""
-    rt = Runtime(Settings(n_ctx=n_ctx, slots=2, n_threads=threads, home=tempfile.mkdtemp(prefix="evoke-floor-")))
-    try:
-        template = ChatTemplate(rt.meta("tokenizer.chat_template"), bos_token=rt.token_text("bos"),
-                                eos_token=rt.token_text("eos"))
-        seqs, ends = {}, {}
+
+class EvokeSystem:
+    """Evoke Desk: each conversation in its slot; at `budget` both fit, or part of each is in RAM."""
+
+    def __init__(self, docs: dict[str, str], budget: int, threads: int) -> None:
+        settings = Settings(home=tempfile.mkdtemp(prefix="evoke-bench-"), budget_tokens=budget, n_ctx=4 * budget,
+                            slots=2, n_threads=threads, recovery="kv_restore", system_prompt=SYSTEM,
+                            tools_enabled=False)
+        self.engine = Engine(settings, scheduler=False)
+        self.engine.wait_idle()
+        self.convs = {}
+        for name, doc in docs.items():
+            self.convs[name] = self.engine.new_conversation(system_prompt=SYSTEM, tools=[])
+            self.convs[name].send("Read this file and reply OK.", [(f"{name}.txt", doc)], max_tokens=4,
+                                  temperature=0)
+
+    def histories(self) -> dict[str, list[dict]]:
+        return {name: [{"role": "system", "content": SYSTEM}, *conv.template_history()]
+                for name, conv in self.convs.items()}
+
+    def sizes(self) -> dict[str, dict[str, int]]:
+        stats = {name: conv.stats() for name, conv in self.convs.items()}
+        return {name: {"resident": s.active_tokens, "in_ram_or_disk": s.cached_tokens} for name, s in stats.items()}
+
+    def ask(self, name: str, message: str) -> float:
+        return _ttft(self.convs[name], message)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class FloorSystem:
+    """The floor: decode only the new tail (the message and the reply's opening) on a context that
+    holds both histories, sample one token, then remove the tail (every switch sees the same context)."""
+
+    def __init__(self, histories: dict[str, list[dict]], n_ctx: int, threads: int) -> None:
+        self.rt = Runtime(Settings(n_ctx=n_ctx, slots=2, n_threads=threads,
+                                   home=tempfile.mkdtemp(prefix="evoke-floor-")))
+        rt = self.rt
+        self.template = ChatTemplate(rt.meta("tokenizer.chat_template"), bos_token=rt.token_text("bos"),
+                                     eos_token=rt.token_text("eos"))
+        self.histories, self.seqs, self.ends = histories, {}, {}
         for seq, (name, history) in enumerate(histories.items()):
-            tokens = rt.tokenize(template.render(history))
+            tokens = rt.tokenize(self.template.render(history))
             rt.decode(tokens, seq, 0, logits_last=False)
-            seqs[name], ends[name] = seq, len(tokens)
-        out = []
-        for i, name in enumerate(order):
-            message = {"role": "user", "content": SHORT[i % len(SHORT)]}
-            tail = (template.segment(histories[name], message)
-                    + template.assistant_frame([*histories[name], message]).opening)
-            start = time.perf_counter()
-            rt.decode(rt.tokenize(tail), seqs[name], ends[name])
-            int(np.argmax(rt.logits()))
-            out.append(time.perf_counter() - start)
-            ll.llama_memory_seq_rm(rt.memory, seqs[name], ends[name], -1)   # every switch sees the same context
-        return out
-    finally:
-        rt.close()
+            self.seqs[name], self.ends[name] = seq, len(tokens)
+
+    def ask(self, name: str, message: str) -> float:
+        history, rt = self.histories[name], self.rt
+        user = {"role": "user", "content": message}
+        tail = self.template.segment(history, user) + self.template.assistant_frame([*history, user]).opening
+        start = time.perf_counter()
+        rt.decode(rt.tokenize(tail), self.seqs[name], self.ends[name])
+        int(np.argmax(rt.logits()))
+        elapsed = time.perf_counter() - start
+        ll.llama_memory_seq_rm(rt.memory, self.seqs[name], self.ends[name], -1)
+        return elapsed
+
+    def close(self) -> None:
+        self.rt.close()
 
 
-def _llama_cpp_python(histories, order, n_ctx: int, threads: int, n_batch: int, ram_cache: bool) -> list[float]:
-    from llama_cpp import LlamaRAMCache
+class ServerSystem:
+    """llama-server serving each request as a client would: the whole history every time."""
 
-    llm = comparator_llama(n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_batch)
-    if ram_cache:
-        llm.set_cache(LlamaRAMCache(capacity_bytes=8 << 30))
-    out = []
-    for i, name in enumerate(order):
-        messages = [*histories[name], {"role": "user", "content": SHORT[i % len(SHORT)]}]
+    def __init__(self, binary: str, args: list[str], histories, n_ctx: int, threads: int, slots: bool) -> None:
+        self.server = LlamaServer(binary, n_ctx=n_ctx, threads=threads, args=args).__enter__()
+        self.histories, self.slots = histories, slots
+        self.slot_of = {name: k for k, name in enumerate(histories)}
+
+    def ask(self, name: str, message: str) -> float:
+        return self.server.ttft([*self.histories[name], {"role": "user", "content": message}],
+                                slot=self.slot_of[name] if self.slots else None)
+
+    def close(self) -> None:
+        self.server.__exit__(None, None, None)
+
+
+class LlamaCppPythonSystem:
+    """llama-cpp-python's `Llama` with `LlamaRAMCache` (its prompt cache in host RAM), or with none."""
+
+    def __init__(self, histories, n_ctx: int, threads: int, n_batch: int, ram_cache: bool) -> None:
+        from llama_cpp import LlamaRAMCache
+
+        self.llm = comparator_llama(n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_batch)
+        if ram_cache:
+            self.llm.set_cache(LlamaRAMCache(capacity_bytes=8 << 30))
+        self.histories = histories
+
+    def ask(self, name: str, message: str) -> float:
+        messages = [*self.histories[name], {"role": "user", "content": message}]
         start, first = time.perf_counter(), None
-        for chunk in llm.create_chat_completion(messages=messages, max_tokens=2, temperature=0, stream=True):
+        for chunk in self.llm.create_chat_completion(messages=messages, max_tokens=2, temperature=0, stream=True):
             if first is None and chunk["choices"][0]["delta"].get("content"):
                 first = time.perf_counter()
-        out.append((first or time.perf_counter()) - start)   # drained: llama-cpp-python caches at the end
-    llm.close()
-    return out
+        return (first or time.perf_counter()) - start      # drained: llama-cpp-python caches at the end
+
+    def close(self) -> None:
+        self.llm.close()
 
 
-def _server(binary: str, args: list[str], histories, order, n_ctx: int, threads: int, slots: bool) -> list[float]:
-    with LlamaServer(binary, n_ctx=n_ctx, threads=threads, args=args) as server:
-        slot_of = {name: k for k, name in enumerate(histories)}
-        return [server.ttft([*histories[name], {"role": "user", "content": SHORT[i % len(SHORT)]}],
-                            slot=slot_of[name] if slots else None)
-                for i, name in enumerate(order)]
+def _closing(stack: contextlib.ExitStack, system):
+    stack.callback(system.close)
+    return system
 
 
 def run(tokens: int | None = None, trials: int = 7, server: str | None = None, threads: int = 0,
         reprefill: bool = True) -> dict:
     tokens = tokens or 2000
     threads = threads or os.cpu_count() or 1
-    budget = tokens + 1024
-    n_ctx = 4 * budget
-    settings = Settings(home=tempfile.mkdtemp(prefix="evoke-bench-"), budget_tokens=budget, n_ctx=n_ctx, slots=2,
-                        n_threads=threads, recovery="kv_restore", system_prompt=SYSTEM, tools_enabled=False)
+    resident_budget, evicting_budget = 2 * tokens + 1024, tokens + 1024
+    n_ctx = 4 * resident_budget
     docs = {"A": document("alpha", tokens), "B": document("beta", tokens)}
-    order = ["A", "B"] * (trials // 2 + 1)
-    order = order[:trials + 1]
-    times: dict[str, list[float]] = {}
-    with Engine(settings, scheduler=False) as engine:
-        engine.wait_idle()
-        convs, sizes = {}, {}
-        for name, doc in docs.items():
-            convs[name] = engine.new_conversation(system_prompt=SYSTEM, tools=[])
-            convs[name].send("Read this file and reply OK.", [(f"{name}.txt", doc)], max_tokens=4, temperature=0)
-            sizes[name] = convs[name].stats().active_tokens
-        engine.wait_idle()
-        histories = {name: [{"role": "system", "content": SYSTEM}, *conv.template_history()]
-                     for name, conv in convs.items()}
-        times["evoke"] = [_ttft(convs[name], SHORT[i % len(SHORT)]) for i, name in enumerate(order)]
-    times["floor"] = _floor(histories, order, n_ctx, threads)
-    if server:
-        n_ctx_server = 2 * n_ctx                     # llama-server splits -c between its slots
-        times["llama_server_2_slots"] = _server(server, ["-np", "2", "--cache-ram", "0"], histories, order,
-                                                n_ctx_server, threads, slots=True)
-        times["llama_server_defaults"] = _server(server, [], histories, order, n_ctx_server, threads, slots=False)
-        times["llama_server_1_slot_cache_ram"] = _server(server, ["-np", "1"], histories, order, n_ctx, threads,
-                                                         slots=False)
-    times["llama_cpp_python_ram_cache"] = _llama_cpp_python(histories, order, n_ctx, threads,
-                                                            settings.n_batch, ram_cache=True)
-    if reprefill:
-        times["llama_cpp_python_reprefill"] = _llama_cpp_python(histories, order, n_ctx, threads,
-                                                                settings.n_batch, ram_cache=False)
-    medians = {k: statistics.median(v[1:]) for k, v in times.items()}
+    order = (["A", "B"] * trials)[:trials]
+    questions = [SHORT[i % len(SHORT)] + ("" if i < len(SHORT) else f" ({i + 1})") for i in range(trials)]
+    with contextlib.ExitStack() as stack:
+        evoke = _closing(stack, EvokeSystem(docs, resident_budget, threads))
+        histories = evoke.histories()
+        systems = {"evoke": evoke,
+                   "evoke_evicting": _closing(stack, EvokeSystem(docs, evicting_budget, threads)),
+                   "floor": _closing(stack, FloorSystem(histories, n_ctx, threads))}
+        if server:
+            n_server = 2 * n_ctx                        # llama-server splits -c between its slots
+            for label, args, ctx, slots in (("llama_server_2_slots", ["-np", "2", "--cache-ram", "0"], n_server, True),
+                                            ("llama_server_defaults", [], n_server, False),
+                                            ("llama_server_1_slot_cache_ram", ["-np", "1"], n_ctx, False)):
+                systems[label] = _closing(stack, ServerSystem(server, args, histories, ctx, threads, slots))
+        systems["llama_cpp_python_ram_cache"] = _closing(stack, LlamaCppPythonSystem(
+            histories, n_ctx, threads, Settings().n_batch, ram_cache=True))
+        if reprefill:
+            systems["llama_cpp_python_reprefill"] = _closing(stack, LlamaCppPythonSystem(
+                histories, n_ctx, threads, Settings().n_batch, ram_cache=False))
+        sizes = {"evoke": evoke.sizes(), "evoke_evicting": systems["evoke_evicting"].sizes()}
+        for system in systems.values():                 # warm: each conversation served once, untimed
+            for name, message in zip(("A", "B"), WARM, strict=True):
+                system.ask(name, message)
+        times: dict[str, list[float]] = {label: [] for label in systems}
+        labels = list(systems)
+        for i, (name, message) in enumerate(zip(order, questions, strict=True)):
+            for label in labels[i % len(labels):] + labels[:i % len(labels)]:
+                time.sleep(PAUSE_S)
+                times[label].append(systems[label].ask(name, message))
+    medians = {k: statistics.median(v) for k, v in times.items()}
     floor = medians["floor"]
-    servers = [v for k, v in medians.items() if k.startswith("llama_server")]
-    return {"bench": "switch", "conversation_tokens": sizes, "switches": len(order) - 1, "threads": threads,
+    servers = {k: v for k, v in medians.items() if k.startswith("llama_server")}
+    best_server = min(servers.values()) if servers else None
+    return {"bench": "switch", "conversation_tokens": sizes,
+            "budgets": {"evoke": resident_budget, "evoke_evicting": evicting_budget},
+            "switches": trials, "threads": threads, "interleaved": True, "pause_s": PAUSE_S,
             "server": server or "not given: llama-server rows skipped",
             "rows": {k: {"median_ttft_s": round(v, 4), "vs_floor": round(v / floor, 2),
-                         "ttft_s": [round(x, 4) for x in times[k][1:]]} for k, v in medians.items()},
+                         "ttft_s": [round(x, 4) for x in times[k]]} for k, v in medians.items()},
             "evoke_vs_floor": round(medians["evoke"] / floor, 2),
-            "evoke_vs_best_llama_server": round(medians["evoke"] / min(servers), 2) if servers else None,
+            "evoke_vs_best_llama_server": round(medians["evoke"] / best_server, 2) if servers else None,
+            "evoke_evicting_vs_best_llama_server": (round(medians["evoke_evicting"] / best_server, 2)
+                                                    if servers else None),
             "speedup_vs_reprefill": (round(medians["llama_cpp_python_reprefill"] / medians["evoke"], 1)
                                      if reprefill else None)}
