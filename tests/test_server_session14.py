@@ -8,6 +8,7 @@ import pytest
 from server_fixtures import client_for, running_server
 
 from evoke_engine.bench.endpoint import SYSTEM, run_session, session_turns
+from evoke_engine.bench.recall import passed
 
 
 @pytest.mark.slow
@@ -27,6 +28,11 @@ def test_fourteen_turn_session(tmp_path):
         assert {t["evoke"]["conversation_id"] for t in turns} == {turns[0]["evoke"]["conversation_id"]}
         # The window's path: the same turns through Conversation.send on the same engine.
         window = engine.new_conversation(system_prompt=SYSTEM, tools=[])
-        for text, max_tokens in session_turns(seed)[0]:
+        session, passkey = session_turns(seed)
+        for text, max_tokens in session:
             answer = window.send(text, max_tokens=max_tokens, temperature=0)
-        assert answer == turns[-1]["reply"]
+        # The same answer; what follows it may differ: the two conversations' cells sit in other cache
+        # cells after evictions and restores, flash attention sums them in cell order, and the token after
+        # the answer (end of turn or more words) is a near tie on this model.
+        assert passed(answer, passkey) and passed(turns[-1]["reply"], passkey)
+        assert answer.split(".")[0] == turns[-1]["reply"].split(".")[0]
