@@ -54,6 +54,9 @@ if ! ls "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   UNPACKED=$(mktemp -d)
   $PY -m wheel unpack -d "$UNPACKED" "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null
   cp build/cuda-cmake/"$TAG"/bin/libggml-cpu-*.so "$UNPACKED"/llama_cpp_python-*/llama_cpp/lib/
+  # Its install also puts the backend modules in a top-level bin/ (site-packages/bin, which nothing
+  # loads from): a second 112 MB copy of libggml-cuda.so. The wheel keeps llama_cpp/lib only.
+  rm -rf "$UNPACKED"/llama_cpp_python-*/bin
   rm "$WHEEL_DIR"/llama_cpp_python-*.whl
   $PY -m wheel pack -d "$WHEEL_DIR" "$UNPACKED"/llama_cpp_python-* >/dev/null
   rm -rf "$UNPACKED"
