@@ -67,8 +67,8 @@ def encode_payload(snapshot: Snapshot) -> bytes:
     return struct.pack("<I", len(head_bytes)) + head_bytes + b"".join(blobs)
 
 
-def decode_payload(payload: bytes | bytearray) -> Snapshot:
-    """Blobs come back as memoryviews into `payload` (no copy; writable when it is a bytearray).
+def decode_payload(payload: Buffer) -> Snapshot:
+    """Blobs come back as memoryviews into `payload` (no copy; writable when `payload` is).
     Older formats are migrated (`snapshot_check.migrate_head`); anything else wrong is a SnapshotError."""
     try:
         (head_len,) = struct.unpack_from("<I", payload, 0)
