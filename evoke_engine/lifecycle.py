@@ -152,6 +152,9 @@ class ConversationLifecycle:
             memory.unpark(slot)
         except RestoreError as exc:                 # its parked bytes are gone (a spill file deleted)
             self._rebuild_lost(state, exc)
+            return
+        if not eng.kv.ahead_tokens(slot) and all(b.shared for b in memory.table.resident):
+            eng.prefixes.hold_opening(prefix, slot)      # a new (or emptied) conversation: its first opening
 
     def _reset(self, state: ConversationState) -> None:
         """Out of its slot and the pool, with a fresh empty memory and no history (not open)."""

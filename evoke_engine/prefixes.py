@@ -2,6 +2,8 @@
 
 Invariants: a prefix's key is the hash of its tokens; its cells are decoded once and only ever shared
 into slots (never shifted or evicted); when every prefix sequence is taken the least recently used goes.
+The first user message's opening is decoded with the prefix, kept as bytes and spliced (held ahead)
+into a slot that holds the prefix alone, so a first message decodes only its own tokens.
 """
 
 from __future__ import annotations
@@ -10,13 +12,13 @@ import hashlib
 import json
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .blocks import Block
-from .kv import KVCache
+from .kv import KVCache, SavedKV
 from .runtime import Runtime
 from .settings import Settings
 from .template import ChatTemplate
@@ -67,6 +69,8 @@ class Prefix:
     seq: int
     tokens: list[int]
     pieces: list[tuple[str, str, list[int]]]     # (block name, text, tokens): system, tools
+    opening: list[int] = field(default_factory=list)     # a first user message's opening (`<|im_start|>user\n`)
+    opening_kv: SavedKV | None = None                    # its K/V, decoded after the prefix
 
     def blocks(self) -> list[Block]:
         """The conversation's first blocks: one per piece, their cells shared with the prefix sequence."""
@@ -98,9 +102,14 @@ class SharedPrefixes:
             return prefix
         seq, displaced = self._free_seq()
         self.kv.drop(seq)
-        if tokens:
-            self.rt.decode(tokens, seq, 0, logits_last=False)
         prefix = Prefix(key=key, seq=seq, tokens=tokens, pieces=pieces)
+        if tokens:
+            opening_text = self.template.user_opening([system_message(system_prompt, tools)])
+            prefix.opening = self.rt.tokenize(opening_text) if opening_text else []
+            self.rt.decode([*tokens, *prefix.opening], seq, 0, logits_last=False)
+            if prefix.opening:
+                prefix.opening_kv = self.kv.save(seq, len(tokens), len(tokens) + len(prefix.opening))
+                self.kv.drop(seq, len(tokens), -1)
         self._by_key[key] = prefix
         if displaced is not None:
             log.info("prefix %s displaced by %s", displaced.key, key)
@@ -110,6 +119,18 @@ class SharedPrefixes:
         """Give sequence `seq` the prefix's cells (no decode, no copy)."""
         if prefix.tokens:
             self.kv.share(prefix.seq, seq, 0, len(prefix.tokens))
+
+    def hold_opening(self, prefix: Prefix, seq: int) -> None:
+        """Splice the first user message's opening after the prefix in `seq` (which must hold the prefix
+        and nothing after it) and hold it ahead: its K/V were computed on the same cells at the same
+        positions, so the first message claims them instead of decoding them (a miss drops them)."""
+        saved = prefix.opening_kv
+        if saved is None:
+            return
+        at = len(prefix.tokens)
+        self.kv.restore(SavedKV(data=bytearray(saved.data), origin_pos=saved.origin_pos, n_tokens=saved.n_tokens),
+                        seq, at)
+        self.kv.hold_ahead(seq, at, prefix.opening)
 
     def _free_seq(self) -> tuple[int, Prefix | None]:
         """A sequence for a new prefix, and the prefix it displaces (if any)."""

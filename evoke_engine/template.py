@@ -23,6 +23,7 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\
           " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
           "{{ '<|im_start|>assistant\\n' }}{% endif %}")
 _SENTINEL = "\x00EVOKE-REPLY\x00"
+_PROBE = "\x00evoke-next-message\x00"
 
 
 def _raise(message: str) -> None:
@@ -66,6 +67,17 @@ class ChatTemplate:
         at = tail.find(_SENTINEL)
         closing = tail[at + len(_SENTINEL):] if at >= 0 else ""
         return AssistantFrame(opening=opening, closing=closing)
+
+
+    def user_opening(self, history: Sequence[dict[str, Any]]) -> str:
+        """The text the template puts before the content of a user message after `history` (e.g.
+        `<|im_start|>user\n`); "" when the template refuses the probe or renders none."""
+        try:
+            segment = self.segment(history, {"role": "user", "content": _PROBE})
+        except Exception:  # noqa: BLE001 - a template that refuses the probe just gets no head start
+            return ""
+        at = segment.find(_PROBE)
+        return segment[:at] if at > 0 else ""
 
 
 def _diff(before: str, after: str) -> str:

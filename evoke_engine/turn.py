@@ -87,20 +87,12 @@ def input_message(text: str, attachments: Sequence[Attachment], turn: int, role:
     return {"role": role, "content": render_user_content(text, attachments), **(extra or {}), "evoke_turn": turn}
 
 
-_PROBE = "\x00evoke-next-message\x00"
-
-
 def next_user_opening(rt: Runtime, template: ChatTemplate, messages: list[dict]) -> list[int]:
     """Tokens the template puts before the content of a user message that follows `messages` and a
     reply (e.g. `<|im_start|>user\n`): what every next message starts with, unless it is a tool result
     or tokenizes across that boundary (`KVCache.claim_ahead` checks the tokens, so a miss costs a drop)."""
-    try:
-        after_reply = [*messages, {"role": "assistant", "content": "OK"}]
-        segment = template.segment(after_reply, {"role": "user", "content": _PROBE})
-    except Exception:  # noqa: BLE001 - a template that refuses the probe just gets no head start
-        return []
-    at = segment.find(_PROBE)
-    return rt.tokenize(segment[:at]) if at > 0 else []
+    text = template.user_opening([*messages, {"role": "assistant", "content": "OK"}])
+    return rt.tokenize(text) if text else []
 
 
 def number_turns(history: list[dict]) -> None:

@@ -95,6 +95,33 @@ def test_the_next_message_opening_is_held_ahead_through_park_and_restart(tmp_pat
         assert conv.send("And node 7?", max_tokens=12, temperature=0) == expected
 
 
+def test_a_new_conversation_holds_its_first_opening_as_decoding_it_would(tmp_path):
+    """The prefix's first-user opening is spliced into a new conversation, held ahead: its K/V bytes
+    are those a decode in the conversation gives (same cells before it, same positions), and the
+    first message claims it instead of decoding it."""
+    with Engine(Settings(home=str(tmp_path), slots=2, budget_tokens=1024, n_ctx=4096), scheduler=False) as engine:
+        held = engine.new_conversation(system_prompt="You are brief.", tools=[])
+        plain = engine.new_conversation(system_prompt="You are brief.", tools=[])
+
+        def compare() -> tuple[list[int], bytes, bytes]:
+            a, b = engine.lifecycle.open(held.id), engine.lifecycle.open(plain.id)
+            opening, at = a.prefix.opening, a.memory.active_tokens
+            assert engine.kv.held_ahead(a.memory.seq) == opening
+            engine.kv.drop(b.memory.seq, at, -1)                     # b decodes the opening itself
+            engine.rt.decode(opening, b.memory.seq, at, logits_last=False)
+            ours = engine.kv.save(a.memory.seq, at, at + len(opening)).data
+            theirs = engine.kv.save(b.memory.seq, at, at + len(opening)).data
+            engine.kv.drop(b.memory.seq, at, -1)
+            return opening, bytes(ours), bytes(theirs)
+
+        opening, ours, theirs = engine.thread.call(compare)
+        assert len(opening) == 3 and ours == theirs                  # <|im_start|> user \n, bit for bit
+        claimed = engine.kv.ahead_claimed
+        held.send("What does node 5 hold?", max_tokens=4, temperature=0)
+        assert engine.kv.ahead_claimed == claimed + 3
+        held.check()
+
+
 @pytest.mark.slow
 def test_reply_after_a_restart_equals_the_reply_without_it(tmp_path):
     kept = child("build", str(tmp_path / "kept"), "ask")

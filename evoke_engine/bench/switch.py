@@ -22,10 +22,9 @@ from ..engine import Engine
 from ..runtime import Runtime
 from ..settings import Settings
 from ..template import ChatTemplate
-from .conversations import SHORT, SYSTEM, _ttft, comparator_llama, document
+from .conversations import PAUSE_S, SHORT, SYSTEM, _ttft, comparator_llama, document
 from .llama_server import LlamaServer
 
-PAUSE_S = 0.3           # between two requests: the previous system's threads go idle first
 WARM = ["Reply OK if you can read this.", "Please reply OK once more."]
 
 
