@@ -68,7 +68,6 @@ class ChatTemplate:
         closing = tail[at + len(_SENTINEL):] if at >= 0 else ""
         return AssistantFrame(opening=opening, closing=closing)
 
-
     def user_opening(self, history: Sequence[dict[str, Any]]) -> str:
         """The text the template puts before the content of a user message after `history` (e.g.
         `<|im_start|>user\n`); "" when the template refuses the probe or renders none."""
