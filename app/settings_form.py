@@ -15,7 +15,7 @@ GROUP_TITLES = {"Conversation": "System prompt", "Persistence": "Persistence & k
 LABELS = {
     "model_path": "Model file", "n_ctx": "Context length", "n_gpu_layers": "GPU layers",
     "n_threads": "Threads", "n_batch": "Batch size", "kv_cache_type": "KV cache type",
-    "flash_attention": "Flash attention", "slots": "Conversation slots",
+    "flash_attention": "Flash attention", "slots": "Conversation slots", "slot_contexts": "A context per slot",
     "budget_tokens": "Budget", "high_watermark": "High watermark", "low_watermark": "Low watermark",
     "tail_fraction": "Protected tail", "block_tokens": "Block size", "recovery": "Recovery backend",
     "recovery_top_k": "Recovery top-K", "ram_budget_bytes": "RAM budget", "embedder": "Embedder model",
@@ -34,6 +34,7 @@ SAVED_STATE_EFFECTS = {          # what a change does to conversations saved to 
     "kv_cache_type": _REBUILT.format(what="KV cache type"),
     "n_ctx": _REBUILT.format(what="context length"),
     "slots": _REBUILT.format(what="slot count"),
+    "flash_attention": _REBUILT.format(what="flash attention setting (it decides how V is stored)"),
     "embedder": "similarity vectors are recomputed with the new embedder when needed; the saved K/V is kept "
                 "(no re-read of the history)",
     "block_tokens": "saved blocks keep their size and nothing is recomputed; new messages use the new size",

@@ -110,7 +110,8 @@ class Engine:
         self.prefixes = SharedPrefixes(rt, self.kv, self.template)
         ttls = live_settings.ttl_seconds(settings)
         self.kvfiles = KVFileStore(settings.cache_dir, model_hash(rt.model_path, settings.kv_cache_type, rt.n_ctx,
-                                                                  settings.slots), ttls, clock=self.clock)
+                                                                  settings.slots, rt.flash_attention),
+                                   ttls, clock=self.clock)
         self.kvfiles.check(fix=True)
         if not rt.eviction_supported:
             self.emit(EngineEvent(EventKind.ERROR, f"{rt.eviction_note}; chat works without eviction"))
@@ -119,8 +120,12 @@ class Engine:
             shared = len(self.warm_default_prefix().tokens)
             if self.embedder.enabled and recovery_backend(settings.recovery).evicts:
                 self.thread.submit(self.embedder.warm, priority=BACKGROUND)
-        cells = shared + settings.slots * max(0, settings.budget_tokens - shared) + 2 * settings.block_tokens
-        if recovery_backend(settings.recovery).evicts and cells > rt.n_ctx:
+        if rt.n_contexts > 1:                       # each slot in its own context, with a copy of the prefix
+            cells, room = settings.budget_tokens + 2 * settings.block_tokens, rt.n_ctx_per_context
+        else:
+            cells = shared + settings.slots * max(0, settings.budget_tokens - shared) + 2 * settings.block_tokens
+            room = rt.n_ctx
+        if recovery_backend(settings.recovery).evicts and cells > room:
             self.emit(EngineEvent(EventKind.ERROR, f"{settings.slots} slots of {settings.budget_tokens} tokens may "
                                   f"not fit in a context of {rt.n_ctx}; raise n_ctx or lower slots or budget"))
         info = self._info = rt.info()

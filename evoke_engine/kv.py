@@ -1,12 +1,14 @@
 """KV primitives composed from the stock llama.cpp API: save, evict, restore, share.
 
 Invariants: bytes are saved only from cells without a pending K-shift (a pending shift is
-applied first by a one-token decode in the scratch sequence); the scratch sequence is empty
-between calls; cells shared with a prefix sequence are never shifted or removed here; every
-sequence operation goes through `_seq_rm` / `_seq_add` / `_seq_cp`, which tell the `mirror`
-(the attention capture's K store, when there is one) after llama.cpp did it. Tokens held ahead of
-a sequence (`hold_ahead`) live only until the next operation on it: any but a compaction below
-them drops them, and `claim_ahead` hands them to the decode that was going to decode them anyway.
+applied first by a one-token decode in the scratch sequence of that context); the scratch sequence is
+empty between calls; cells shared with a prefix sequence are never shifted or removed here; every
+sequence operation runs in the context of the sequence it serves (`Runtime.context_of`) and goes through
+`_seq_rm` / `_seq_add` / `_seq_cp`, which tell the `mirror` (the attention capture's K store, when there
+is one) after llama.cpp did it. Sharing between two contexts copies the bytes (save, then restore).
+Tokens held ahead of a sequence (`hold_ahead`) live only until the next operation on it: any but a
+compaction below them drops them, and `claim_ahead` hands them to the decode that was going to decode
+them anyway.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class KVCache:
         self.rt = runtime
         self.mirror = mirror
         self.scratch = runtime.scratch_seq
-        self.shift_pending = False
+        self._shifted: set[int] = set()                         # contexts with a K-shift queued
         self.shift_flushes = 0
         self.native_reanchors = 0
         self.geometry: reanchor.RopeGeometry | None = None
@@ -65,10 +67,21 @@ class KVCache:
 
     # -- queries ----------------------------------------------------------------------------
     def pos_max(self, seq: int) -> int:
-        return ll.llama_memory_seq_pos_max(self.rt.memory, seq)
+        return ll.llama_memory_seq_pos_max(self.rt.memory(self.rt.context_of(seq)), seq)
 
     def pos_min(self, seq: int) -> int:
-        return ll.llama_memory_seq_pos_min(self.rt.memory, seq)
+        return ll.llama_memory_seq_pos_min(self.rt.memory(self.rt.context_of(seq)), seq)
+
+    def same_context(self, a: int, b: int) -> bool:
+        return self.rt.context_of(a) == self.rt.context_of(b)
+
+    @property
+    def shift_pending(self) -> bool:
+        return bool(self._shifted)
+
+    @shift_pending.setter
+    def shift_pending(self, pending: bool) -> None:
+        self._shifted = set(range(len(self.rt.contexts))) if pending else set()
 
     def ahead_tokens(self, seq: int) -> int:
         """Tokens decoded at the end of `seq` ahead of their owner (`hold_ahead`), 0 when none."""
@@ -111,16 +124,17 @@ class KVCache:
         self.rt._check_thread()
         if p1 <= p0:
             raise ValueError(f"empty range [{p0}, {p1})")
-        self.flush_pending_shifts()
-        self._seq_cp(seq, self.scratch, p0, p1)
+        context = self.rt.context_of(seq)
+        self._flush_context(context)
+        self._seq_cp(seq, self.scratch, p0, p1, context)
         try:
-            data = self._state_of(self.scratch)
+            data = self._state_of(self.scratch, context)
         finally:
-            self._seq_rm(self.scratch, -1, -1)
+            self._seq_rm(self.scratch, -1, -1, context)
         return SavedKV(data=data, origin_pos=p0, n_tokens=p1 - p0)
 
-    def _state_of(self, seq: int) -> bytearray:
-        ctx = self.rt.ctx
+    def _state_of(self, seq: int, context: int | None = None) -> bytearray:
+        ctx = self.rt.ctx(self.rt.context_of(seq) if context is None else context)
         size = ll.llama_state_seq_get_size(ctx, seq)
         data = bytearray(size)
         written = ll.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(data), size, seq)
@@ -141,13 +155,13 @@ class KVCache:
             raise RuntimeError(f"llama_memory_seq_rm refused [{p0}, {p1}) of seq {seq}")
         if compact and self.pos_max(seq) >= p1:
             self._seq_add(seq, p1, -1, -(p1 - p0))
-            self.shift_pending = True
+            self._shifted.add(self.rt.context_of(seq))
 
     def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None:
         """Splice saved K/V into `seq` at positions at_pos.. (RoPE re-anchored, no forward pass)."""
         self.rt._check_thread()
         self._forget_ahead(seq)
-        ctx = self.rt.ctx
+        context = self.rt.context_of(seq)
         delta = at_pos - saved.origin_pos
         if delta and self.geometry is not None:
             layout = reanchor.parse(saved.data, self.geometry)
@@ -157,30 +171,37 @@ class KVCache:
                 delta = 0
                 self.native_reanchors += 1
         size = len(saved.data)
-        read = ll.llama_state_seq_set_data(ctx, (ctypes.c_uint8 * size).from_buffer(saved.data), size,
-                                           self.scratch)
+        read = ll.llama_state_seq_set_data(self.rt.ctx(context), (ctypes.c_uint8 * size).from_buffer(saved.data),
+                                           size, self.scratch)
         if read == 0:
-            self._seq_rm(self.scratch, -1, -1)
+            self._seq_rm(self.scratch, -1, -1, context)
             raise RestoreError(f"llama.cpp rejected {saved.n_tokens} saved tokens "
                                "(no contiguous free cells, or bytes from another model)")
         if self.mirror is not None:
             self.mirror.load_state(self.scratch, saved.data)
         try:
             if delta:
-                self._seq_add(self.scratch, -1, -1, delta)
-                self.shift_pending = True
-            self._seq_cp(self.scratch, seq, -1, -1)
+                self._seq_add(self.scratch, -1, -1, delta, context)
+                self._shifted.add(context)
+            self._seq_cp(self.scratch, seq, -1, -1, context)
         finally:
-            self._seq_rm(self.scratch, -1, -1)
+            self._seq_rm(self.scratch, -1, -1, context)
 
     def share(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        """Give `dst` the cells of `src` in [p0, p1): no decode and no byte copy."""
+        """Give `dst` the cells of `src` in [p0, p1): no decode and no byte copy within one context; a
+        copy of the bytes (save, restore at the same positions) between two."""
         self.rt._check_thread()
         held = self._ahead.get(src)
         if held is not None and (p1 < 0 or p1 > held[0]):
             self._forget_ahead(src)                      # only a range over the held cells would copy them
         self._forget_ahead(dst)
-        self._seq_cp(src, dst, p0, p1)
+        if self.same_context(src, dst):
+            self._seq_cp(src, dst, p0, p1)
+            return
+        first = self.pos_min(src) if p0 < 0 else p0
+        end = self.pos_max(src) + 1 if p1 < 0 else p1
+        if end > first >= 0:
+            self.restore(self.save(src, first, end), dst, first)
 
     def drop(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         """Forget [p0, p1) of `seq` without compaction (cells shared elsewhere survive)."""
@@ -189,29 +210,37 @@ class KVCache:
         self._seq_rm(seq, p0, p1)
 
     def flush_pending_shifts(self, via_seq: int | None = None) -> None:
-        """Apply every queued K-shift now: one token decoded in an empty sequence, then removed."""
-        if not self.shift_pending:
+        """Apply every queued K-shift now: in each context with one, a token decoded in an empty
+        sequence (the scratch, or `via_seq`), then removed."""
+        for context in sorted(self._shifted):
+            self._flush_context(context, via_seq)
+
+    def _flush_context(self, context: int, via_seq: int | None = None) -> None:
+        if context not in self._shifted:
             return
         seq = self.scratch if via_seq is None else via_seq
-        self.rt.decode([self._flush_token()], seq, 0, logits_last=False)
-        self._seq_rm(seq, -1, -1)
-        self.shift_pending = False
+        self.rt.decode([self._flush_token()], seq, 0, logits_last=False, context=context)
+        self._seq_rm(seq, -1, -1, context)
+        self._shifted.discard(context)
         self.shift_flushes += 1
 
     # -- llama.cpp's sequence operations, followed by the mirror ----------------------------------
-    def _seq_rm(self, seq: int, p0: int, p1: int) -> bool:
-        ok = ll.llama_memory_seq_rm(self.rt.memory, seq, p0, p1)
+    def _seq_rm(self, seq: int, p0: int, p1: int, context: int | None = None) -> bool:
+        memory = self.rt.memory(self.rt.context_of(seq) if context is None else context)
+        ok = ll.llama_memory_seq_rm(memory, seq, p0, p1)
         if ok and self.mirror is not None:
             self.mirror.seq_rm(seq, p0, p1)
         return ok
 
-    def _seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
-        ll.llama_memory_seq_add(self.rt.memory, seq, p0, p1, delta)
+    def _seq_add(self, seq: int, p0: int, p1: int, delta: int, context: int | None = None) -> None:
+        memory = self.rt.memory(self.rt.context_of(seq) if context is None else context)
+        ll.llama_memory_seq_add(memory, seq, p0, p1, delta)
         if self.mirror is not None:
             self.mirror.seq_add(seq, p0, p1, delta)
 
-    def _seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
-        ll.llama_memory_seq_cp(self.rt.memory, src, dst, p0, p1)
+    def _seq_cp(self, src: int, dst: int, p0: int, p1: int, context: int | None = None) -> None:
+        memory = self.rt.memory(self.rt.context_of(dst) if context is None else context)
+        ll.llama_memory_seq_cp(memory, src, dst, p0, p1)
         if self.mirror is not None:
             self.mirror.seq_cp(src, dst, p0, p1)
 
@@ -243,7 +272,7 @@ class KVCache:
             ours = bytearray(original)
             reanchor.shift(ours, layout, geometry, delta)
             self._seq_add(self.scratch, -1, -1, delta)
-            self.shift_pending = True
+            self._shifted.add(0)
             self.flush_pending_shifts(via_seq=0)
             theirs = self._state_of(self.scratch)
         finally:

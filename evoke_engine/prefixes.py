@@ -1,7 +1,9 @@
 """The shared prefixes: a system prompt with its tool schemas, decoded once into a prefix sequence.
 
 Invariants: a prefix's key is the hash of its tokens; its cells are decoded once and only ever shared
-into slots (never shifted or evicted); when every prefix sequence is taken the least recently used goes.
+into slots (never shifted or evicted); a slot with a context of its own gets a copy of the prefix's
+bytes instead (kept in host RAM, spliced without a decode); when every prefix sequence is taken the
+least recently used goes.
 The first user message's opening is decoded with the prefix, kept as bytes and spliced (held ahead)
 into a slot that holds the prefix alone, so a first message decodes only its own tokens.
 """
@@ -71,6 +73,7 @@ class Prefix:
     pieces: list[tuple[str, str, list[int]]]     # (block name, text, tokens): system, tools
     opening: list[int] = field(default_factory=list)     # a first user message's opening (`<|im_start|>user\n`)
     opening_kv: SavedKV | None = None                    # its K/V, decoded after the prefix
+    kv: SavedKV | None = None                            # the prefix's own K/V, for slots in other contexts
 
     def blocks(self) -> list[Block]:
         """The conversation's first blocks: one per piece, their cells shared with the prefix sequence."""
@@ -107,6 +110,8 @@ class SharedPrefixes:
             opening_text = self.template.user_opening([system_message(system_prompt, tools)])
             prefix.opening = self.rt.tokenize(opening_text) if opening_text else []
             self.rt.decode([*tokens, *prefix.opening], seq, 0, logits_last=False)
+            if self.rt.n_contexts > 1:
+                prefix.kv = self.kv.save(seq, 0, len(tokens))
             if prefix.opening:
                 prefix.opening_kv = self.kv.save(seq, len(tokens), len(tokens) + len(prefix.opening))
                 self.kv.drop(seq, len(tokens), -1)
@@ -116,9 +121,13 @@ class SharedPrefixes:
         return prefix
 
     def share_into(self, prefix: Prefix, seq: int) -> None:
-        """Give sequence `seq` the prefix's cells (no decode, no copy)."""
-        if prefix.tokens:
+        """Give sequence `seq` the prefix's cells (no decode; no copy within the prefix's context)."""
+        if not prefix.tokens:
+            return
+        if prefix.kv is None or self.kv.same_context(prefix.seq, seq):
             self.kv.share(prefix.seq, seq, 0, len(prefix.tokens))
+        else:                                        # at its own positions: restore leaves the bytes as they are
+            self.kv.restore(prefix.kv, seq, prefix.kv.origin_pos)
 
     def hold_opening(self, prefix: Prefix, seq: int) -> None:
         """Splice the first user message's opening after the prefix in `seq` (which must hold the prefix

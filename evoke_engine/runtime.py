@@ -1,8 +1,11 @@
 """The one llama.cpp model and context: load, tokenize, decode in chunks, sample.
 
 Invariants: every method runs on the thread that constructed the Runtime (asserted, so a
-call from the GUI thread fails loudly); a decode never mixes sequences unless asked; the
-context is unified (`kv_unified`) with `n_seq_max = slots + 2` (prefix and scratch).
+call from the GUI thread fails loudly); a decode never mixes sequences unless asked. Sequences:
+one per slot, the prefixes, one scratch, numbered alike in every context. With `slot_contexts`
+each slot has a context of its own (one model, `slots` contexts of n_ctx / slots cells), so a turn
+attends over its own conversation only; the prefixes live in context 0 and the scratch sequence is
+used in the context of the sequence it serves. Without it, one unified context holds every slot.
 """
 
 from __future__ import annotations
@@ -91,6 +94,15 @@ def _quiet_llama_logs() -> None:
     ll.llama_log_set(_cb, ctypes.c_void_p(0))
 
 
+def resolve_flash_attention(setting: str, kv_cache_type: str, on_gpu: bool) -> str:
+    """"on" or "off": `auto` is off on the CPU with an f16 cache, where llama.cpp's CPU flash-attention
+    kernel makes a short tail ~1.7x slower than the plain matrix products (docs/benchmarks.md), and on
+    elsewhere (the GPU kernels win; a quantised V cache needs it)."""
+    if setting != "auto":
+        return setting
+    return "on" if on_gpu or kv_cache_type != "f16" else "off"
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     path: str
@@ -111,6 +123,8 @@ class ModelInfo:
     vram_free_bytes: int         # when the model was loaded
     kv_cache_type: str
     kv_bytes_per_token: int
+    flash_attention: str         # "on" or "off", as resolved
+    contexts: int                # llama.cpp contexts (one per slot, or one for all)
     eviction_supported: bool
     eviction_note: str
 
@@ -141,8 +155,11 @@ class Runtime:
             raise ModelLoadError(f"llama.cpp could not load the model (corrupt or unsupported GGUF): {path}")
         self.vocab = ll.llama_model_get_vocab(self.model)
 
+        self.flash_attention = resolve_flash_attention(settings.flash_attention, settings.kv_cache_type,
+                                                       self.device.on_gpu)
+        self.n_contexts = settings.slots if settings.slot_contexts else 1
         cparams = ll.llama_context_default_params()
-        cparams.n_ctx = settings.n_ctx
+        cparams.n_ctx = settings.n_ctx // self.n_contexts
         cparams.n_batch = settings.n_batch
         cparams.n_ubatch = settings.n_batch
         cparams.n_seq_max = self.n_seq_max
@@ -151,21 +168,26 @@ class Runtime:
         cparams.n_threads_batch = threads
         cparams.type_k = _KV_TYPES[settings.kv_cache_type]
         cparams.type_v = _KV_TYPES[settings.kv_cache_type]
-        cparams.flash_attn_type = _FLASH[settings.flash_attention]
+        cparams.flash_attn_type = _FLASH[self.flash_attention]
         cparams.kv_unified = True
         cparams.no_perf = True
         self._eval_callback = eval_callback
         if eval_callback is not None:
             cparams.cb_eval, cparams.cb_eval_user_data = eval_callback.cb_eval, eval_callback.user_data
         self.before_decode = None           # called with the sequence before each decode (the capture's target)
-        self.ctx = ll.llama_init_from_model(self.model, cparams)
-        if not self.ctx:
-            ll.llama_model_free(self.model)
-            raise ModelLoadError(
-                f"llama.cpp could not create a context of {settings.n_ctx} tokens "
-                f"(out of memory? try a smaller context or KV cache type q8_0): {path}")
-        self.memory = ll.llama_get_memory(self.ctx)
-        self.n_ctx = ll.llama_n_ctx(self.ctx)
+        self.contexts: list = []            # llama_context pointers, one per slot or one for all
+        for _ in range(self.n_contexts):
+            ctx = ll.llama_init_from_model(self.model, cparams)
+            if not ctx:
+                self.close()
+                raise ModelLoadError(
+                    f"llama.cpp could not create a context of {cparams.n_ctx} tokens "
+                    f"(out of memory? try a smaller context or KV cache type q8_0): {path}")
+            self.contexts.append(ctx)
+        self._memories = [ll.llama_get_memory(ctx) for ctx in self.contexts]
+        self.n_ctx_per_context = ll.llama_n_ctx(self.contexts[0])
+        self.n_ctx = self.n_ctx_per_context * self.n_contexts
+        self._last_context = 0
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self._batch_capacity = settings.n_batch
         self._batch = ll.llama_batch_init(self._batch_capacity, 0, self.n_seq_max)
@@ -186,6 +208,22 @@ class Runtime:
         """Repeating layers placed on the GPU (llama.cpp offloads the output layer past n_layer)."""
         n_layer = ll.llama_model_n_layer(self.model)
         return min(n_layer, self.gpu_layers_requested(self.settings, self.device))
+
+    # -- contexts ---------------------------------------------------------------------------
+    def context_of(self, seq: int) -> int:
+        """The context a sequence lives in: its slot's own with `slot_contexts`; prefixes and scratch: 0."""
+        return seq if self.n_contexts > 1 and seq < self.settings.slots else 0
+
+    def ctx(self, context: int):
+        return self.contexts[context]
+
+    def memory(self, context: int):
+        return self._memories[context]
+
+    @property
+    def last_ctx(self):
+        """The context of the last decode (whose logits the sampler reads)."""
+        return self.contexts[self._last_context]
 
     # -- identity ---------------------------------------------------------------------------
     def _check_thread(self) -> None:
@@ -241,6 +279,8 @@ class Runtime:
             vram_free_bytes=self.device.vram_free_bytes,
             kv_cache_type=self.settings.kv_cache_type,
             kv_bytes_per_token=self.kv_bytes_per_token(),
+            flash_attention=self.flash_attention,
+            contexts=self.n_contexts,
             eviction_supported=self.eviction_supported,
             eviction_note=self.eviction_note,
         )
@@ -297,13 +337,17 @@ class Runtime:
 
     # -- decode -----------------------------------------------------------------------------
     def decode(self, tokens: list[int], seq: int, start_pos: int, *, logits_last: bool = True,
-               cancel: threading.Event | None = None, on_chunk=None) -> None:
-        """Decode `tokens` into `seq` at positions start_pos.., in chunks of n_batch.
+               cancel: threading.Event | None = None, on_chunk=None, context: int | None = None) -> None:
+        """Decode `tokens` into `seq` at positions start_pos.., in chunks of n_batch, in the sequence's
+        context (or `context`, for the scratch sequence serving another context).
 
         Raises DecodeError when the context has no room. `on_chunk(done)` is told progress.
         """
         self._check_thread()
         batch = self._batch
+        context = self.context_of(seq) if context is None else context
+        ctx = self.contexts[context]
+        self._last_context = context
         total = len(tokens)
         if self.before_decode is not None:
             self.before_decode(seq)
@@ -321,9 +365,9 @@ class Runtime:
             if logits_last and done + n == total:
                 batch.logits[n - 1] = 1
             batch.n_tokens = n
-            rc = ll.llama_decode(self.ctx, batch)
+            rc = ll.llama_decode(ctx, batch)
             if rc != 0:
-                raise DecodeError(rc, self.n_ctx)
+                raise DecodeError(rc, self.n_ctx_per_context)
             done += n
             if on_chunk is not None:
                 on_chunk(done)
@@ -331,16 +375,16 @@ class Runtime:
     def logits(self, index: int = -1) -> np.ndarray:
         """Copy of the logits row of the last decoded token (or batch row `index`)."""
         self._check_thread()
-        ptr = ll.llama_get_logits_ith(self.ctx, index)
+        ptr = ll.llama_get_logits_ith(self.last_ctx, index)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
 
     def close(self) -> None:
         if getattr(self, "_batch", None) is not None:
             ll.llama_batch_free(self._batch)
             self._batch = None
-        if getattr(self, "ctx", None):
-            ll.llama_free(self.ctx)
-            self.ctx = None
+        for ctx in getattr(self, "contexts", []):
+            ll.llama_free(ctx)
+        self.contexts = []
         if getattr(self, "model", None):
             ll.llama_model_free(self.model)
             self.model = None
@@ -354,7 +398,7 @@ class DecodeError(ContextFullError):
     def __init__(self, rc: int, n_ctx: int) -> None:
         reason = {1: "the context is full (no free KV cells)", 2: "aborted", -1: "invalid batch"}.get(
             rc, f"llama_decode returned {rc}")
-        super().__init__(f"decode failed: {reason}; the context holds {n_ctx} tokens for all slots. "
+        super().__init__(f"decode failed: {reason}; the context holds {n_ctx} tokens. "
                          "Raise the context length, lower the budget or the slot count, or turn eviction on.")
         self.rc = rc
 

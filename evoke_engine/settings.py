@@ -41,7 +41,8 @@ class Settings:
     model_path: str | None = _setting(
         None, "GGUF model file; empty means the embedded SmolLM2-135M-Instruct.",
         group="Model", applies=RELOAD)
-    n_ctx: int = _setting(8192, "Context cells shared by all slots, the prefix and scratch.",
+    n_ctx: int = _setting(16384, "KV cells in all: split evenly among the slot contexts, or shared by "
+                          "the slots of one context.",
                           group="Model", applies=RELOAD, low=512, high=262144)
     n_gpu_layers: int = _setting(-1, "Layers offloaded to the GPU (-1 all, 0 none; CPU builds ignore it).",
                                  group="Model", applies=RELOAD, low=-1, high=1000)
@@ -51,10 +52,14 @@ class Settings:
                             group="Model", applies=RELOAD, low=32, high=8192)
     kv_cache_type: str = _setting("f16", "Storage type of the K and V cache.",
                                   group="Model", applies=RELOAD, choices=KV_CACHE_TYPES)
-    flash_attention: str = _setting("auto", "Flash attention: auto, on or off.", group="Model",
+    flash_attention: str = _setting("auto", "Flash attention: auto (off on the CPU with an f16 cache, "
+                                    "on elsewhere), on or off.", group="Model",
                                     applies=RELOAD, choices=("auto", "on", "off"))
     slots: int = _setting(4, "Conversations held in the context at once.",
                           group="Model", applies=RELOAD, low=1, high=64)
+    slot_contexts: bool = _setting(True, "One llama.cpp context per slot: a turn attends over its own "
+                                   "conversation only (the prefix is copied into each). Off: one context "
+                                   "for all, every decode scans every slot.", group="Model", applies=RELOAD)
 
     # Memory
     budget_tokens: int = _setting(2048, "Active KV tokens per conversation (prefix included).",

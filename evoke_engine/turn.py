@@ -218,7 +218,7 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     stopped = "max_tokens"
     ttft = 0.0
     first_at = None
-    with SamplerChain(params, rt.ctx, rt.n_vocab) as sampler:
+    with SamplerChain(params, rt.ctx(rt.context_of(memory.seq)), rt.n_vocab) as sampler:
         while len(generated) < params.max_tokens:
             if cancel.is_set():
                 stopped = "cancelled"

@@ -78,8 +78,9 @@ def test_model_hash_is_short_and_tracks_identity_and_parameters(tmp_path: Path) 
     assert len(first) == 16 and int(first, 16) >= 0
     assert model_hash(str(tmp_path / "." / "model.gguf"), "f16", 4096, 4) == first  # resolved path
     others = {model_hash(str(model), "q8_0", 4096, 4), model_hash(str(model), "f16", 8192, 4),
+              model_hash(str(model), "f16", 4096, 4, "off"),
               model_hash(str(model), "f16", 4096, 5)}
-    assert first not in others and len(others) == 3
+    assert first not in others and len(others) == 4
     model.write_bytes(b"other weights")
     os.utime(model, ns=(1, 1))
     assert model_hash(str(model), "f16", 4096, 4) != first

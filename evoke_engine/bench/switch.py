@@ -82,7 +82,7 @@ class FloorSystem:
         rt.decode(rt.tokenize(tail), self.seqs[name], self.ends[name])
         int(np.argmax(rt.logits()))
         elapsed = time.perf_counter() - start
-        ll.llama_memory_seq_rm(rt.memory, self.seqs[name], self.ends[name], -1)
+        ll.llama_memory_seq_rm(rt.memory(rt.context_of(self.seqs[name])), self.seqs[name], self.ends[name], -1)
         return elapsed
 
     def close(self) -> None:
@@ -144,6 +144,8 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
     questions = [SHORT[i % len(SHORT)] + ("" if i < len(SHORT) else f" ({i + 1})") for i in range(trials)]
     with contextlib.ExitStack() as stack:
         evoke = _closing(stack, EvokeSystem(docs, resident_budget, threads))
+        info = evoke.engine.model_info()
+        layout = {"contexts": info.contexts, "flash_attention": info.flash_attention}
         histories = evoke.histories()
         systems = {"evoke": evoke,
                    "evoke_evicting": _closing(stack, EvokeSystem(docs, evicting_budget, threads)),
@@ -151,6 +153,8 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
         if server:
             n_server = 2 * n_ctx                        # llama-server splits -c between its slots
             for label, args, ctx, slots in (("llama_server_2_slots", ["-np", "2", "--cache-ram", "0"], n_server, True),
+                                            ("llama_server_2_slots_fa_off", ["-np", "2", "--cache-ram", "0", "-fa", "off"],
+                                             n_server, True),
                                             ("llama_server_defaults", [], n_server, False),
                                             ("llama_server_1_slot_cache_ram", ["-np", "1"], n_ctx, False)):
                 systems[label] = _closing(stack, ServerSystem(server, args, histories, ctx, threads, slots))
@@ -176,6 +180,7 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
     return {"bench": "switch", "conversation_tokens": sizes,
             "budgets": {"evoke": resident_budget, "evoke_evicting": evicting_budget},
             "switches": trials, "threads": threads, "interleaved": True, "pause_s": PAUSE_S,
+            "evoke_layout": layout,
             "server": server or "not given: llama-server rows skipped",
             "rows": {k: {"median_ttft_s": round(v, 4), "vs_floor": round(v / floor, 2),
                          "ttft_s": [round(x, 4) for x in times[k]]} for k, v in medians.items()},

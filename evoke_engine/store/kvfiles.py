@@ -49,17 +49,20 @@ _WRITE_CHUNK = 8 << 20
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def model_hash(model_path: str | os.PathLike[str], kv_cache_type: str, n_ctx: int, slots: int) -> str:
+def model_hash(model_path: str | os.PathLike[str], kv_cache_type: str, n_ctx: int, slots: int,
+               flash_attention: str = "on") -> str:
     """16 hex chars of sha256 over the model file's identity (resolved path, size, mtime_ns) and the
-    parameters that shape its KV cells; a different model or layout gets a different folder."""
+    parameters that shape its KV cells (flash attention off stores V transposed); a different model or
+    layout gets a different folder."""
     resolved = Path(model_path).resolve()
     try:
         stat = resolved.stat()
     except OSError as error:
         raise describe_os_error("identify the model file", resolved, error) from error
-    identity = json.dumps([str(resolved), stat.st_size, stat.st_mtime_ns,
-                           kv_cache_type, int(n_ctx), int(slots)])
-    return hashlib.sha256(identity.encode("utf-8")).hexdigest()[:16]
+    identity = [str(resolved), stat.st_size, stat.st_mtime_ns, kv_cache_type, int(n_ctx), int(slots)]
+    if flash_attention != "on":
+        identity.append("v_transposed")
+    return hashlib.sha256(json.dumps(identity).encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
