@@ -152,9 +152,9 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
                    "floor": _closing(stack, FloorSystem(histories, n_ctx, threads))}
         if server:
             n_server = 2 * n_ctx                        # llama-server splits -c between its slots
-            for label, args, ctx, slots in (("llama_server_2_slots", ["-np", "2", "--cache-ram", "0"], n_server, True),
-                                            ("llama_server_2_slots_fa_off", ["-np", "2", "--cache-ram", "0", "-fa", "off"],
-                                             n_server, True),
+            two_slots = ["-np", "2", "--cache-ram", "0"]
+            for label, args, ctx, slots in (("llama_server_2_slots", two_slots, n_server, True),
+                                            ("llama_server_2_slots_fa_off", [*two_slots, "-fa", "off"], n_server, True),
                                             ("llama_server_defaults", [], n_server, False),
                                             ("llama_server_1_slot_cache_ram", ["-np", "1"], n_ctx, False)):
                 systems[label] = _closing(stack, ServerSystem(server, args, histories, ctx, threads, slots))
@@ -177,6 +177,8 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
     floor = medians["floor"]
     servers = {k: v for k, v in medians.items() if k.startswith("llama_server")}
     best_server = min(servers.values()) if servers else None
+    best_label = min(servers, key=servers.get) if servers else None
+    paired = ([e / b for e, b in zip(times["evoke"], times[best_label], strict=True)] if servers else [])
     return {"bench": "switch", "conversation_tokens": sizes,
             "budgets": {"evoke": resident_budget, "evoke_evicting": evicting_budget},
             "switches": trials, "threads": threads, "interleaved": True, "pause_s": PAUSE_S,
@@ -186,6 +188,10 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
                          "ttft_s": [round(x, 4) for x in times[k]]} for k, v in medians.items()},
             "evoke_vs_floor": round(medians["evoke"] / floor, 2),
             "evoke_vs_best_llama_server": round(medians["evoke"] / best_server, 2) if servers else None,
+            "best_llama_server": best_label,
+            "evoke_over_best_llama_server_same_switch": {   # the two timed at the same switch, seconds apart
+                "median": round(statistics.median(paired), 2) if paired else None,
+                "evoke_faster_in": f"{sum(r < 1 for r in paired)} of {len(paired)}" if paired else None},
             "evoke_evicting_vs_best_llama_server": (round(medians["evoke_evicting"] / best_server, 2)
                                                     if servers else None),
             "speedup_vs_reprefill": (round(medians["llama_cpp_python_reprefill"] / medians["evoke"], 1)
