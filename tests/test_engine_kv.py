@@ -271,3 +271,30 @@ def test_q8_0_cache_falls_back_to_llama_cpp_shift_and_still_recalls(tmp_path):
         assert "7431" in rt.detokenize(greedy(rt, kv, 0, 6)).replace(" ", "")
     finally:
         rt.close()
+
+
+def test_a_slot_in_another_context_gets_the_prefix_bytes_and_decodes_alike(clean):
+    """With a context per slot, the prefix decoded once (context 0) and spliced into slot 1's own context
+    gives the same logits, bit for bit, as the slot sharing the prefix's cells in context 0."""
+    rt, kv = clean
+    assert rt.n_contexts == 2 and not kv.same_context(0, 1)
+    prefix_seq = rt.prefix_seqs[0]
+    tokens = rt.tokenize(TEXT)
+    rt.decode(tokens[:200], prefix_seq, 0, logits_last=False)
+    kv.share(prefix_seq, 0, 0, 200)                        # same context: the cells themselves
+    kv.share(prefix_seq, 1, 0, 200)                        # another context: a copy of the bytes
+    assert kv.pos_max(1) == 199 and kv.pos_min(1) == 0
+    logits = []
+    for seq in (0, 1):
+        rt.decode(tokens[200:240], seq, 200)
+        logits.append(rt.logits())
+    assert np.array_equal(logits[0], logits[1])
+
+
+def test_flash_attention_auto_is_off_only_where_it_is_slower_and_optional():
+    from evoke_engine.runtime import resolve_flash_attention
+
+    assert resolve_flash_attention("auto", "f16", on_gpu=False) == "off"
+    assert resolve_flash_attention("auto", "f16", on_gpu=True) == "on"
+    assert resolve_flash_attention("auto", "q8_0", on_gpu=False) == "on"     # a quantised V cache needs it
+    assert resolve_flash_attention("on", "f16", on_gpu=False) == "on"
