@@ -1,4 +1,4 @@
-"""The one llama.cpp model and context: load, tokenize, decode in chunks, sample.
+"""The one llama.cpp model and its contexts: load, tokenize, decode in chunks, sample.
 
 Invariants: every method runs on the thread that constructed the Runtime (asserted, so a
 call from the GUI thread fails loudly); a decode never mixes sequences unless asked. Sequences:
