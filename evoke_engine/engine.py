@@ -127,7 +127,7 @@ class Engine:
             room = rt.n_ctx
         if recovery_backend(settings.recovery).evicts and cells > room:
             self.emit(EngineEvent(EventKind.ERROR, f"{settings.slots} slots of {settings.budget_tokens} tokens may "
-                                  f"not fit in a context of {rt.n_ctx}; raise n_ctx or lower slots or budget"))
+                                  f"not fit in a context of {room}; raise n_ctx or lower slots or budget"))
         info = self._info = rt.info()
         self.emit(EngineEvent(EventKind.MODEL_LOADED, f"{info.name} on {info.device}"))
         return info

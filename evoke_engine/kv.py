@@ -67,10 +67,10 @@ class KVCache:
 
     # -- queries ----------------------------------------------------------------------------
     def pos_max(self, seq: int) -> int:
-        return ll.llama_memory_seq_pos_max(self.rt.memory(self.rt.context_of(seq)), seq)
+        return ll.llama_memory_seq_pos_max(self._memory(seq), seq)
 
     def pos_min(self, seq: int) -> int:
-        return ll.llama_memory_seq_pos_min(self.rt.memory(self.rt.context_of(seq)), seq)
+        return ll.llama_memory_seq_pos_min(self._memory(seq), seq)
 
     def same_context(self, a: int, b: int) -> bool:
         return self.rt.context_of(a) == self.rt.context_of(b)
@@ -134,7 +134,7 @@ class KVCache:
         return SavedKV(data=data, origin_pos=p0, n_tokens=p1 - p0)
 
     def _state_of(self, seq: int, context: int | None = None) -> bytearray:
-        ctx = self.rt.ctx(self.rt.context_of(seq) if context is None else context)
+        ctx = self.rt.ctx(self._context(seq, context))
         size = ll.llama_state_seq_get_size(ctx, seq)
         data = bytearray(size)
         written = ll.llama_state_seq_get_data(ctx, (ctypes.c_uint8 * size).from_buffer(data), size, seq)
@@ -225,22 +225,26 @@ class KVCache:
         self.shift_flushes += 1
 
     # -- llama.cpp's sequence operations, followed by the mirror ----------------------------------
+    def _context(self, seq: int, context: int | None) -> int:
+        """`context` when given (the scratch serving another context), else the one `seq` lives in."""
+        return self.rt.context_of(seq) if context is None else context
+
+    def _memory(self, seq: int, context: int | None = None):
+        return self.rt.memory(self._context(seq, context))
+
     def _seq_rm(self, seq: int, p0: int, p1: int, context: int | None = None) -> bool:
-        memory = self.rt.memory(self.rt.context_of(seq) if context is None else context)
-        ok = ll.llama_memory_seq_rm(memory, seq, p0, p1)
+        ok = ll.llama_memory_seq_rm(self._memory(seq, context), seq, p0, p1)
         if ok and self.mirror is not None:
             self.mirror.seq_rm(seq, p0, p1)
         return ok
 
     def _seq_add(self, seq: int, p0: int, p1: int, delta: int, context: int | None = None) -> None:
-        memory = self.rt.memory(self.rt.context_of(seq) if context is None else context)
-        ll.llama_memory_seq_add(memory, seq, p0, p1, delta)
+        ll.llama_memory_seq_add(self._memory(seq, context), seq, p0, p1, delta)
         if self.mirror is not None:
             self.mirror.seq_add(seq, p0, p1, delta)
 
     def _seq_cp(self, src: int, dst: int, p0: int, p1: int, context: int | None = None) -> None:
-        memory = self.rt.memory(self.rt.context_of(dst) if context is None else context)
-        ll.llama_memory_seq_cp(memory, src, dst, p0, p1)
+        ll.llama_memory_seq_cp(self._memory(dst, context), src, dst, p0, p1)
         if self.mirror is not None:
             self.mirror.seq_cp(src, dst, p0, p1)
 
@@ -272,7 +276,7 @@ class KVCache:
             ours = bytearray(original)
             reanchor.shift(ours, layout, geometry, delta)
             self._seq_add(self.scratch, -1, -1, delta)
-            self._shifted.add(0)
+            self._shifted.add(self.rt.context_of(self.scratch))
             self.flush_pending_shifts(via_seq=0)
             theirs = self._state_of(self.scratch)
         finally:

@@ -176,8 +176,8 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
     medians = {k: statistics.median(v) for k, v in times.items()}
     floor = medians["floor"]
     servers = {k: v for k, v in medians.items() if k.startswith("llama_server")}
-    best_server = min(servers.values()) if servers else None
     best_label = min(servers, key=servers.get) if servers else None
+    best_server = servers[best_label] if servers else None
     paired = ([e / b for e, b in zip(times["evoke"], times[best_label], strict=True)] if servers else [])
     return {"bench": "switch", "conversation_tokens": sizes,
             "budgets": {"evoke": resident_budget, "evoke_evicting": evicting_budget},
