@@ -4,7 +4,8 @@ what a user would pick instead, all measured in one run: the floor, llama-server
 Invariants: every system serves the same two histories and the same short messages (a new one at each
 switch) in the same A/B order; every system is warmed on both conversations before anything is timed;
 the systems take turns at each switch (rotating who goes first, a pause between requests), so a drift
-of the machine's speed lands on all of them alike; medians over the switches.
+of the machine's speed lands on all of them alike; medians over the switches. Every system runs in a
+process of its own, as llama-server does and as the app runs Evoke; the timings come from inside it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..runtime import Runtime
 from ..settings import Settings
 from ..template import ChatTemplate
 from .conversations import PAUSE_S, SHORT, SYSTEM, _ttft, comparator_llama, document
+from .isolated import IsolatedSystem
 from .llama_server import LlamaServer
 
 WARM = ["Reply OK if you can read this.", "Please reply OK once more."]
@@ -42,6 +44,10 @@ class EvokeSystem:
             self.convs[name] = self.engine.new_conversation(system_prompt=SYSTEM, tools=[])
             self.convs[name].send("Read this file and reply OK.", [(f"{name}.txt", doc)], max_tokens=4,
                                   temperature=0)
+
+    def layout(self) -> dict:
+        info = self.engine.model_info()
+        return {"contexts": info.contexts, "flash_attention": info.flash_attention}
 
     def histories(self) -> dict[str, list[dict]]:
         return {name: [{"role": "system", "content": SYSTEM}, *conv.template_history()]
@@ -143,13 +149,11 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
     order = (["A", "B"] * trials)[:trials]
     questions = [SHORT[i % len(SHORT)] + ("" if i < len(SHORT) else f" ({i + 1})") for i in range(trials)]
     with contextlib.ExitStack() as stack:
-        evoke = _closing(stack, EvokeSystem(docs, resident_budget, threads))
-        info = evoke.engine.model_info()
-        layout = {"contexts": info.contexts, "flash_attention": info.flash_attention}
-        histories = evoke.histories()
+        evoke = _closing(stack, IsolatedSystem(EvokeSystem, docs, resident_budget, threads))
+        histories = evoke.call("histories")
         systems = {"evoke": evoke,
-                   "evoke_evicting": _closing(stack, EvokeSystem(docs, evicting_budget, threads)),
-                   "floor": _closing(stack, FloorSystem(histories, n_ctx, threads))}
+                   "evoke_evicting": _closing(stack, IsolatedSystem(EvokeSystem, docs, evicting_budget, threads)),
+                   "floor": _closing(stack, IsolatedSystem(FloorSystem, histories, n_ctx, threads))}
         if server:
             n_server = 2 * n_ctx                        # llama-server splits -c between its slots
             two_slots = ["-np", "2", "--cache-ram", "0"]
@@ -158,12 +162,14 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
                                             ("llama_server_defaults", [], n_server, False),
                                             ("llama_server_1_slot_cache_ram", ["-np", "1"], n_ctx, False)):
                 systems[label] = _closing(stack, ServerSystem(server, args, histories, ctx, threads, slots))
-        systems["llama_cpp_python_ram_cache"] = _closing(stack, LlamaCppPythonSystem(
-            histories, n_ctx, threads, Settings().n_batch, ram_cache=True))
+        n_batch = Settings().n_batch
+        systems["llama_cpp_python_ram_cache"] = _closing(stack, IsolatedSystem(
+            LlamaCppPythonSystem, histories, n_ctx, threads, n_batch, ram_cache=True))
         if reprefill:
-            systems["llama_cpp_python_reprefill"] = _closing(stack, LlamaCppPythonSystem(
-                histories, n_ctx, threads, Settings().n_batch, ram_cache=False))
-        sizes = {"evoke": evoke.sizes(), "evoke_evicting": systems["evoke_evicting"].sizes()}
+            systems["llama_cpp_python_reprefill"] = _closing(stack, IsolatedSystem(
+                LlamaCppPythonSystem, histories, n_ctx, threads, n_batch, ram_cache=False))
+        layout = evoke.call("layout")
+        sizes = {"evoke": evoke.call("sizes"), "evoke_evicting": systems["evoke_evicting"].call("sizes")}
         for system in systems.values():                 # warm: each conversation served once, untimed
             for name, message in zip(("A", "B"), WARM, strict=True):
                 system.ask(name, message)
@@ -182,6 +188,7 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
     return {"bench": "switch", "conversation_tokens": sizes,
             "budgets": {"evoke": resident_budget, "evoke_evicting": evicting_budget},
             "switches": trials, "threads": threads, "interleaved": True, "pause_s": PAUSE_S,
+            "process_per_system": True,
             "evoke_layout": layout,
             "server": server or "not given: llama-server rows skipped",
             "rows": {k: {"median_ttft_s": round(v, 4), "vs_floor": round(v / floor, 2),
