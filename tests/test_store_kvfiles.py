@@ -18,11 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from evoke_engine.store import StoreError
 from evoke_engine.store import errors as reasons
 from evoke_engine.store.kvfiles import TTL_CLASSES, KVFileStore, model_hash, parse_ttl_class
-from evoke_engine.store.kvheader import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC
+from evoke_engine.store.kvheader import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, payload_digest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL = "0123456789abcdef"
@@ -109,8 +110,8 @@ def test_round_trip_and_header_layout(tmp_path: Path, store: KVFileStore) -> Non
     assert path == tmp_path / "kv" / MODEL / "c1.long.bin"
     raw = path.read_bytes()
     assert HEADER_SIZE == 62 and len(raw) == HEADER_SIZE + len(payload)
-    digest = hashlib.sha256(payload).digest()
-    assert HEADER.unpack_from(raw) == (b"EVKV", 1, MODEL.encode(), len(payload), digest)
+    digest = xxhash.xxh3_128_digest(payload) + bytes(16)
+    assert HEADER.unpack_from(raw) == (b"EVKV", 2, MODEL.encode(), len(payload), digest)
     assert store.has("c1") and not store.has("c2")
     assert store.read("c1") == payload
     assert store.read("c2") is None
@@ -146,10 +147,23 @@ def test_read_prefers_newest_file_and_drops_stale_duplicates(store: KVFileStore,
     assert files_in(store.directory) == ["c1.short.bin"]
 
 
+
+def test_a_version_1_file_checked_by_sha256_still_reads(store: KVFileStore, clock: FakeClock) -> None:
+    """Files written before the digest moved to xxh3-128 stay usable: the version names the digest."""
+    payload = payload_of(3, 5000)
+    _plant(store, clock, HEADER.pack(MAGIC, 1, MODEL.encode(), len(payload), hashlib.sha256(payload).digest())
+           + payload)
+    assert store.read("c1") == payload
+    damaged = bytearray(payload)
+    damaged[-1] ^= 1
+    _plant(store, clock, HEADER.pack(MAGIC, 1, MODEL.encode(), len(payload), hashlib.sha256(payload).digest())
+           + bytes(damaged))
+    assert store.read("c1") is None
+
 # -- damaged and foreign files --------------------------------------------------------------------------
 
 PAYLOAD = payload_of(7, 1000)
-DIGEST = hashlib.sha256(PAYLOAD).digest()
+DIGEST = payload_digest(PAYLOAD)
 VALID = HEADER.pack(MAGIC, FORMAT_VERSION, MODEL.encode(), len(PAYLOAD), DIGEST) + PAYLOAD
 
 
@@ -171,10 +185,12 @@ DAMAGED = {
         (30, "checksum"), (61, "checksum"), (62, "checksum"), (62 + 500, "checksum"),
         (len(VALID) - 1, "checksum"),
     ]},
-    "other-model": (HEADER.pack(MAGIC, FORMAT_VERSION, OTHER_MODEL.encode(), len(PAYLOAD),
-                                hashlib.sha256(PAYLOAD).digest()) + PAYLOAD, "written for model"),
-    "future-version": (HEADER.pack(MAGIC, FORMAT_VERSION + 1, MODEL.encode(), len(PAYLOAD),
-                                   hashlib.sha256(PAYLOAD).digest()) + PAYLOAD, "format version 2"),
+    "other-model": (HEADER.pack(MAGIC, FORMAT_VERSION, OTHER_MODEL.encode(), len(PAYLOAD), DIGEST) + PAYLOAD,
+                    "written for model"),
+    "future-version": (HEADER.pack(MAGIC, FORMAT_VERSION + 1, MODEL.encode(), len(PAYLOAD), DIGEST) + PAYLOAD,
+                       f"format version {FORMAT_VERSION + 1}"),
+    "version-1-digest-under-version-2": (HEADER.pack(MAGIC, 2, MODEL.encode(), len(PAYLOAD),
+                                                     hashlib.sha256(PAYLOAD).digest()) + PAYLOAD, "checksum"),
     "bad-magic": (b"GGUF" + VALID[4:], "bad magic"),
     "huge-length": (VALID[:22] + struct.pack("<Q", 2**63) + VALID[30:], "truncated payload"),
 }

@@ -1,5 +1,5 @@
 """KV cache files of one model: `<root>/kv/<model hash>/<conversation id>.<ttl class>.bin`, written
-atomically, checked on every read (sha256, see kvheader), expired by TTL class, capped by an LRU budget.
+atomically, checked on every read (a digest, see kvheader), expired by TTL class, capped by an LRU budget.
 
 Invariants: a reader gets a complete payload written for this model or None, never damaged bytes;
 damaged, foreign, stale and expired files are deleted when met; a conversation's files of other TTL
