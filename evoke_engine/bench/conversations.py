@@ -62,29 +62,24 @@ REOPEN_CHILD = r"""
 import json, sys, time
 from evoke_engine import Engine, Settings
 from evoke_engine.bench.conversations import _ttft, SHORT, SYSTEM
-home, cid, budget, n_ctx, trials = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-out = {"reopen": [], "reprefill": []}
+home, cid, budget, n_ctx = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+what, trial = sys.argv[5].split(":")
+message = SHORT[int(trial) % len(SHORT)]
 settings = Settings(home=home, budget_tokens=budget, n_ctx=n_ctx, slots=2, system_prompt=SYSTEM,
                     tools_enabled=False)
 with Engine(settings, scheduler=False) as engine:
     engine.wait_idle()
     n_saved = len(engine.history.messages(cid))
-    for trial in range(trials):
-        start = time.perf_counter()
-        conv = engine.open_conversation(cid)
-        opened = time.perf_counter() - start
-        out.setdefault("open_only", []).append(opened)
-        out["reopen"].append(opened + _ttft(conv, SHORT[trial]))
-        conv.truncate(n_saved)                               # the chat as saved: the file still fits it
-        engine.release_conversation(cid, persist=False)      # freed; its file stays as it was
-    for trial in range(trials):
-        payload = engine.kvfiles.read(cid)
+    payload = engine.kvfiles.read(cid, refresh=False)
+    if what == "reprefill":
         engine.kvfiles.remove(cid)                           # no file: the history is re-prefilled
-        start = time.perf_counter()
-        conv = engine.open_conversation(cid)
-        out["reprefill"].append(time.perf_counter() - start + _ttft(conv, SHORT[trial]))
-        conv.truncate(n_saved)
-        engine.release_conversation(cid, persist=False)
+    start = time.perf_counter()
+    conv = engine.open_conversation(cid)
+    opened = time.perf_counter() - start
+    out = {what: [opened + _ttft(conv, message)], **({"open_only": [opened]} if what == "reopen" else {})}
+    conv.truncate(n_saved)                                   # the chat as saved: the file still fits it
+    engine.release_conversation(cid, persist=False)          # freed; its file stays as it was
+    if what == "reprefill":
         engine.kvfiles.write(cid, "long", payload)           # the next trial reopens the same state
 print(json.dumps(out))
 """
@@ -93,22 +88,35 @@ print(json.dumps(out))
 SERVER_FLASH = {"": [], "_fa_off": ["-fa", "off"]}     # llama-server's default (auto: on here) and off
 
 
-def _server_reopen(binary: str, history: list[dict], n_ctx: int, trials: int, extra: list[str]) -> list[float]:
-    """llama-server's way back after a restart: the slot saved to --slot-save-path, then restored."""
+def _server_slot_file(binary: str, history: list[dict], n_ctx: int, extra: list[str]) -> str:
+    """llama-server's way to keep a conversation across a restart: the slot saved to --slot-save-path."""
     from .llama_server import LlamaServer
 
     save_dir = tempfile.mkdtemp(prefix="evoke-slots-")
-    threads = os.cpu_count() or 1
     args = ["-np", "1", "--cache-ram", "0", *extra]
-    with LlamaServer(binary, n_ctx=n_ctx, threads=threads, args=args, slot_save_path=save_dir) as server:
+    with LlamaServer(binary, n_ctx=n_ctx, threads=os.cpu_count() or 1, args=args, slot_save_path=save_dir) as server:
         server.ttft([*history, {"role": "user", "content": "Reply OK."}], slot=0)
         server.slot_action(0, "save", "conversation.bin")
-    out = []
-    for trial in range(trials):                              # every trial: a fresh server process
-        with LlamaServer(binary, n_ctx=n_ctx, threads=threads, args=args, slot_save_path=save_dir) as server:
-            restore = server.slot_action(0, "restore", "conversation.bin")
-            out.append(restore + server.ttft([*history, {"role": "user", "content": SHORT[trial]}], slot=0))
-    return out
+    return save_dir
+
+
+def _server_reopen(binary: str, save_dir: str, history: list[dict], n_ctx: int, extra: list[str],
+                   message: str) -> float:
+    """A fresh server process restores the saved slot, then answers the message: its reopen."""
+    from .llama_server import LlamaServer
+
+    args = ["-np", "1", "--cache-ram", "0", *extra]
+    with LlamaServer(binary, n_ctx=n_ctx, threads=os.cpu_count() or 1, args=args, slot_save_path=save_dir) as server:
+        restore = server.slot_action(0, "restore", "conversation.bin")
+        return restore + server.ttft([*history, {"role": "user", "content": message}], slot=0)
+
+
+def _evoke_reopen(home: str, cid: str, budget: int, n_ctx: int, what: str) -> dict[str, list[float]]:
+    """One trial in a fresh process: `reopen` opens the conversation's file, `reprefill` rebuilds it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", REOPEN_CHILD, home, cid, str(budget), str(n_ctx), what],
+                          capture_output=True, text=True, env=env, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def run_reopen(tokens: int | None = None, trials: int = 3, server: str | None = None) -> dict:
@@ -124,25 +132,31 @@ def run_reopen(tokens: int | None = None, trials: int = 3, server: str | None = 
         size = conv.stats().active_tokens
         cid = conv.id
         history = [{"role": "system", "content": SYSTEM}, *conv.template_history()]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    out: dict[str, list[float]] = {"reopen": [], "reprefill": [], "open_only": []}
-    for _ in range(trials):                                  # every trial: a fresh process, then a reopen
-        proc = subprocess.run([sys.executable, "-c", REOPEN_CHILD, home, cid, str(budget), str(n_ctx), "1"],
-                              capture_output=True, text=True, env=env, check=True)
-        for key, values in json.loads(proc.stdout.strip().splitlines()[-1]).items():
-            if key in out:
-                out[key] += values
+    slot_files = {suffix: _server_slot_file(server, history, n_ctx, extra)
+                  for suffix, extra in SERVER_FLASH.items()} if server else {}
+    out: dict[str, list[float]] = {"reopen": [], "open_only": [], "reprefill": []}
+    servers: dict[str, list[float]] = {suffix: [] for suffix in slot_files}
+    for trial in range(trials):              # the systems take turns, rotating who goes first
+        turns = [("evoke", None), *((suffix, extra) for suffix, extra in SERVER_FLASH.items() if server)]
+        for label, extra in turns[trial % len(turns):] + turns[:trial % len(turns)]:
+            if label == "evoke":
+                for key, values in _evoke_reopen(home, cid, budget, n_ctx, f"reopen:{trial}").items():
+                    out[key] += values
+            else:
+                servers[label].append(_server_reopen(server, slot_files[label], history, n_ctx, extra,
+                                                     SHORT[trial % len(SHORT)]))
+    for trial in range(trials):
+        out["reprefill"] += _evoke_reopen(home, cid, budget, n_ctx, f"reprefill:{trial}")["reprefill"]
     reopen, reprefill = statistics.median(out["reopen"]), statistics.median(out["reprefill"])
     server_rows: dict = {}
-    if server:
-        medians = []
-        for suffix, extra in SERVER_FLASH.items():
-            restored = _server_reopen(server, history, n_ctx, trials, extra)
-            medians.append(statistics.median(restored))
-            server_rows[f"llama_server_slot_restore{suffix}_ttft_s"] = [round(x, 4) for x in restored]
-            server_rows[f"llama_server_slot_restore{suffix}_median_s"] = round(medians[-1], 4)
-        server_rows["evoke_vs_best_llama_server"] = round(reopen / min(medians), 2)
-    return {"bench": "reopen", "conversation_tokens": size, "fresh_process_per_trial": True, **server_rows,
+    for suffix, restored in servers.items():
+        server_rows[f"llama_server_slot_restore{suffix}_ttft_s"] = [round(x, 4) for x in restored]
+        server_rows[f"llama_server_slot_restore{suffix}_median_s"] = round(statistics.median(restored), 4)
+    if servers:
+        best = min(statistics.median(v) for v in servers.values())
+        server_rows["evoke_vs_best_llama_server"] = round(reopen / best, 2)
+    return {"bench": "reopen", "conversation_tokens": size, "fresh_process_per_trial": True,
+            "interleaved": bool(servers), **server_rows,
             "reopen_ttft_s": [round(x, 4) for x in out["reopen"]],
             "reprefill_ttft_s": [round(x, 3) for x in out["reprefill"]],
             "open_only_s": [round(x, 4) for x in out["open_only"]],
