@@ -88,10 +88,15 @@ class SharedPrefixes:
         self.rt, self.kv, self.template = runtime, kv, template
         self.seqs = list(runtime.prefix_seqs)
         self._by_key: OrderedDict[str, Prefix] = OrderedDict()
+        self._key_by_content: dict[str, str] = {}    # system message content -> key (no re-tokenizing)
 
     def for_conversation(self, system_prompt: str, tools: list[dict]) -> Prefix:
         """The prefix of a conversation with this system prompt and tools, decoded now if it is not cached."""
         extra = tools_text(tools)
+        known = self._by_key.get(self._key_by_content.get(system_prompt + extra, ""))
+        if known is not None:                   # every open and slot change asks: skip render and tokenize
+            self._by_key.move_to_end(known.key)
+            return known
         segment = self.template.segment([], system_message(system_prompt, tools))
         split = segment.find(extra) if extra else -1
         texts = [("system", segment)] if split < 0 else [("system", segment[:split]), ("tools", segment[split:])]
@@ -99,6 +104,7 @@ class SharedPrefixes:
         pieces = [(name, text, self.rt.tokenize(text, add_special=(i == 0))) for i, (name, text) in enumerate(texts)]
         tokens = [t for _, _, toks in pieces for t in toks]
         key = prefix_key(tokens)
+        self._key_by_content[system_prompt + extra] = key
         prefix = self._by_key.get(key)
         if prefix is not None:
             self._by_key.move_to_end(key)
@@ -118,6 +124,7 @@ class SharedPrefixes:
         self._by_key[key] = prefix
         if displaced is not None:
             log.info("prefix %s displaced by %s", displaced.key, key)
+            self._key_by_content = {c: k for c, k in self._key_by_content.items() if k in self._by_key}
         return prefix
 
     def share_into(self, prefix: Prefix, seq: int) -> None:
@@ -155,3 +162,4 @@ class SharedPrefixes:
 
     def clear(self) -> None:
         self._by_key.clear()
+        self._key_by_content.clear()

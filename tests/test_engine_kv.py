@@ -298,3 +298,31 @@ def test_flash_attention_auto_is_off_only_where_it_is_slower_and_optional():
     assert resolve_flash_attention("auto", "f16", on_gpu=True) == "on"
     assert resolve_flash_attention("auto", "q8_0", on_gpu=False) == "on"     # a quantised V cache needs it
     assert resolve_flash_attention("on", "f16", on_gpu=False) == "on"
+
+
+def test_a_known_prefix_is_found_without_rendering_or_tokenizing_again(clean, monkeypatch):
+    """Every open and slot change asks for the conversation's prefix: a known one is found by its system
+    message alone; another prompt, or one whose prefix was displaced, is tokenized (and decoded) anew."""
+    from evoke_engine.prefixes import SharedPrefixes
+    from evoke_engine.template import ChatTemplate
+
+    rt, kv = clean
+    template = ChatTemplate(rt.meta("tokenizer.chat_template"), bos_token=rt.token_text("bos"),
+                            eos_token=rt.token_text("eos"))
+    prefixes = SharedPrefixes(rt, kv, template)
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    first = prefixes.for_conversation("You review code.", tools)
+    calls = []
+    original = rt.tokenize
+    monkeypatch.setattr(rt, "tokenize", lambda *a, **k: calls.append(a) or original(*a, **k))
+    assert prefixes.for_conversation("You review code.", tools) is first and calls == []
+    other = prefixes.for_conversation("You write tests.", tools)
+    assert other.key != first.key and calls
+    for i in range(len(prefixes.seqs)):                     # displace the first prefix
+        prefixes.for_conversation(f"Prompt {i}.", [])
+    assert first.key not in {p.key for p in prefixes.all()}
+    again = prefixes.for_conversation("You review code.", tools)
+    assert again is not first and again.key == first.key and again.tokens == first.tokens
+    prefixes.clear()
+    for seq in rt.prefix_seqs:
+        kv.drop(seq)
