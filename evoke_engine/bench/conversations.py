@@ -7,6 +7,7 @@ model; time to first token is wall-clock from the request to the first streamed 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -19,6 +20,7 @@ from ..engine import Engine
 from ..prefixes import default_tools, system_message
 from ..runtime import default_model_path, safe_model_params
 from ..settings import Settings
+from .isolated import IsolatedSystem
 
 SYSTEM = "You are a careful assistant. Answer briefly."
 PAUSE_S = 0.3           # idle before each timed request, for every system: a user pauses between messages
@@ -180,9 +182,9 @@ def _decode_user_tokens_only(engine: Engine, message: str) -> float:
     import numpy as np
 
     conv = engine.new_conversation(title="floor")
-    memory, rt, template = engine.lifecycle.open(conv.id).memory, engine.rt, engine.template
-    user = {"role": "user", "content": message}
-    text = template.segment([], user) + template.assistant_frame([user]).opening
+    state, rt, template = engine.lifecycle.open(conv.id), engine.rt, engine.template
+    memory, system, user = state.memory, state.system_message, {"role": "user", "content": message}
+    text = template.segment([system], user) + template.assistant_frame([system, user]).opening
     engine.kv.drop(memory.seq, memory.active_tokens, -1)      # the opening held ahead: the floor decodes it
     start = time.perf_counter()
     tokens = rt.tokenize(text)
@@ -193,18 +195,46 @@ def _decode_user_tokens_only(engine: Engine, message: str) -> float:
     return elapsed
 
 
-def _server_prewarm(binary: str, system: dict, trials: int, extra: list[str]) -> list[float]:
+def _server_prewarmed(stack: contextlib.ExitStack, binary: str, system: dict, extra: list[str]):
     """llama-server's nearest thing to a prewarm: an earlier request left the system prompt in its
-    prompt cache (defaults), and each new conversation's first message reuses it."""
+    prompt cache (defaults), and each new conversation's first message reuses it. Returns `ask(message)`."""
     from .llama_server import LlamaServer
 
-    with LlamaServer(binary, n_ctx=8192, threads=os.cpu_count() or 1, args=extra) as server:
-        server.ttft([system, {"role": "user", "content": "Hello."}])
-        times = []
-        for trial in range(trials):
-            time.sleep(PAUSE_S)                  # as before our requests: no system is timed on hot threads
-            times.append(server.ttft([system, {"role": "user", "content": SHORT[trial]}]))
-        return times
+    server = stack.enter_context(LlamaServer(binary, n_ctx=8192, threads=os.cpu_count() or 1, args=extra))
+    server.ttft([system, {"role": "user", "content": "Hello."}])
+    return lambda message: server.ttft([system, {"role": "user", "content": message}])
+
+
+class PrewarmTrial:
+    """One trial of `bench prewarm`, in a process of its own (`IsolatedSystem`), as the app starts."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings, self._prefix_tokens = settings, 0
+
+    def run(self, message: str) -> dict[str, float]:
+        out = {}
+        with Engine(self.settings, scheduler=False, prewarm=True) as engine:
+            engine.wait_idle()
+            time.sleep(PAUSE_S)
+            start = time.perf_counter()
+            conv = engine.new_conversation()
+            out["prewarmed"] = time.perf_counter() - start + _ttft(conv, message)
+            self._prefix_tokens = conv.stats().prefix_tokens
+            time.sleep(PAUSE_S)
+            out["user_only"] = engine.thread.call(_decode_user_tokens_only, engine, message)
+        with Engine(self.settings, scheduler=False, prewarm=False) as engine:
+            engine.embedder.warm()
+            time.sleep(PAUSE_S)
+            start = time.perf_counter()
+            conv = engine.new_conversation()
+            out["cold"] = time.perf_counter() - start + _ttft(conv, message)
+        return out
+
+    def prefix_tokens(self) -> int:
+        return self._prefix_tokens
+
+    def close(self) -> None:
+        pass
 
 
 def run_prewarm(tokens: int | None = None, trials: int = 5, server: str | None = None) -> dict:
@@ -215,30 +245,33 @@ def run_prewarm(tokens: int | None = None, trials: int = 5, server: str | None =
                         tools_enabled=True)
     rows: dict[str, list[float]] = {"prewarmed": [], "cold": [], "user_only": []}   # user_only: the floor
     prefix_tokens = 0
-    for trial in range(trials):
-        message = SHORT[trial]
-        with Engine(settings, scheduler=False, prewarm=True) as engine:
-            engine.wait_idle()
-            time.sleep(PAUSE_S)
-            start = time.perf_counter()
-            conv = engine.new_conversation()
-            rows["prewarmed"].append(time.perf_counter() - start + _ttft(conv, message))
-            prefix_tokens = conv.stats().prefix_tokens
-            time.sleep(PAUSE_S)
-            rows["user_only"].append(engine.thread.call(_decode_user_tokens_only, engine, message))
-        with Engine(settings, scheduler=False, prewarm=False) as engine:
-            engine.embedder.warm()
-            time.sleep(PAUSE_S)
-            start = time.perf_counter()
-            conv = engine.new_conversation()
-            rows["cold"].append(time.perf_counter() - start + _ttft(conv, message))
-    if server:
-        for suffix, extra in SERVER_FLASH.items():
-            rows[f"llama_server_cached_system{suffix}"] = _server_prewarm(
-                server, system_message(system, default_tools()), trials, extra)
+
+    def evoke_trial(message: str) -> None:
+        nonlocal prefix_tokens
+        trial = IsolatedSystem(PrewarmTrial, settings)         # a fresh process: the app starting
+        try:
+            for key, value in trial.call("run", message).items():
+                rows[key].append(value)
+            prefix_tokens = trial.call("prefix_tokens")
+        finally:
+            trial.close()
+
+    with contextlib.ExitStack() as stack:
+        systems = {"evoke": evoke_trial}
+        for suffix, extra in (SERVER_FLASH.items() if server else ()):
+            label = f"llama_server_cached_system{suffix}"
+            rows[label] = []
+            ask = _server_prewarmed(stack, server, system_message(system, default_tools()), extra)
+            systems[label] = lambda message, ask=ask, label=label: rows[label].append(ask(message))
+        labels = list(systems)
+        for trial in range(trials):          # the systems take turns, rotating who goes first
+            for label in labels[trial % len(labels):] + labels[:trial % len(labels)]:
+                time.sleep(PAUSE_S)          # as before every request: no system is timed on hot threads
+                systems[label](SHORT[trial % len(SHORT)])
     med = {k: statistics.median(v) for k, v in rows.items()}
     best_server = min((v for k, v in med.items() if k.startswith("llama_server")), default=None)
     return {"bench": "prewarm", "prefix_tokens": prefix_tokens, "tools": len(default_tools()),
+            "interleaved": bool(server),
             **{f"{k}_ttft_s": [round(x, 4) for x in v] for k, v in rows.items()},
             **{f"{k}_median_s": round(v, 4) for k, v in med.items()},
             "prewarmed_over_user_only": round(med["prewarmed"] / med["user_only"], 2),
