@@ -121,29 +121,40 @@ def _evoke_reopen(home: str, cid: str, budget: int, n_ctx: int, what: str) -> di
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_reopen(tokens: int | None = None, trials: int = 3, server: str | None = None) -> dict:
-    tokens = tokens or 2000
+def _saved_conversation(tokens: int, budget: int, n_ctx: int) -> tuple[str, str, dict, list[dict]]:
+    """A home holding one conversation (a long file, then a reply) persisted at `budget`: its home, id,
+    sizes and the history a client would send."""
     home = tempfile.mkdtemp(prefix="evoke-bench-")
-    budget, n_ctx = tokens + 1024, 4 * (tokens + 1024)
     settings = Settings(home=home, budget_tokens=budget, n_ctx=n_ctx, slots=2, system_prompt=SYSTEM,
                         tools_enabled=False)
     with Engine(settings, scheduler=False) as engine:
         conv = engine.new_conversation(system_prompt=SYSTEM, tools=[])
         conv.send("Read this file and reply OK.", [("notes.txt", document("gamma", tokens))], max_tokens=4,
                   temperature=0)
-        size = conv.stats().active_tokens
-        cid = conv.id
+        stats = conv.stats()
         history = [{"role": "system", "content": SYSTEM}, *conv.template_history()]
+        return home, conv.id, {"resident": stats.active_tokens, "in_file_ram_part": stats.cached_tokens}, history
+
+
+def run_reopen(tokens: int | None = None, trials: int = 3, server: str | None = None) -> dict:
+    tokens = tokens or 2000
+    budget, whole_budget, n_ctx = tokens + 1024, 2 * tokens + 1024, 4 * (tokens + 1024)
+    home, cid, size, history = _saved_conversation(tokens, budget, n_ctx)
+    whole_home, whole_cid, whole_size, _ = _saved_conversation(tokens, whole_budget, n_ctx)
     slot_files = {suffix: _server_slot_file(server, history, n_ctx, extra)
                   for suffix, extra in SERVER_FLASH.items()} if server else {}
-    out: dict[str, list[float]] = {"reopen": [], "open_only": [], "reprefill": []}
+    out: dict[str, list[float]] = {"reopen": [], "open_only": [], "reprefill": [], "reopen_whole": []}
     servers: dict[str, list[float]] = {suffix: [] for suffix in slot_files}
     for trial in range(trials):              # the systems take turns, rotating who goes first
-        turns = [("evoke", None), *((suffix, extra) for suffix, extra in SERVER_FLASH.items() if server)]
+        turns = [("evoke", None), ("evoke_whole", None),
+                 *((suffix, extra) for suffix, extra in SERVER_FLASH.items() if server)]
         for label, extra in turns[trial % len(turns):] + turns[:trial % len(turns)]:
             if label == "evoke":
                 for key, values in _evoke_reopen(home, cid, budget, n_ctx, f"reopen:{trial}").items():
                     out[key] += values
+            elif label == "evoke_whole":
+                out["reopen_whole"] += _evoke_reopen(whole_home, whole_cid, whole_budget, n_ctx,
+                                                     f"reopen:{trial}")["reopen"]
             else:
                 servers[label].append(_server_reopen(server, slot_files[label], history, n_ctx, extra,
                                                      SHORT[trial % len(SHORT)]))
@@ -154,11 +165,16 @@ def run_reopen(tokens: int | None = None, trials: int = 3, server: str | None = 
     for suffix, restored in servers.items():
         server_rows[f"llama_server_slot_restore{suffix}_ttft_s"] = [round(x, 4) for x in restored]
         server_rows[f"llama_server_slot_restore{suffix}_median_s"] = round(statistics.median(restored), 4)
+    whole = statistics.median(out["reopen_whole"])
     if servers:
         best = min(statistics.median(v) for v in servers.values())
         server_rows["evoke_vs_best_llama_server"] = round(reopen / best, 2)
+        server_rows["evoke_whole_vs_best_llama_server"] = round(whole / best, 2)
     return {"bench": "reopen", "conversation_tokens": size, "fresh_process_per_trial": True,
             "interleaved": bool(servers), **server_rows,
+            "whole_conversation_tokens": whole_size,          # budget 2*tokens+1024: nothing to recover
+            "reopen_whole_ttft_s": [round(x, 4) for x in out["reopen_whole"]],
+            "reopen_whole_median_s": round(whole, 4),
             "reopen_ttft_s": [round(x, 4) for x in out["reopen"]],
             "reprefill_ttft_s": [round(x, 3) for x in out["reprefill"]],
             "open_only_s": [round(x, 4) for x in out["open_only"]],
