@@ -326,3 +326,36 @@ def test_a_known_prefix_is_found_without_rendering_or_tokenizing_again(clean, mo
     prefixes.clear()
     for seq in rt.prefix_seqs:
         kv.drop(seq)
+
+
+def test_a_block_mapped_from_a_file_is_rotated_in_a_copy_and_splices_alike(clean, tmp_path):
+    """A block whose bytes are a copy-on-write map of a KV file (a reopened conversation) is re-anchored in
+    a private copy: the same logits as the same bytes held in RAM, and the mapped bytes and their anchor
+    stay as the file has them."""
+    import mmap
+
+    rt, kv = clean
+    tokens = rt.tokenize(TEXT)[:400]
+    rt.decode(tokens[:300], 0, 0)
+    saved = kv.save(0, 50, 150)
+    path = tmp_path / "block.bin"
+    path.write_bytes(bytes(saved.data))
+    kv.evict(0, 50, 150)
+    kv.share(0, 1, 0, 200)
+    logits = []
+    with open(path, "rb") as file:
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+    view = memoryview(mapped)
+    for seq, data in ((0, bytearray(saved.data)), (1, view)):
+        block = SavedKV(data, saved.origin_pos, saved.n_tokens)
+        kv.restore(block, seq, 200)
+        assert kv.pos_max(seq) == 299
+        rt.decode(tokens[300:310], seq, 300)
+        logits.append(rt.logits())
+        if seq == 1:
+            assert bytes(view) == path.read_bytes() and block.origin_pos == 50
+        else:
+            assert block.origin_pos == 200                 # a RAM block is rotated in place
+    assert np.array_equal(logits[0], logits[1])
+    view.release()
+    mapped.close()
