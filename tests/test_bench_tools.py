@@ -1,9 +1,12 @@
-"""Bench tools that run without a GPU: the random-weight GGUF in a real model's shape."""
+"""Bench tools that run without a GPU: the random-weight GGUF in a real model's shape, a system in a
+process of its own."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from evoke_engine.bench.isolated import IsolatedSystem
 from evoke_engine.bench.pinned_copy import h2d_copy_ms
 from evoke_engine.bench.synthetic_model import TINY, write
 from evoke_engine.kv import KVCache
@@ -30,3 +33,17 @@ def test_pinned_copy_reference_is_absent_without_a_gpu():
 
     if not device.detect().on_gpu:
         assert h2d_copy_ms(1 << 20) is None
+
+
+def test_an_isolated_system_answers_in_order_reports_errors_and_ends_with_close():
+    system = IsolatedSystem(list, [3, 1, 2])
+    try:
+        assert system.call("sort") is None and system.call("copy") == [1, 2, 3]
+        with pytest.raises(RuntimeError, match="ValueError"):
+            system.call("index", 99)
+        assert system.call("index", 3) == 2                  # still serving after an error
+    finally:
+        system.close()
+    assert not system._process.is_alive()
+    with pytest.raises(RuntimeError, match="ValueError"):
+        IsolatedSystem(int, "not a number")

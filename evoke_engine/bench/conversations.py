@@ -249,9 +249,6 @@ class PrewarmTrial:
     def prefix_tokens(self) -> int:
         return self._prefix_tokens
 
-    def close(self) -> None:
-        pass
-
 
 def run_prewarm(tokens: int | None = None, trials: int = 5, server: str | None = None) -> dict:
     tokens = tokens or 1000

@@ -3,11 +3,13 @@ decodes in one process slow down when other models decode in the same process be
 
 Invariants: the child builds the system from a picklable factory and answers one call at a time, in
 order; timings are measured inside the child, where the system runs; an error in the child is raised
-in the parent with the child's traceback; closing (or the parent exiting) ends the child.
+in the parent with the child's traceback; closing runs the system's own close there and ends the child
+(a daemon: the parent's exit ends it too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import traceback
 from typing import Any
@@ -33,15 +35,14 @@ class IsolatedSystem:
         return self.call("ask", name, message)
 
     def close(self) -> None:
+        """The system's own `close` (if it has one) runs in the child, which then exits."""
         if self._process.is_alive():
-            try:
-                self.call("close")
+            with contextlib.suppress(OSError):
                 self._conn.send(None)
-            except (OSError, EOFError, RuntimeError):
-                pass
             self._process.join(timeout=60)
         if self._process.is_alive():
             self._process.kill()
+            self._process.join()
         self._conn.close()
 
     def _reply(self) -> Any:
@@ -67,3 +68,5 @@ def _serve(conn, factory, args, kwargs) -> None:
             conn.send((True, getattr(system, method)(*call_args)))
         except BaseException:       # noqa: BLE001
             conn.send((False, traceback.format_exc()))
+    if callable(getattr(system, "close", None)):
+        system.close()
