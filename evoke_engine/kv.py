@@ -24,6 +24,8 @@ from . import reanchor
 from .errors import RestoreError
 from .runtime import Runtime
 
+_ROTATION_BUFFER_MAX = 16 << 20          # bytes: a block's K/V (a few hundred tokens) fits with room to spare
+
 
 @dataclass
 class SavedKV:
@@ -194,7 +196,10 @@ class KVCache:
     def _rotation_copy(self, data: memoryview) -> memoryview:
         """`data` copied into the reused rotation buffer. Rotating a copy-on-write file mapping in place
         faults in a private copy of every page (3-9 ms for a 120-token block against ~1.5 ms copied
-        here, AMD EPYC, 2026-11-24); the mapped bytes stay as the file has them."""
+        here, AMD EPYC, 2026-11-24); the mapped bytes stay as the file has them. Blocks are small; a
+        larger image (a whole slot moved) gets a buffer of its own rather than one kept for good."""
+        if len(data) > _ROTATION_BUFFER_MAX:
+            return memoryview(bytearray(data))
         if len(self._rotation_buffer) < len(data):
             self._rotation_buffer = bytearray(len(data))
         view = memoryview(self._rotation_buffer)[:len(data)]
