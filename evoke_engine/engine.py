@@ -74,7 +74,11 @@ class Engine:
         self.ready: Future = self.thread.submit(self._load, self.settings, priority=FOREGROUND)
         self.sweeps = Sweeps(self, scheduler) if scheduler is not False else None
         if wait:
-            self.ready.result()
+            try:
+                self.ready.result()
+            except BaseException:
+                self.close()            # no scheduler, engine thread or database left behind by a failed load
+                raise
 
     # -- events -----------------------------------------------------------------------------
     def subscribe(self, callback: Callable[[EngineEvent], None]) -> None:

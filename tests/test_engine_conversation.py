@@ -105,8 +105,11 @@ def test_budget_smaller_than_the_prefix_is_refused(engine):
 
 
 def test_missing_and_non_gguf_model_files_are_clear_errors(tmp_path):
+    before = {t.ident for t in threading.enumerate()}
     with pytest.raises(ModelLoadError, match="not found"):
         Engine(Settings(home=str(tmp_path), model_path=str(tmp_path / "nope.gguf")))
+    leaked = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert leaked == []                     # the failed engine stopped its scheduler and its thread
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"PK\x03\x04 not a model")
     with pytest.raises(ModelLoadError, match="not a GGUF"):
