@@ -72,8 +72,8 @@ settings = Settings(home=home, budget_tokens=budget, n_ctx=n_ctx, slots=2, syste
 with Engine(settings, scheduler=False) as engine:
     engine.wait_idle()
     n_saved = len(engine.history.messages(cid))
-    payload = engine.kvfiles.read(cid, refresh=False)
     if what == "reprefill":
+        payload = engine.kvfiles.read(cid, refresh=False)
         engine.kvfiles.remove(cid)                           # no file: the history is re-prefilled
     start = time.perf_counter()
     conv = engine.open_conversation(cid)
