@@ -93,7 +93,8 @@ class SharedPrefixes:
     def for_conversation(self, system_prompt: str, tools: list[dict]) -> Prefix:
         """The prefix of a conversation with this system prompt and tools, decoded now if it is not cached."""
         extra = tools_text(tools)
-        known = self._by_key.get(self._key_by_content.get(system_prompt + extra, ""))
+        content = system_prompt + extra                 # the system message's content (`system_message`)
+        known = self._by_key.get(self._key_by_content.get(content, ""))
         if known is not None:                   # every open and slot change asks: skip render and tokenize
             self._by_key.move_to_end(known.key)
             return known
@@ -104,7 +105,7 @@ class SharedPrefixes:
         pieces = [(name, text, self.rt.tokenize(text, add_special=(i == 0))) for i, (name, text) in enumerate(texts)]
         tokens = [t for _, _, toks in pieces for t in toks]
         key = prefix_key(tokens)
-        self._key_by_content[system_prompt + extra] = key
+        self._key_by_content[content] = key
         prefix = self._by_key.get(key)
         if prefix is not None:
             self._by_key.move_to_end(key)

@@ -90,13 +90,18 @@ print(json.dumps(out))
 SERVER_FLASH = {"": [], "_fa_off": ["-fa", "off"]}     # llama-server's default (auto: on here) and off
 
 
-def _server_slot_file(binary: str, history: list[dict], n_ctx: int, extra: list[str]) -> str:
-    """llama-server's way to keep a conversation across a restart: the slot saved to --slot-save-path."""
+def _slot_server(binary: str, n_ctx: int, extra: list[str], save_dir: str):
+    """A one-slot llama-server (no host prompt cache) that saves and restores slots under `save_dir`."""
     from .llama_server import LlamaServer
 
+    return LlamaServer(binary, n_ctx=n_ctx, threads=os.cpu_count() or 1, args=["-np", "1", "--cache-ram", "0", *extra],
+                       slot_save_path=save_dir)
+
+
+def _server_slot_file(binary: str, history: list[dict], n_ctx: int, extra: list[str]) -> str:
+    """llama-server's way to keep a conversation across a restart: the slot saved to --slot-save-path."""
     save_dir = tempfile.mkdtemp(prefix="evoke-slots-")
-    args = ["-np", "1", "--cache-ram", "0", *extra]
-    with LlamaServer(binary, n_ctx=n_ctx, threads=os.cpu_count() or 1, args=args, slot_save_path=save_dir) as server:
+    with _slot_server(binary, n_ctx, extra, save_dir) as server:
         server.ttft([*history, {"role": "user", "content": "Reply OK."}], slot=0)
         server.slot_action(0, "save", "conversation.bin")
     return save_dir
@@ -105,10 +110,7 @@ def _server_slot_file(binary: str, history: list[dict], n_ctx: int, extra: list[
 def _server_reopen(binary: str, save_dir: str, history: list[dict], n_ctx: int, extra: list[str],
                    message: str) -> float:
     """A fresh server process restores the saved slot, then answers the message: its reopen."""
-    from .llama_server import LlamaServer
-
-    args = ["-np", "1", "--cache-ram", "0", *extra]
-    with LlamaServer(binary, n_ctx=n_ctx, threads=os.cpu_count() or 1, args=args, slot_save_path=save_dir) as server:
+    with _slot_server(binary, n_ctx, extra, save_dir) as server:
         restore = server.slot_action(0, "restore", "conversation.bin")
         return restore + server.ttft([*history, {"role": "user", "content": message}], slot=0)
 
