@@ -1,10 +1,11 @@
 # Evoke Desk: `make run` starts the app, `make test` runs every test but the hour-long soak runs. Both install first.
+# `make test-hostile` runs the hostile suite against `serve` (bad inputs, kill -9, a full disk, concurrent clients).
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export QT_QPA_PLATFORM ?= offscreen
 
-.PHONY: install run chat test test-fast test-soak lint bench gpu cpu clean
+.PHONY: install run chat test test-fast test-soak test-hostile lint bench gpu cpu clean
 
 $(STAMP): pyproject.toml packaging/install.sh native/build.sh native/rope_reanchor.c native/attention_capture.cpp
 	bash packaging/install.sh
@@ -28,6 +29,9 @@ test-fast: install
 
 test-soak: install
 	$(PY) -m pytest -q -m soak
+
+test-hostile: install
+	$(PY) tests/hostile_suite.py
 
 bench: install
 	$(PY) -m evoke_engine.bench restore --json

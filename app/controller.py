@@ -9,16 +9,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from evoke_engine.events import EventKind
+from evoke_engine.memory import min_budget_tokens
 
 from .attachments import AttachmentError, paste_name, read_text_attachment
 from .bridge import EngineBridge, error_text
 from .editing_flow import EditingFlow
-from .messages import DEFAULT_TITLES, ChatMessage, Stream, title_from
+from .messages import DEFAULT_TITLES, ChatMessage, Stream, model_name, reply_meta, title_from
 from .models import BlockTableModel, ConversationListModel, EventLogModel
 from .settings_flow import SettingsFlow
 
@@ -27,6 +29,10 @@ STATE_OF_EVENT = {EventKind.EVICTED: "ram", EventKind.SPILLED: "disk", EventKind
 MEMORY_EVENTS = {EventKind.EVICTED, EventKind.RECOVERED, EventKind.SPILLED, EventKind.KV_PERSISTED,
                  EventKind.KV_RESTORED, EventKind.KV_REBUILT, EventKind.PARKED, EventKind.ERROR}
 EVENTS_KEPT = 300
+# What clears an error in the banner: "model" when a model loads, "settings" when settings apply,
+# "" (an action in a conversation: an import, a reply) when another conversation opens.
+ERROR_TOPICS = ("model", "settings", "")
+WAITING_NOTE = "Waiting for the model: this message is sent as soon as it is ready."
 
 
 class ChatController(SettingsFlow, EditingFlow, QObject):
@@ -44,10 +50,14 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
     statsChanged = Signal(dict)
     turnMetrics = Signal(float, float)         # time to first token (s), tokens/s
     prefillProgress = Signal(int, str)         # tokens done, message
+    rebuildProgress = Signal(str, int, int)    # title of the conversation rebuilt from history, done, total tokens
     attachmentsChanged = Signal(list)          # [(name, characters)]
     settingsApplied = Signal(object)
-    errorRaised = Signal(str)
+    errorRaised = Signal(str)                  # its topic is `error_topic` while the signal is delivered
     warningRaised = Signal(str)                # engine-wide warnings (e.g. a setting that may not fit)
+    errorResolved = Signal(str)                # the cause of errors of this topic is gone (ERROR_TOPICS)
+    settingsFailed = Signal(str)               # applying settings failed (the settings dialog shows it)
+    draftReturned = Signal(str)                # a queued message that could not be sent goes back to the box
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -61,6 +71,11 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         self.conv: Any = None
         self.messages: list[ChatMessage] = []
         self.pending: list[tuple[str, str]] = []
+        self.queued: tuple[str, list[tuple[str, str]], dict[str, Any]] | None = None   # sent once ready
+        self.viewed_id = ""                        # the conversation shown read-only before any model loaded
+        self.history_loaded = False                # the open conversation's messages are on screen
+        self.opening: tuple[str, str] = ("", "")   # (id, title) of the conversation being opened
+        self.error_topic = ""
         self.stream: Stream | None = None
         self.stats: Any = None                     # the open conversation's ConversationStats, once it lands
         self.title = ""
@@ -74,7 +89,7 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         bridge.modelFailed.connect(self._model_failed)
         bridge.engineEvent.connect(self._on_event)
         bridge.token.connect(self._on_token)
-        bridge.error.connect(self.errorRaised)
+        bridge.error.connect(self.raise_error)
         bridge.closing.connect(self._shutdown)
 
     # -- model ------------------------------------------------------------------------------
@@ -100,12 +115,24 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
     def _set_model_state(self, state: str, detail: str = "") -> None:
         self.model_state = state
         self.modelStateChanged.emit(state, detail)
+        if state in ("ready", "unloaded") and self.queued is not None and self.conv is not None \
+                and self.history_loaded and not self.generating:
+            self._send_queued()
+
+    def raise_error(self, text: str, topic: str = "") -> None:
+        """Show `text` in the banner; it clears when `errorResolved(topic)` says its cause is gone."""
+        self.error_topic = topic
+        try:
+            self.errorRaised.emit(text)
+        finally:
+            self.error_topic = ""
 
     def _model_ready(self, info: Any) -> None:
         first = self.model_info is None
         self.model_info = info
         self.modelInfoChanged.emit(info)
-        self._set_model_state("ready", getattr(info, "name", ""))
+        self._set_model_state("ready", model_name(info))
+        self.errorResolved.emit("model")
         self._list_timer.start()
         if first:
             self.bridge.call(self.engine.conversations, on_done=self._open_latest, on_error=self._fail)
@@ -114,17 +141,63 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         self.conversations.set_conversations(infos)
         if self.conv is not None:
             return
-        if self.conversations.rows:
-            self.open_conversation(self.conversations.rows[0].id)
+        ids = [row.id for row in self.conversations.rows]
+        if self.viewed_id in ids:                   # the one read while the model loaded opens for real
+            self.open_conversation(self.viewed_id)
+        elif ids:
+            self.open_conversation(ids[0])
         else:
             self.new_conversation()
 
     def _model_failed(self, message: str) -> None:
         self._set_model_state("failed", message)
-        self.errorRaised.emit(f"The model could not be loaded: {message}")
+        self.raise_error(f"The model could not be loaded: {message}. Your conversations stay readable; "
+                         "choose a working model in Settings → Model to chat.", "model")
+        if self.queued is not None:                 # the waiting message goes back to the box, not lost
+            text, attachments, _ = self.queued
+            self.queued = None
+            self.pending = attachments + self.pending
+            self.attachmentsChanged.emit([(n, len(t)) for n, t in self.pending])
+            self.draftReturned.emit(text)
+            if self.messages[-2:] and self.messages[-1].role == "assistant" and not self.messages[-1].text:
+                del self.messages[-2:]
+                self.messagesTruncated.emit(len(self.messages))
+        if self.model_info is None:
+            self.read_history_without_model()
+
+    def read_history_without_model(self) -> None:
+        """List the conversations from SQLite (no model needed) and show the latest one, read-only."""
+        from evoke_engine.history_view import read_conversations
+
+        def listed(infos: list[Any]) -> None:
+            if self.model_info is not None:
+                return
+            self.conversations.set_conversations(infos)
+            if self.conv is None and not self.viewed_id and self.conversations.rows:
+                self._view(self.conversations.rows[0].id)
+        self.bridge.call(read_conversations, self.settings,
+                         on_done=listed, on_error=lambda exc: self._fail_with("Could not read the history", exc))
+
+    def _view(self, conversation_id: str) -> None:
+        """Show a conversation's messages from SQLite, read-only (no model has loaded yet)."""
+        from evoke_engine.history_view import read_messages
+
+        row = self.conversations.row_of(conversation_id)
+        self.viewed_id = conversation_id
+        self.title = (self.conversations.rows[row].title if row >= 0 else "") or "Untitled"
+        self.errorResolved.emit("")
+        self.currentChanged.emit(conversation_id, self.title)
+
+        def shown(rows: list[dict[str, Any]]) -> None:
+            if self.conv is not None or conversation_id != self.viewed_id:
+                return
+            self.messages = [ChatMessage.from_history(r, -1) for r in rows if r.get("role") in ("user", "assistant")]
+            self.messagesReset.emit(list(self.messages))
+        self.bridge.call(read_messages, self.settings, conversation_id, on_done=shown,
+                         on_error=lambda exc: self._fail_with("Could not read the conversation", exc))
 
     def _fail(self, exc: BaseException) -> None:
-        self.errorRaised.emit(error_text(exc))
+        self.raise_error(error_text(exc))
 
     # -- conversations ----------------------------------------------------------------------
     def refresh_conversations(self) -> None:
@@ -134,22 +207,39 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
 
     def _engine_or_say(self) -> bool:
         if self.engine is None or self.model_state == "failed":
-            self.errorRaised.emit("No model is loaded: choose a model in Settings.")
+            self.raise_error(self._no_model_text(), "model")
             return False
         return True
+
+    def _no_model_text(self) -> str:
+        if self.model_state == "failed":
+            return ("No model is loaded, so nothing can answer: choose a working model in Settings → Model "
+                    "(your message is kept).")
+        return "The model is still loading; try again in a moment."
 
     def new_conversation(self) -> None:
         if self._engine_or_say():
             self.bridge.call(self.engine.new_conversation, on_done=self._opened, on_error=self._fail)
 
     def open_conversation(self, conversation_id: str) -> None:
-        if conversation_id == self.current_id or not self._engine_or_say():
+        if conversation_id == self.current_id:
             return
+        if self.model_info is None and self.conv is None:    # no model yet: read it from SQLite
+            if conversation_id != self.viewed_id and self.queued is None:
+                self._view(conversation_id)
+            return
+        if not self._engine_or_say():
+            return
+        row = self.conversations.row_of(conversation_id)
+        self.opening = (conversation_id, (self.conversations.rows[row].title if row >= 0 else "") or "Untitled")
         self.bridge.call(self.engine.open_conversation, conversation_id, on_done=self._opened,
                          on_error=self._fail)
 
     def _opened(self, conv: Any) -> None:
         self.conv = conv
+        self.viewed_id = ""
+        self.history_loaded = False
+        self.errorResolved.emit("")                # an earlier conversation's errors do not follow
         kept = sorted([*self._event_log[""], *self._event_log[str(conv.id)]], key=lambda e: e[2])
         self.events.set_rows(kept[-EVENTS_KEPT:])
         self.blocks.set_blocks([])
@@ -164,11 +254,18 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
     def _history(self, conv: Any, rows: list[dict[str, Any]]) -> None:
         if conv is not self.conv:
             return
+        self.history_loaded = True
         self.messages = [ChatMessage.from_history(r, i) for i, r in enumerate(rows)
                          if r.get("role") in ("user", "assistant")]
         if self.stream is not None and self.stream.conversation_id == self.current_id:
             self.messages.append(ChatMessage("assistant", self.stream.text))
+        if self.queued is not None:
+            text, attachments, _ = self.queued
+            self.messages += [ChatMessage("user", text, [(n, len(t)) for n, t in attachments]),
+                              ChatMessage("assistant", "", meta=WAITING_NOTE)]
         self.messagesReset.emit(list(self.messages))
+        if self.queued is not None and self.model_state in ("ready", "unloaded") and not self.generating:
+            self._send_queued()
 
     def rename_conversation(self, conversation_id: str, title: str) -> None:
         title = title.strip()
@@ -227,21 +324,39 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
 
     # -- a turn -----------------------------------------------------------------------------
     def send(self, text: str, **options: Any) -> bool:
-        """Send `text` with the pending attachments; False when nothing can be sent now."""
+        """Send `text` with the pending attachments; False when nothing can be sent now (the text stays).
+
+        Before the model is ready (or its first conversation open) the message waits in the chat and is
+        sent when it is; with no model at all it says why and keeps the text.
+        """
         text = text.strip()
-        if (not text and not self.pending) or self.generating or self.conv is None:
+        if (not text and not self.pending) or self.generating or self.queued is not None:
             return False
-        if self.model_state not in ("ready", "unloaded"):
+        if self.model_state == "failed":
+            self.raise_error(self._no_model_text(), "model")
             return False
-        conv, attachments = self.conv, list(self.pending)
+        attachments = list(self.pending)
         self.pending = []
         self.attachmentsChanged.emit([])
         user = ChatMessage("user", text, [(n, len(t)) for n, t in attachments])
-        self.messages += [user, ChatMessage("assistant", "")]
+        ready = self.conv is not None and self.history_loaded and self.model_state in ("ready", "unloaded")
+        self.messages += [user, ChatMessage("assistant", "", meta="" if ready else WAITING_NOTE)]
         self.messageAdded.emit(user)
         self.messageAdded.emit(self.messages[-1])
-        self._stream_reply(conv, conv.submit, text, attachments=attachments, **options)
+        if ready:
+            self._stream_reply(self.conv, self.conv.submit, text, attachments=attachments, **options)
+        else:
+            self.queued = (text, attachments, options)
         return True
+
+    def _send_queued(self) -> None:
+        """Send the message that waited for the model (its bubbles are already the last two)."""
+        assert self.queued is not None and self.conv is not None
+        (text, attachments, options), self.queued = self.queued, None
+        self.messagesTruncated.emit(len(self.messages) - 1)
+        self.messages[-1] = ChatMessage("assistant", "")
+        self.messageAdded.emit(self.messages[-1])
+        self._stream_reply(self.conv, self.conv.submit, text, attachments=attachments, **options)
 
     def _stream_reply(self, conv: Any, start: Any, *args: Any, **kwargs: Any) -> None:
         """Call `start` (a turn that returns a Future of a Reply) and stream its tokens into the last message."""
@@ -286,11 +401,10 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         rate = getattr(reply, "tokens_per_s", None)
         if rate is None and stream and stream.first_at and now > stream.first_at:
             rate = stream.pieces / (now - stream.first_at)
-        n_tokens = getattr(reply, "n_tokens", stream.pieces if stream else 0)
+        n_tokens = int(getattr(reply, "n_tokens", 0) or 0)
         stopped = str(getattr(reply, "stopped", ""))
-        meta = f"{n_tokens} tokens · {rate or 0:.1f} tok/s · first token {ttft or 0:.2f} s"
-        if stopped and stopped not in ("eos", "stop"):
-            meta += f" · {'stopped' if stopped == 'cancelled' else stopped.replace('_', ' ')}"
+        meta = reply_meta(n_tokens, float(rate or 0.0), float(ttft or 0.0), stopped,
+                          stream.pieces if stream is not None and text else 0)
         message = ChatMessage("assistant", text, stopped=stopped, meta=meta)
         if stream is not None and stream.conversation_id == self.current_id and self.messages:
             self.messages[-1] = message
@@ -320,12 +434,20 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
             self.messages[-1] = message
             self.replyFinished.emit(message)
         self.generatingChanged.emit(False)
-        self.errorRaised.emit(f"The reply failed: {error_text(exc)}")
+        self.raise_error(f"The reply failed: {error_text(exc)}")
         if stream is not None and stream.conversation_id == self.current_id:
             self._reload_indexes(self.conv)            # a failed turn is rolled back
         self.refresh_stats()
 
     # -- memory view ------------------------------------------------------------------------
+    def budget_floor(self) -> tuple[int | None, Callable[[Any], int] | None]:
+        """(shared prefix tokens of the open conversation, settings -> the smallest budget that works), None
+        when unknown. The rule is the engine's (`min_budget_tokens`); the engine still refuses what slips by."""
+        prefix = getattr(self.stats, "prefix_tokens", None)
+        if prefix is None:
+            return None, None
+        return int(prefix), lambda settings: min_budget_tokens(int(prefix), settings)
+
     @property
     def stats_pending(self) -> bool:
         """A stats request is in flight (tests and the GUI bench wait for it to land)."""
@@ -370,6 +492,14 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         elif kind == EventKind.PREFILL:
             if conv_id in (None, self.current_id):
                 self.prefillProgress.emit(int(getattr(event, "tokens", 0)), message)
+            return
+        elif kind == EventKind.KV_REBUILDING:
+            opening_id, opening_title = self.opening
+            if conv_id == self.current_id or conv_id == opening_id:
+                detail = getattr(event, "detail", None) or {}
+                done = int(detail.get("done", getattr(event, "tokens", 0)))
+                title = self.title if conv_id == self.current_id else opening_title
+                self.rebuildProgress.emit(title, done, max(done, int(detail.get("total", done))))
             return
         if kind not in MEMORY_EVENTS and kind not in (EventKind.MODEL_UNLOADED, EventKind.LOAD_FAILED):
             return

@@ -6,7 +6,17 @@ Invariant: the window calls these through its own attributes (`confirm`, `ask_te
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox, QWidget
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QPlainTextEdit,
+    QVBoxLayout,
+    QWidget,
+)
 
 
 def confirm(parent: QWidget, title: str, text: str, yes: str = "Yes") -> bool:
@@ -17,9 +27,30 @@ def confirm(parent: QWidget, title: str, text: str, yes: str = "Yes") -> bool:
     return box.clickedButton() is ok
 
 
+class TextDialog(QDialog):
+    """A one-line question wide enough for its whole title (window managers cut a narrow one)."""
+
+    def __init__(self, parent: QWidget | None, title: str, label: str, text: str = "") -> None:
+        super().__init__(parent)
+        self.setWindowTitle(title)
+        col = QVBoxLayout(self)
+        col.addWidget(QLabel(label))
+        self.line = QLineEdit(text)
+        self.line.selectAll()
+        col.addWidget(self.line)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        col.addWidget(buttons)
+        self.setMinimumWidth(max(440, self.fontMetrics().horizontalAdvance(title) + 200))
+
+    def textValue(self) -> str:  # noqa: N802 - QInputDialog's name
+        return self.line.text()
+
+
 def ask_text(parent: QWidget, title: str, label: str, text: str = "") -> str | None:
-    value, ok = QInputDialog.getText(parent, title, label, text=text)
-    return value if ok else None
+    dialog = TextDialog(parent, title, label, text)
+    return dialog.textValue() if dialog.exec() == QDialog.DialogCode.Accepted else None
 
 
 def pick_files(parent: QWidget) -> list[str]:
@@ -29,9 +60,35 @@ def pick_files(parent: QWidget) -> list[str]:
     return paths
 
 
+class EditDialog(QDialog):
+    """A roomy editor for a message: the lines wrap at the window's width, the size follows the screen."""
+
+    def __init__(self, parent: QWidget | None, title: str, label: str, text: str = "") -> None:
+        super().__init__(parent)
+        self.setWindowTitle(title)
+        col = QVBoxLayout(self)
+        caption = QLabel(label)
+        caption.setWordWrap(True)
+        self.editor = QPlainTextEdit(objectName="editMessage")
+        self.editor.setLineWrapMode(QPlainTextEdit.LineWrapMode.WidgetWidth)
+        self.editor.setPlainText(text)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        col.addWidget(caption)
+        col.addWidget(self.editor, 1)
+        col.addWidget(buttons)
+        self.setMinimumSize(520, 320)
+        screen = (parent.screen() if parent is not None else self.screen()).availableGeometry()
+        self.resize(min(760, int(screen.width() * 0.8)), min(520, int(screen.height() * 0.7)))
+
+    def text(self) -> str:
+        return self.editor.toPlainText()
+
+
 def edit_text(parent: QWidget, title: str, label: str, text: str = "") -> str | None:
-    value, ok = QInputDialog.getMultiLineText(parent, title, label, text)
-    return value if ok else None
+    dialog = EditDialog(parent, title, label, text)
+    return dialog.text() if dialog.exec() == QDialog.DialogCode.Accepted else None
 
 
 EXPORT_FILTERS = "Markdown (*.md);;JSON (*.json)"

@@ -25,7 +25,8 @@ class EndpointSwitch(QObject):
         self._key: tuple | None = None
 
     def apply(self, engine: Any, settings: Any) -> None:
-        want = (settings.server_host, settings.server_port, settings.api_key) if (
+        want = (settings.server_host, settings.server_port, settings.api_key,
+                settings.server_max_request_bytes) if (
             engine is not None and getattr(settings, "server_enabled", False)) else None
         if want == self._key:
             return
@@ -35,7 +36,8 @@ class EndpointSwitch(QObject):
         from evoke_engine.server import EndpointServer, ServerConfig
 
         try:
-            server = EndpointServer(engine, ServerConfig(host=want[0], port=want[1], api_key=want[2] or None))
+            server = EndpointServer(engine, ServerConfig(host=want[0], port=want[1], api_key=want[2] or None,
+                                                           max_request_bytes=want[3]))
         except (OSError, ValueError) as exc:
             self.failed.emit(f"The API endpoint could not start on {want[0]}:{want[1]}: {exc}")
             return

@@ -9,6 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_TITLES = {"New conversation", "Untitled", ""}
+EMBEDDED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def model_name(info: Any) -> str:
+    """The one name the window gives a model: its GGUF file's name (not the GGUF's general.name)."""
+    path = str(getattr(info, "path", "") or getattr(info, "model_path", "") or "")
+    return path.replace("\\", "/").rsplit("/", 1)[-1] if path else str(getattr(info, "name", "") or "?")
 
 
 def title_from(text: str, attachments: list[tuple[str, int]], limit: int = 48) -> str:
@@ -19,6 +26,18 @@ def title_from(text: str, attachments: list[tuple[str, int]], limit: int = 48) -
     if len(line) > limit:
         line = line[:limit].rsplit(" ", 1)[0].rstrip(",.;:") + "…"
     return line
+
+
+def reply_meta(n_tokens: int, rate: float, ttft: float, stopped: str, streamed_pieces: int = 0) -> str:
+    """The footer of a finished reply; a stopped reply counts the pieces it streamed when the engine
+    reports no tokens (never "0 tokens" under text on screen)."""
+    n_tokens = n_tokens or streamed_pieces
+    parts = [f"{n_tokens} tokens", f"{rate:.1f} tok/s"] if n_tokens else []
+    meta = " · ".join(parts + ([f"first token {ttft:.2f} s"] if ttft else []))
+    if stopped and stopped not in ("eos", "stop"):
+        why = "stopped" if stopped == "cancelled" else stopped.replace("_", " ")
+        meta = f"{meta} · {why}" if meta else why
+    return meta
 
 
 @dataclass

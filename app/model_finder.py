@@ -53,7 +53,9 @@ def _walk(root: Path, limit: int) -> list[Path]:
 
 
 def _embedded() -> ModelFile:
-    label = "Embedded: SmolLM2-135M-Instruct (Q4_1)"
+    from .messages import EMBEDDED_MODEL_FILE
+
+    label = f"{EMBEDDED_MODEL_FILE}  (embedded)"
     try:
         from evoke_engine.runtime import default_model_path
         path = default_model_path()

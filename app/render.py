@@ -1,7 +1,9 @@
 """Markdown to Qt rich-text HTML, with fenced code highlighted by Pygments and a copy link per block.
 
 Pure functions, no Qt: raw HTML in a message is shown as text, never interpreted; an unclosed
-fence (a reply still streaming) renders as code up to the end.
+fence (a reply still streaming) renders as code up to the end. `render_parts` gives the chat view text
+and code apart (each code block gets its own widget that scrolls sideways); `render_markdown` gives
+one HTML document (copy:<i> links) for places that show a message whole.
 """
 
 from __future__ import annotations
@@ -111,6 +113,34 @@ def render_markdown(text: str) -> Rendered:
         elif body.strip():
             parts.append(_convert(body))
     return Rendered("".join(parts), blocks)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a message as the chat view shows it: Markdown as HTML, or one fenced code block."""
+
+    kind: str                 # "html" | "code"
+    html: str                 # the Markdown's HTML, or the code highlighted inside a <pre> (no wrapping)
+    code: str = ""            # a code block's raw text (what Copy puts on the clipboard)
+    lang: str = ""
+
+
+@functools.lru_cache(maxsize=256)
+def code_html(code: str, lang: str) -> str:
+    """A highlighted <pre> for one code block; its lines never wrap (the view scrolls sideways)."""
+    return (f'<pre style="font-family:\'DejaVu Sans Mono\',monospace; color:#d7dae0; margin:0; '
+            f'white-space:pre;">{highlight_code(code, lang)}</pre>')
+
+
+def render_parts(text: str) -> list[Part]:
+    """The message's text and code parts, in order (empty text between fences is left out)."""
+    parts: list[Part] = []
+    for kind, body, lang in split_fences(text):
+        if kind == "code":
+            parts.append(Part("code", code_html(body, lang), body, lang))
+        elif body.strip():
+            parts.append(Part("html", _convert(body)))
+    return parts
 
 
 def render_plain(text: str) -> str:

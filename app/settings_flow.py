@@ -1,7 +1,8 @@
 """Applying settings from the dialog: what applies now goes to the engine at once, the rest reloads.
 
 Invariants: a reload that fails leaves the previous model and settings in place (and says so);
-settings reach disk only once they took effect; the engine always gets its own copy.
+settings reach disk only once they took effect; the engine always gets its own copy; every outcome is
+signalled: `settingsApplied` (then `errorResolved("settings")`) or `settingsFailed` with a readable reason.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging
 from typing import Any
 
 from .bridge import error_text
+from .messages import model_name
 from .settings_form import changed, field_specs
 
 log = logging.getLogger(__name__)
@@ -25,7 +27,7 @@ class SettingsFlow:
             self.settings = new                 # no model ever loaded here: start a fresh engine on `new`
             self.bridge.restart(new.replace())
             self._save(new)
-            self.settingsApplied.emit(new)
+            self._applied(new)
             return
         specs = field_specs(type(new))
         _, reload_names = changed(old, new, specs)
@@ -47,9 +49,9 @@ class SettingsFlow:
                 self.reload(new, old)
             else:
                 self._save(new)
-                self.settingsApplied.emit(new)
+                self._applied(new)
             self.refresh_stats()
-        self.bridge.call(work, on_done=done, on_error=self._fail)
+        self.bridge.call(work, on_done=done, on_error=self._settings_failed)
 
     def reload(self, new: Any, old: Any) -> None:
         self._set_model_state("loading", "Reloading model…")
@@ -58,19 +60,28 @@ class SettingsFlow:
             self.settings = self.bridge.settings = old
             if hasattr(self.engine, "apply_settings"):
                 self.bridge.call(self.engine.apply_settings, old.replace(), on_error=self._fail)
-            self.errorRaised.emit(f"The new model settings did not load ({error_text(exc)}); "
-                                  f"still using {getattr(self.model_info, 'name', 'the previous model')}.")
-            self._set_model_state("ready", getattr(self.model_info, "name", ""))
+            self._set_model_state("ready", model_name(self.model_info))
+            self._settings_failed(f"The new model settings did not load ({error_text(exc)}); "
+                                  f"still using {model_name(self.model_info)}.")
 
         def loaded(_: Any) -> None:
             self._save(new)
-            self.settingsApplied.emit(new)
+            self._applied(new)
             self.bridge.call(self.engine.model_info, on_done=self._model_ready, on_error=self._fail)
         self.bridge.call(self.engine.reload, new.replace(), on_error=failed,
                          on_done=lambda fut: self.bridge.track(fut, on_done=loaded, on_error=failed))
+
+    def _settings_failed(self, error: BaseException | str) -> None:
+        """Settings did not apply: `settingsFailed` (the window shows it in the settings dialog when it is
+        open, else in the banner until settings apply)."""
+        self.settingsFailed.emit(error if isinstance(error, str) else f"Not applied: {error_text(error)}")
+
+    def _applied(self, settings: Any) -> None:
+        self.settingsApplied.emit(settings)
+        self.errorResolved.emit("settings")
 
     def _save(self, settings: Any) -> None:
         try:
             settings.save()
         except OSError as exc:
-            self.errorRaised.emit(f"Settings could not be saved: {exc}")
+            self.settingsFailed.emit(f"Settings could not be saved: {exc}")

@@ -35,7 +35,10 @@ from .widgets.status_bar import StatusBar
 
 
 class ErrorBanner(QWidget):
-    """A dismissible line above the conversation for readable errors (the app stays usable)."""
+    """A dismissible line above the conversation for readable errors (the app stays usable).
+
+    Each message has a topic (app/controller.py ERROR_TOPICS); `resolve(topic)` hides it when its cause is gone.
+    """
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -52,7 +55,10 @@ class ErrorBanner(QWidget):
         row.addWidget(close)
         self.hide()
 
-    def show_message(self, text: str, level: str = "error") -> None:
+    topic = ""
+
+    def show_message(self, text: str, level: str = "error", topic: str = "") -> None:
+        self.topic = topic
         self.label.setText(text)
         self.setProperty("level", level)
         for widget in (self, self.label):
@@ -60,8 +66,12 @@ class ErrorBanner(QWidget):
             widget.style().polish(widget)
         self.show()
 
-    def show_warning(self, text: str) -> None:
-        self.show_message(text, "warning")
+    def show_warning(self, text: str, topic: str = "warning") -> None:
+        self.show_message(text, "warning", topic)
+
+    def resolve(self, topic: str) -> None:
+        if self.isVisible() and self.topic == topic:
+            self.hide()
 
     def text(self) -> str:
         return self.label.text() if self.isVisible() else ""
@@ -182,13 +192,20 @@ class MainWindow(QMainWindow):
         c.statsChanged.connect(self.memory.set_stats)
         c.turnMetrics.connect(self.status.set_metrics)
         c.prefillProgress.connect(self.status.set_prefill)
+        c.rebuildProgress.connect(self.status.set_rebuild)
+        c.rebuildProgress.connect(self.chat.show_rebuild)
         c.attachmentsChanged.connect(self.input.set_attachments)
-        c.errorRaised.connect(self.banner.show_message)
+        c.errorRaised.connect(lambda text: self.banner.show_message(text, topic=c.error_topic))
         c.warningRaised.connect(self.banner.show_warning)
+        c.errorResolved.connect(self.banner.resolve)
+        c.settingsFailed.connect(self._settings_failed)
+        c.settingsApplied.connect(self._settings_applied)
+        c.draftReturned.connect(self._draft_returned)
         c.settingsApplied.connect(lambda s: setattr(self.status, "high_watermark", s.high_watermark))
         self.endpoint = EndpointSwitch(self)
         self.endpoint.addressChanged.connect(self.status.set_endpoint)
-        self.endpoint.failed.connect(self.banner.show_message)
+        self.endpoint.addressChanged.connect(lambda address: address and self.banner.resolve("endpoint"))
+        self.endpoint.failed.connect(lambda text: self.banner.show_message(text, topic="endpoint"))
         c.settingsApplied.connect(lambda s: self.endpoint.apply(c.engine, s))
         c.modelInfoChanged.connect(lambda _: self.endpoint.apply(c.engine, c.settings))
         c.bridge.closing.connect(self.endpoint.stop)
@@ -208,7 +225,23 @@ class MainWindow(QMainWindow):
     # -- reactions --------------------------------------------------------------------------
     def _model_state(self, state: str, detail: str) -> None:
         self.status.set_model_state(state, detail)
-        self.input.set_ready(state in ("ready", "unloaded"))
+        self.input.set_ready(state in ("ready", "unloaded", "loading"))    # while loading, a message waits
+
+    def _settings_failed(self, text: str) -> None:
+        """In the settings dialog while it is open (not behind it), else in the banner."""
+        dialog = self.settings_dialog
+        if dialog is not None and dialog.isVisible():
+            dialog.result_failed(text)
+        else:
+            self.banner.show_message(text, topic="settings")
+
+    def _settings_applied(self, _settings: Any) -> None:
+        if self.settings_dialog is not None:
+            self.settings_dialog.result_applied()
+
+    def _draft_returned(self, text: str) -> None:
+        if not self.input.prompt.toPlainText().strip():
+            self.input.prompt.setPlainText(text)
 
     def _current_changed(self, conversation_id: str, title: str) -> None:
         self._title_changed(conversation_id, title)
@@ -281,7 +314,10 @@ class MainWindow(QMainWindow):
             self.controller.delete_conversation(conversation_id)
 
     def open_settings(self) -> SettingsDialog:
-        dialog = SettingsDialog(self.controller.settings, self, model_info=self.controller.model_info)
+        prefix, minimum = self.controller.budget_floor()
+        dialog = SettingsDialog(self.controller.settings, self, model_info=self.controller.model_info,
+                                min_budget=minimum, prefix_tokens=prefix)
+        dialog.wait_for_result = True
         dialog.applied.connect(self.controller.apply_settings)
         self.settings_dialog = dialog
         dialog.open()

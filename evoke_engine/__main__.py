@@ -2,7 +2,9 @@
 `python -m evoke_engine serve`: the OpenAI-compatible endpoint without the window;
 `python -m evoke_engine device`: which device llama.cpp would run on (JSON).
 
-Invariant: the terminal shows every reply as it streams; Ctrl-C stops a reply, not the program.
+Invariants: the terminal shows every reply as it streams; Ctrl-C stops a reply, not the program; warnings
+of the engine's loggers (a failed KV file write, a spill that found no room) reach stderr; the endpoint's key
+comes from a file or the environment, never only from the process list without a warning.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +20,39 @@ from . import Engine, EvokeError, Settings
 from .settings import RECOVERY_BACKENDS
 
 HELP = """commands: /stats  /blocks  /attach FILE  /budget N  /new  /quit"""
+API_KEY_ENV = "EVOKE_API_KEY"
+
+
+def configure_logging() -> None:
+    """Warnings and errors of every logger to stderr (uvicorn's own config leaves the root logger alone)."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def resolve_api_key(args: argparse.Namespace, settings_key: str, environ: dict[str, str] | None = None) -> str | None:
+    """The endpoint's key: --api-key-file, else --api-key (with a warning: other local users see it in the process
+    list), else $EVOKE_API_KEY, else the api_key setting; None when none is set. ValueError says what is wrong."""
+    environ = os.environ if environ is None else environ
+    key_file, key = getattr(args, "api_key_file", None), getattr(args, "api_key", None)
+    if key_file and key:
+        raise ValueError("give --api-key-file or --api-key, not both")
+    if key_file:
+        path = Path(key_file).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+            mode = path.stat().st_mode
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the API key file {path}: {exc}") from exc
+        key = text.strip()
+        if not key or any(ch.isspace() for ch in key):
+            raise ValueError(f"the API key file {path} must hold one key on one line (it is empty or has spaces)")
+        if os.name == "posix" and mode & 0o077:
+            print(f"warning: the API key file {path} is readable by other users; chmod 600 it", file=sys.stderr)
+        return key
+    if key:
+        print("warning: --api-key is visible to every local user in the process list; use --api-key-file or "
+              f"${API_KEY_ENV}", file=sys.stderr)
+        return key
+    return environ.get(API_KEY_ENV, "").strip() or settings_key or None
 
 
 def chat(args: argparse.Namespace) -> int:
@@ -97,9 +133,11 @@ def serve(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in {"model_path": args.model, "budget_tokens": args.budget}.items() if v is not None}
     try:
         settings = Settings.load(**overrides)
-        config = ServerConfig(host=args.host or settings.server_host, port=args.port or settings.server_port,
-                              api_key=args.api_key or settings.api_key or None, allow_remote=args.allow_remote,
-                              allowed_hosts=list(args.allowed_host or []), cors_origins=list(args.cors_origin or []))
+        port = settings.server_port if args.port is None else args.port
+        config = ServerConfig(host=args.host or settings.server_host, port=port,
+                              api_key=resolve_api_key(args, settings.api_key), allow_remote=args.allow_remote,
+                              allowed_hosts=list(args.allowed_host or []), cors_origins=list(args.cors_origin or []),
+                              max_request_bytes=settings.server_max_request_bytes)
         config.check_bind()
         print(f"loading {settings.model_path or 'the embedded SmolLM2-135M-Instruct'} ...", flush=True)
         engine = Engine(settings)
@@ -107,7 +145,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        return run_server(engine, config)
+        return run_server(engine, config, lifetime_s=args.lifetime)
     finally:
         engine.close()
 
@@ -115,12 +153,15 @@ def serve(args: argparse.Namespace) -> int:
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="address to listen on (default 127.0.0.1; others need --allow-remote)")
     p.add_argument("--port", type=int, help="port (default: the server_port setting, 8765)")
-    p.add_argument("--api-key", help="require this Bearer key (default: the api_key setting, if any)")
+    p.add_argument("--api-key-file", help="require the Bearer key held in this file (one line; keep it chmod 600)")
+    p.add_argument("--api-key", help=f"require this Bearer key (visible in the process list: prefer --api-key-file "
+                   f"or ${API_KEY_ENV}; default: ${API_KEY_ENV}, then the api_key setting)")
     p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback address (prints a warning)")
     p.add_argument("--allowed-host", action="append", help="another Host header name to accept (repeatable)")
     p.add_argument("--cors-origin", action="append", help="send CORS headers for this origin (repeatable)")
     p.add_argument("--model", help="GGUF file (default: the embedded model)")
     p.add_argument("--budget", type=int, help="active KV tokens per conversation")
+    p.add_argument("--lifetime", type=float, help="stop by itself after this many seconds (tests, scripts)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_arguments(sub.add_parser("serve", help="serve the OpenAI-compatible endpoint"))
     sub.add_parser("device", help="print the device llama.cpp would run on, as JSON")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    configure_logging()
     if args.command == "device":
         from .device import main as print_device
 

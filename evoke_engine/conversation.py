@@ -102,8 +102,10 @@ class Conversation:
         return self.engine.thread.call(read)
 
     def messages(self) -> list[dict]:
+        """Live messages; "interrupted" marks a reply still streaming or cut short (the app was killed)."""
         return [{"role": m.role, "text": m.text, "attachments": m.attachments, "created_at": m.created_at,
-                 "id": m.id, "extra": m.extra} for m in self.engine.history.messages(self.id)]
+                 "id": m.id, "extra": m.extra, "interrupted": m.interrupted}
+                for m in self.engine.history.messages(self.id)]
 
     def set_budget(self, tokens: int) -> None:
         def apply() -> None:

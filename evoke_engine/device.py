@@ -1,7 +1,8 @@
 """Which device llama.cpp computes on: loads run-time backends, picks CUDA or the CPU, says why.
 
 Invariants: backends are loaded once per process, before the first model load; a CUDA build on a
-machine without a GPU or driver falls back to the CPU with a notice and never raises at import.
+machine without a GPU or driver falls back to the CPU with a notice and never raises at import; the automatic
+thread count never exceeds the physical cores this process may use, nor the cores other work leaves idle.
 """
 
 from __future__ import annotations
@@ -20,6 +21,35 @@ import llama_cpp as ll
 LLAMA_LIB_DIR = Path(ll.__file__).resolve().parent / "lib"
 _GPU_TYPES = {1, 2}                  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
 _NVIDIA_LIBS = ("libcudart.so", "libcublasLt.so", "libcublas.so")
+
+
+def physical_cores(cpus: set[int] | None = None) -> int:
+    """Physical cores among the CPUs this process may run on (SMT siblings counted once)."""
+    cpus = cpus if cpus is not None else set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(
+        range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        try:
+            siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+        except OSError:
+            siblings = str(cpu)
+        cores.add(siblings)
+    return max(1, len(cores))
+
+
+def auto_threads(cpus: set[int] | None = None, load: float | None = None) -> int:
+    """Decode threads for `n_threads = 0`: the physical cores, less those the load average says are busy.
+    llama.cpp's threads spin while they wait, so one thread more than the idle cores slows every token
+    (6-10x measured on a busy 2-core machine), while one fewer costs at most its share."""
+    cpus = cpus if cpus is not None else set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(
+        range(os.cpu_count() or 1))
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = 0.0
+    idle = len(cpus) - int(load)
+    return max(1, min(physical_cores(cpus), idle))
 
 
 @dataclass(frozen=True)

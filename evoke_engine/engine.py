@@ -2,7 +2,8 @@
 
 Invariants: every llama.cpp call runs on the engine thread (`EngineThread`); public methods are safe from
 any thread and hand out snapshots and futures only; a turn's message is in SQLite before its reply starts,
-and a failed turn rolls back. Open conversations live in `lifecycle`, shared prefixes in `prefixes`.
+its reply's row is written as it streams, and a failed turn rolls back (SQLite and the KV together).
+Open conversations live in `lifecycle`, shared prefixes in `prefixes`.
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ from . import editing, live_settings
 from .attention import AttentionCapture, attach_capture
 from .conversation import Conversation
 from .embedder import Embedder
-from .errors import EvokeError
+from .errors import BudgetError, EvokeError
 from .events import EngineEvent, EventKind
 from .exchange import parse_json, to_json, to_markdown
 from .kv import KVCache
 from .lifecycle import ConversationLifecycle, ConversationState
+from .memory import min_budget_tokens
 from .pool import SavedPool
 from .prefixes import Prefix, SharedPrefixes, system_prompt_of, tools_of
 from .recovery import backend as recovery_backend
+from .reply_row import StreamedReply
 from .runtime import ModelInfo, Runtime
 from .sampling import SamplingParams
 from .scheduler import Sweeps
@@ -107,6 +110,8 @@ class Engine:
         self.template = ChatTemplate(rt.meta("tokenizer.chat_template"), bos_token=rt.token_text("bos"),
                                      eos_token=rt.token_text("eos"))
         self.pool = SavedPool(settings.ram_budget_bytes, settings.cache_dir / "spill",
+                              spill_budget_bytes=settings.spill_budget_bytes,
+                              reserve_bytes=settings.disk_reserve_bytes,
                               on_spill=lambda b: self.emit(EngineEvent(EventKind.SPILLED, f"{b.name} spilled to disk",
                                                                        block=b.name, tokens=b.n_tokens)))
         self.embedder = Embedder(settings.embedder)
@@ -175,6 +180,14 @@ class Engine:
         pending = new.needs_reload(self.settings)
 
         def apply() -> None:
+            sizing = ("budget_tokens", "block_tokens", "tail_fraction", "recovery")
+            resized = any(getattr(new, n) != getattr(self.settings, n) for n in sizing)
+            if resized and recovery_backend(new.recovery).evicts and self.rt is not None:   # unloaded: at creation
+                smallest = self._min_budget(new)
+                if new.budget_tokens < smallest:
+                    raise BudgetError(f"a budget of {new.budget_tokens} tokens leaves too little room after the "
+                                      f"system prompt and tools for a reply: the smallest budget that works is "
+                                      f"{smallest} tokens")
             old = dataclasses.replace(self.settings)
             for name in live_settings.now_fields():
                 setattr(self.settings, name, getattr(new, name))
@@ -185,6 +198,20 @@ class Engine:
 
         self.thread.call(apply, priority=FOREGROUND)
         return pending
+
+    def min_budget_tokens(self, settings: Settings | None = None) -> int:
+        """The smallest `budget_tokens` that works under `settings` (default: the engine's) for a new
+        conversation and every open one: a smaller budget is refused (`apply_settings`, `set_budget`, a new
+        conversation). Loads the model if it was unloaded (ModelLoadError when it cannot)."""
+        def run() -> int:
+            self.ensure_model()
+            return self._min_budget(settings or self.settings)
+        return self.thread.call(run, priority=FOREGROUND)
+
+    def _min_budget(self, settings: Settings) -> int:
+        prefix = self.prefixes.for_conversation(system_prompt_of(settings), tools_of(settings))
+        prefixes = [len(prefix.tokens), *(s.memory.prefix_tokens for s in self.lifecycle.open_states())]
+        return max(min_budget_tokens(n, settings) for n in prefixes)
 
     def switch_embedder(self) -> None:
         """Vectors of the old embedder mean nothing to the new one: open conversations drop theirs (recomputed
@@ -292,11 +319,12 @@ class Engine:
         self.thread.call(self.lifecycle.forget, conversation_id)
         self.history.delete(conversation_id)
 
-    def tokenize(self, text: str) -> list[int]:
-        """The model's tokens for `text` (special tokens parsed); loads the model if it was unloaded."""
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        """The model's tokens for `text`, special tokens parsed unless `special` is False (a message's content:
+        the engine never parses it); loads the model if it was unloaded."""
         def run() -> list[int]:
             self.ensure_model()
-            return self.rt.tokenize(text)
+            return self.rt.tokenize(text, parse_special=special)
         return self.thread.call(run, priority=FOREGROUND)
 
     def focus(self, conversation_id: str | None) -> None:
@@ -345,8 +373,10 @@ class Engine:
               params: SamplingParams, on_token, cancel: threading.Event, role: str = "user",
               extra: dict | None = None, edit_index: int | None = None) -> Reply:
         """One turn; with `edit_index`, user message `edit_index` and all after it are replaced first.
-        Any failure but a cancel rolls the turn back: history, SQLite and KV as before it began."""
+        The reply's row is written while it streams (`reply_row`). Any failure but a cancel, saving the
+        reply included, rolls the turn back: history, SQLite and KV as before it began."""
         self.last_activity = self.clock()
+        self.lifecycle.take_rebuild(conversation_id)          # a rebuild at an earlier open is not this turn's
         state = self.lifecycle.open(conversation_id)
         self.lifecycle.ensure_slot(state)
         replaced, superseded = None, []
@@ -359,6 +389,7 @@ class Engine:
         n_before = len(state.history)
         user_row = self.history.add_message(state.id, role, text, attachments, extra=extra,
                                             previous_id=replaced.id if replaced else None)
+        row = self._reply_row(state.id, on_token)
 
         def progress(done: int, total: int) -> None:
             if total > self.settings.block_tokens * 2:
@@ -366,25 +397,48 @@ class Engine:
 
         try:
             reply = run_turn(state.memory, self.rt, self.template, state.history, text, attachments, params,
-                             on_token, cancel, progress, system=state.system_message, role=role, extra=extra)
+                             row.on_token, cancel, progress, system=state.system_message, role=role, extra=extra)
+            row.finish(reply.text)
         except BaseException as exc:
-            self._roll_back(state, n_before, user_row, superseded, exc)
+            self._roll_back(state, n_before, [user_row, row.row_id], superseded, exc)
             raise
         finally:
             self.lifecycle.refresh(state)
             state.last_used = self.last_activity = self.clock()
-        self.history.add_message(state.id, "assistant", reply.text)
+        self._count_rebuild(conversation_id, reply)
         self.emit(EngineEvent(EventKind.TURN_DONE, f"{reply.n_tokens} tokens, stopped: {reply.stopped}",
                               conversation_id=state.id, tokens=reply.n_tokens))
         return reply
 
-    def _roll_back(self, state: ConversationState, n_before: int, user_row: int, superseded: list,
+    def _reply_row(self, conversation_id: str, on_token, previous_id: int | None = None) -> StreamedReply:
+        def failed(exc: Exception) -> None:
+            self.emit(EngineEvent(EventKind.ERROR, f"the reply could not be saved while it streams ({exc}); "
+                                  "it is saved when it ends", conversation_id=conversation_id))
+        return StreamedReply(self.history, conversation_id, previous_id=previous_id, forward=on_token,
+                             on_error=failed)
+
+    def _count_rebuild(self, conversation_id: str, reply: Reply) -> None:
+        """A KV rebuild this turn waited for is part of its reply's timing (its first token came after it)."""
+        tokens, seconds = self.lifecycle.take_rebuild(conversation_id)
+        reply.rebuilt_tokens, reply.rebuild_s = tokens, seconds
+        reply.ttft_s += seconds
+
+    def _roll_back(self, state: ConversationState, n_before: int, rows: list[int | None], superseded: list,
                    error: BaseException) -> None:
-        """Undo a failed turn: its message leaves the live history (kept as deleted), an edit's old
-        messages come back, and the KV returns to where it was (or is rebuilt from SQLite)."""
-        self.history.hide_messages(state.id, [user_row], DELETED)
+        """Undo a failed turn: its rows (message, reply) leave the live history (kept as deleted), an edit's
+        old messages come back, and the KV returns to where it was (or is rebuilt from SQLite). When SQLite
+        cannot be changed either, the KV is dropped so that it is rebuilt from what SQLite holds."""
+        try:
+            self.history.hide_messages(state.id, [r for r in rows if r is not None], DELETED)
+            if superseded:
+                self.history.restore_messages(state.id, [r.id for r in superseded])
+        except Exception as exc:  # noqa: BLE001 - the KV must follow whatever SQLite kept
+            self.lifecycle.discard(state, f"the failed turn could not be undone in the history: {exc}")
+            self.emit(EngineEvent(EventKind.ERROR, f"the turn failed ({error}) and its rows could not be "
+                                  f"removed ({exc}): the conversation is rebuilt from the history",
+                                  conversation_id=state.id))
+            return
         if superseded:
-            self.history.restore_messages(state.id, [r.id for r in superseded])
             self.lifecycle.discard(state, f"the edit failed: {error}")
             return
         try:
@@ -397,20 +451,27 @@ class Engine:
     def _regenerate(self, conversation_id: str, *, params: SamplingParams, on_token,
                     cancel: threading.Event) -> Reply:
         self.last_activity = self.clock()
+        self.lifecycle.take_rebuild(conversation_id)
         state = self.lifecycle.open(conversation_id)
         old = editing.rewind_for_regenerate(self, state)
         state = self.lifecycle.get(conversation_id)
+        row = self._reply_row(state.id, on_token, previous_id=old.id)
         try:
-            reply = regenerate_reply(state.memory, self.rt, self.template, state.history, params, on_token, cancel,
-                                     system=state.system_message)
+            reply = regenerate_reply(state.memory, self.rt, self.template, state.history, params, row.on_token,
+                                     cancel, system=state.system_message)
+            row.finish(reply.text)
         except BaseException as exc:
-            self.history.restore_messages(state.id, [old.id])
+            try:
+                self.history.hide_messages(state.id, [row.row_id] if row.row_id is not None else [], DELETED)
+                self.history.restore_messages(state.id, [old.id])
+            except Exception as undo:  # noqa: BLE001 - the KV is rebuilt from what SQLite kept
+                log.warning("regenerate of %s could not be undone in the history: %s", state.id, undo)
             self.lifecycle.discard(state, f"the regenerate failed: {exc}")
             raise
         finally:
             self.lifecycle.refresh(state)
             state.last_used = self.last_activity = self.clock()
-        self.history.add_message(state.id, "assistant", reply.text, previous_id=old.id)
+        self._count_rebuild(conversation_id, reply)
         self.emit(EngineEvent(EventKind.TURN_DONE, f"regenerated: {reply.n_tokens} tokens, stopped: {reply.stopped}",
                               conversation_id=state.id, tokens=reply.n_tokens))
         return reply

@@ -25,6 +25,8 @@ class EventKind(enum.StrEnum):
     KV_PERSISTED = "kv_persisted"
     KV_RESTORED = "kv_restored"
     KV_REBUILT = "kv_rebuilt"            # a cache was unusable or dropped: rebuilt from history
+    KV_REBUILDING = "kv_rebuilding"      # a KV rebuild from history in progress: tokens = done so far,
+                                         # detail = {"done", "total", "messages"} (done == total at the end)
     TURN_DONE = "turn_done"
     ERROR = "error"
 

@@ -55,8 +55,23 @@ def to_markdown(conversation: ConversationRow, messages: list[MessageRow]) -> st
         for name, body in message.attachments:
             fence = "````" if "```" in body else "```"
             lines += [f"**Attached:** `{name}`", "", fence, body.rstrip("\n"), fence, ""]
-        lines += [message.text, ""]
+        lines += [close_open_fences(message.text), ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def close_open_fences(text: str) -> str:
+    """`text` with a code fence left open (a stopped reply) closed, so the export's next heading stays prose."""
+    opening = None
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        fence = stripped[:len(stripped) - len(stripped.lstrip("`~"))]
+        if len(fence) < 3 or len(set(fence)) != 1:
+            continue
+        if opening is None:
+            opening = fence
+        elif fence[0] == opening[0] and len(fence) >= len(opening) and not stripped[len(fence):].strip():
+            opening = None
+    return text if opening is None else f"{text.rstrip()}\n{opening}"
 
 
 def parse_json(data: str | bytes | dict) -> ImportedConversation:

@@ -1,27 +1,31 @@
 """The open conversations' lifecycle on the engine thread: create, slot, restore, rebuild, persist, release.
 
 Invariants: an open conversation is in `states` exactly while its memory may hold cells or pool bytes;
-SQLite is the source of truth (a KV file is adopted only whole and checked, else rebuilt from history);
-`latest_stats` is the only state read from other threads (a frozen snapshot, replaced, never mutated).
+SQLite is the source of truth (a KV file is adopted only whole and checked, its history equal to or a
+prefix of SQLite's, the rest then decoded from history; else rebuilt from history, with `kv_rebuilding`
+progress); `latest_stats` is the only state read from other threads (a frozen snapshot, replaced, never mutated).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .errors import BudgetError, RestoreError
 from .events import EngineEvent, EventKind
-from .memory import ConversationMemory
+from .memory import ConversationMemory, min_budget_tokens
 from .prefixes import Prefix, system_message
 from .recovery import backend as recovery_backend
 from .snapshot import SnapshotError, decode_payload, encode_payload
 from .snapshot_fit import fit_snapshot
 from .stats import ConversationStats
 from .store.errors import StoreError
-from .turn import number_turns, replay_input, replay_reply
+from .store.history import MessageRow
+from .turn import number_turns, render_user_content, replay_input, replay_reply
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -59,6 +63,7 @@ class ConversationLifecycle:
         self.engine = engine
         self._states: dict[str, ConversationState] = {}
         self._stats: dict[str, ConversationStats] = {}
+        self._rebuilds: dict[str, tuple[int, float]] = {}    # tokens and seconds decoded from history, until taken
 
     # -- lookup -----------------------------------------------------------------------------
     def open_states(self) -> list[ConversationState]:
@@ -74,6 +79,10 @@ class ConversationLifecycle:
 
     def refresh(self, state: ConversationState) -> None:
         self._stats[state.id] = state.memory.stats()
+
+    def take_rebuild(self, conversation_id: str) -> tuple[int, float]:
+        """(tokens, seconds) decoded from history for the conversation since the last call (a turn's cost)."""
+        return self._rebuilds.pop(conversation_id, (0, 0.0))
 
     # -- opening ----------------------------------------------------------------------------
     def fresh_state(self, conversation_id: str, title: str, system_prompt: str, tools: list[dict],
@@ -98,9 +107,11 @@ class ConversationLifecycle:
         eng.ensure_model()
         state = self.fresh_state(conversation_id, title, system_prompt, tools)
         prefix = eng.prefixes.for_conversation(system_prompt, tools)
-        if len(prefix.tokens) >= eng.settings.budget_tokens and recovery_backend(eng.settings.recovery).evicts:
-            raise BudgetError(f"the budget ({eng.settings.budget_tokens} tokens) is not larger than the "
-                              f"system prompt and tools ({len(prefix.tokens)} tokens)")
+        smallest = min_budget_tokens(len(prefix.tokens), eng.settings)
+        if eng.settings.budget_tokens < smallest and recovery_backend(eng.settings.recovery).evicts:
+            raise BudgetError(f"the budget ({eng.settings.budget_tokens} tokens) leaves too little room after the "
+                              f"system prompt and tools ({len(prefix.tokens)} tokens) for a reply: the smallest "
+                              f"budget that works is {smallest} tokens")
         eng.history.create_conversation(conversation_id, title, system_prompt,
                                         settings={"tools": tools, **({"source": source} if source else {})})
         self.adopt(state, prefix)
@@ -177,8 +188,10 @@ class ConversationLifecycle:
     # -- restore and rebuild ----------------------------------------------------------------
     def _restore_from_file(self, state: ConversationState, prefix: Prefix) -> bool:
         """Adopt the conversation's KV file if the whole of it checks out and fits (`snapshot_check`,
-        `snapshot_fit`); else remove the file, say why in one `kv_rebuilt` event and return False.
-        Only a restore that worked refreshes the file's time, so an unusable file still expires."""
+        `snapshot_fit`) and its history is SQLite's or a prefix of it (a file written before the last
+        messages, e.g. before a crash): those later messages are then decoded from history. Else remove the
+        file, say why in one `kv_rebuilt` event and return False. Only a restore that worked refreshes the
+        file's time, so an unusable file still expires."""
         eng = self.engine
         had_file = eng.kvfiles.has(state.id)
         payload = eng.kvfiles.read(state.id, refresh=False)
@@ -187,10 +200,14 @@ class ConversationLifecycle:
                 eng.emit(EngineEvent(EventKind.KV_REBUILT, "cache file unusable (corrupt, expired or of another "
                                      "model): rebuilt from history", conversation_id=state.id))
             return False
+        messages = eng.history.messages(state.id)
         try:
             snapshot = decode_payload(payload)
+            known = len(snapshot.history)
+            if known > len(messages):
+                raise SnapshotError(f"it holds {known} messages, the saved chat {len(messages)}")
             notes = fit_snapshot(snapshot, conversation_id=state.id, prefix_key=prefix.key,
-                                 prefix_tokens=prefix.tokens, messages=eng.history.messages(state.id),
+                                 prefix_tokens=prefix.tokens, messages=messages[:known],
                                  n_layer=eng.loaded_model.n_layer, n_vocab=eng.rt.n_vocab,
                                  geometry=eng.kv.geometry, embedder=eng.embedder, settings=eng.settings)
         except SnapshotError as exc:
@@ -206,10 +223,21 @@ class ConversationLifecycle:
             log.exception("KV file of %s passed its checks but did not apply", state.id)
             self._reset(state)
             return self._reject_file(state, f"cache file did not apply ({exc})")
+        restored = state.memory.active_tokens
+        tail = messages[known:]
+        if tail:
+            try:
+                self._replay(state, tail, "the messages after the cache file")
+                state.memory.check()
+            except Exception as exc:  # noqa: BLE001 - the file was good; its continuation was not: start over
+                log.exception("the messages after the KV file of %s did not replay", state.id)
+                self._reset(state)
+                return self._reject_file(state, f"the messages after the cache file did not replay ({exc})")
+            notes = [*notes, f"{len(tail)} later messages decoded from history"]
         eng.kvfiles.touch(state.id)
         extra = f" ({'; '.join(notes)})" if notes else ""
-        eng.emit(EngineEvent(EventKind.KV_RESTORED, f"restored {state.memory.active_tokens} tokens from disk{extra}",
-                             conversation_id=state.id, tokens=state.memory.active_tokens))
+        eng.emit(EngineEvent(EventKind.KV_RESTORED, f"restored {restored} tokens from disk{extra}",
+                             conversation_id=state.id, tokens=restored))
         return True
 
     def _reject_file(self, state: ConversationState, reason: str) -> bool:
@@ -220,18 +248,48 @@ class ConversationLifecycle:
 
     def _rebuild_from_history(self, state: ConversationState, prefix: Prefix) -> None:
         """Re-prefill the conversation from SQLite (the source of truth)."""
-        eng = self.engine
         self.adopt(state, prefix)
         self.ensure_slot(state)
-        system = state.system_message
-        for message in eng.history.messages(state.id):
+        messages = self.engine.history.messages(state.id)
+        if messages:
+            self._replay(state, messages, "the conversation")
+
+    def _replay(self, state: ConversationState, messages: Sequence[MessageRow], what: str) -> int:
+        """Decode `messages` (SQLite rows) at the end of the open conversation's KV, emitting `kv_rebuilding`
+        progress (done/total tokens; total is an estimate until the last event, where done == total) and
+        refreshing its stats as blocks land. The tokens and seconds are kept for `take_rebuild`."""
+        eng = self.engine
+        memory, system = state.memory, state.system_message
+        texts = [m.text if m.role == "assistant" else render_user_content(m.text, m.attachments) for m in messages]
+        total = sum(len(eng.rt.tokenize(text)) + 5 for text in texts)    # + the template's few tokens around each
+        first = memory.counters.prefill_tokens
+        started = time.perf_counter()
+
+        def progress(done: int, final: bool = False) -> None:
+            self.refresh(state)
+            shown = done if final else max(total, done)
+            eng.emit(EngineEvent(EventKind.KV_REBUILDING, f"rebuilding {what} from history: {done}/{shown} tokens",
+                                 conversation_id=state.id, tokens=done,
+                                 detail={"done": done, "total": shown, "messages": len(messages)}))
+
+        def on_block(_block) -> None:
+            progress(memory.counters.prefill_tokens - first)
+
+        progress(0)
+        for message in messages:
             if message.role == "assistant":
-                replay_reply(state.memory, eng.rt, eng.template, state.history, message.text, system=system)
+                replay_reply(memory, eng.rt, eng.template, state.history, message.text, system=system,
+                             on_block=on_block)
             else:
-                replay_input(state.memory, eng.rt, eng.template, state.history, message.text,
-                             message.attachments, system=system, role=message.role, extra=message.extra)
+                replay_input(memory, eng.rt, eng.template, state.history, message.text, message.attachments,
+                             system=system, role=message.role, extra=message.extra, on_block=on_block)
         if state.history and state.history[-1]["role"] != "assistant":
-            state.memory.end_turn()
+            memory.end_turn()
+        done = memory.counters.prefill_tokens - first
+        tokens, seconds = self._rebuilds.get(state.id, (0, 0.0))
+        self._rebuilds[state.id] = (tokens + done, seconds + time.perf_counter() - started)
+        progress(done, final=True)
+        return done
 
     # -- persist and release ----------------------------------------------------------------
     def persist(self, state: ConversationState, ttl_class: str | None = None) -> bool:
@@ -272,6 +330,7 @@ class ConversationLifecycle:
         if state is not None:
             self.release(state, persist=False)
         self._stats.pop(conversation_id, None)
+        self._rebuilds.pop(conversation_id, None)
         if self.engine.kvfiles is not None:
             self.engine.kvfiles.remove(conversation_id)
 

@@ -52,7 +52,7 @@ READERS: dict[str, Reader] = {
     "model_idle_unload_s": lambda e, m: e.settings.model_idle_unload_s,  # read by each idle check
     # The endpoint's settings are applied by whoever runs the server (app/endpoint.py, `serve`) from these:
     **{name: (lambda e, m, n=name: getattr(e.settings, n))
-       for name in ("server_enabled", "server_host", "server_port", "api_key")},
+       for name in ("server_enabled", "server_host", "server_port", "api_key", "server_max_request_bytes")},
     "keepalive_interval_s": _job_interval("keepalive"),
     "eviction_interval_s": _job_interval("eviction"),
 }

@@ -4,15 +4,18 @@ Invariants (engine thread only): the block table mirrors the slot sequence exact
 blocks at contiguous positions, `pos_max == active_tokens - 1`, plus the next message's opening
 when it was decoded ahead: `KVCache.hold_ahead`); victims are saved before any
 compaction; at every turn end `active_tokens <= budget_tokens` unless protected blocks alone
-exceed it (reported, never silent).
+exceed it (reported, never silent). A budget is at least `min_budget_tokens` of its prefix: then
+a reply of any length fits (`evict_within` gives up the turn's protections one by one, never the
+recent tail) and the budget never cuts it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -49,6 +52,19 @@ class Counters:
 
 
 log = logging.getLogger(__name__)
+
+
+def min_budget_tokens(prefix_tokens: int, settings: Settings) -> int:
+    """The smallest budget in which a reply of any length grows without being cut: the shared prefix (the
+    first block, the sink, when there is no prefix), the recent tail that is never evicted (`tail_fraction`
+    of the budget, plus the block straddling its edge, at most `block_tokens`) and the next token. The rest,
+    the question and the reply's own older blocks included, leaves (saved, recoverable) when the reply needs
+    its room. Settings validate `tail_fraction` < 1."""
+    fixed = prefix_tokens + settings.block_tokens + (0 if prefix_tokens else settings.block_tokens)
+    budget = max(1, math.floor((fixed - 1) / (1 - settings.tail_fraction)))
+    while budget - int(budget * settings.tail_fraction) < fixed:
+        budget += 1
+    return budget
 
 
 def _writable(data) -> bytearray | memoryview:
@@ -197,10 +213,25 @@ class ConversationMemory:
             self.record_event(EventKind.EVICTED, f"evicted {block.name} ({block.n_tokens} tokens)", block)
         return victims
 
+    def evict_within(self, limit: int, target: int, keeps: Sequence[Iterable[Block]]) -> bool:
+        """Evict to `target` keeping `keeps[0]`; while active tokens stay over `limit`, evict to `limit`
+        keeping each later (smaller) set in turn. True when active <= limit after."""
+        for level, keep in enumerate(keeps):
+            if level and self.active_tokens <= limit:
+                break
+            self.evict_to(target if level == 0 else limit, current=keep)
+        return self.active_tokens <= limit
+
+    def min_budget_tokens(self) -> int:
+        """The smallest budget this conversation accepts (`min_budget_tokens` of its prefix)."""
+        return min_budget_tokens(self.prefix_tokens, self.settings)
+
     def end_turn(self, *, keep: Iterable[Block] = ()) -> None:
-        """Evict to the low watermark if the turn crossed the high one; `keep` (this turn's recoveries) stays."""
+        """Evict to the low watermark if the turn crossed the high one; `keep` (this turn's recoveries) stays
+        unless the budget needs its room."""
         if self.eviction_enabled and self.active_tokens > int(self.budget_tokens * self.settings.high_watermark):
-            self.evict_to(int(self.budget_tokens * self.settings.low_watermark), current=keep)
+            self.evict_within(self.budget_tokens, int(self.budget_tokens * self.settings.low_watermark),
+                              [list(keep), ()])
         if self.active_tokens > self.budget_tokens and self.eviction_enabled:
             self.record_event(EventKind.ERROR, f"protected blocks hold {self.active_tokens} tokens, over the budget "
                               f"of {self.budget_tokens}")
@@ -330,7 +361,7 @@ class ConversationMemory:
         words = block.text.split()
         marker = f"[earlier {block.name}: {' '.join(words[:16])}{' …' if len(words) > 16 else ''}]\n"
         crumb = Block(name=f"breadcrumb:{block.name}", role="breadcrumb", turn=self.turn,
-                      tokens=self.rt.tokenize(marker), text=marker)
+                      tokens=self.rt.tokenize(marker, parse_special=False), text=marker)
         self.table.mark_dropped(block)
         self.append_decoded(crumb)
         self.counters.breadcrumbs += 1
@@ -340,8 +371,12 @@ class ConversationMemory:
 
     # -- budget -----------------------------------------------------------------------------
     def set_budget(self, tokens: int) -> None:
-        if tokens <= self.prefix_tokens:
-            raise BudgetError(f"budget {tokens} is not larger than the shared prefix ({self.prefix_tokens} tokens)")
+        """Adopt a new budget now (evicting to it); BudgetError, changing nothing, below `min_budget_tokens`."""
+        smallest = self.min_budget_tokens()
+        if tokens < smallest:
+            raise BudgetError(f"a budget of {tokens} tokens leaves too little room after the shared prefix "
+                              f"({self.prefix_tokens} tokens) for a reply: the smallest budget that works is "
+                              f"{smallest} tokens")
         self.budget_tokens = tokens
         if self.seq is not None and self.active_tokens > tokens:
             self.evict_to(int(tokens * self.settings.low_watermark))
@@ -421,7 +456,7 @@ class ConversationMemory:
             self.pool.put(image, SavedKV(_writable(data), origin, n_tokens))
             self.image, self.image_ahead = image, list(snapshot.ahead)
         self.turn = snapshot.turn
-        self.budget_tokens = snapshot.budget_tokens
+        self.budget_tokens = max(snapshot.budget_tokens, min_budget_tokens(prefix_tokens, self.settings))  # old files
         for key, value in snapshot.counters.items():
             if hasattr(self.counters, key):
                 setattr(self.counters, key, value)

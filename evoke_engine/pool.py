@@ -1,15 +1,21 @@
 """Host pool for saved K/V bytes: RAM up to a byte budget, then spill files that come back on use.
 
-Invariants: `ram_bytes` equals the bytes held in RAM; least recently used entries spill first;
-a block's state mirrors where its bytes are (RAM or DISK) while the pool holds them; spill
-files live under one directory of this process and are removed by `close`; bytes shared by two
-blocks (a forked conversation) are counted once and freed when the last holder lets go.
+Invariants: `ram_bytes` equals the bytes held in RAM and `spill_bytes` the bytes in this pool's spill
+files; least recently used entries spill first; a block's state mirrors where its bytes are (RAM or DISK)
+while the pool holds them, and a block the pool lets go of for want of room is DROPPED (its text still
+rebuilds it); spill never takes `spill_bytes` past `spill_budget_bytes` nor the disk's free space under
+`reserve_bytes` (room the chat history needs); a parked conversation's slot image is never dropped (it
+stays in RAM instead); bytes shared by two blocks (a forked conversation) are counted once and freed when
+the last holder lets go. Spill files live under one 0700 folder of this process, locked (flock) while the
+pool lives and removed by `close`; a new pool removes the folders of pools whose process is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections import Counter, OrderedDict
@@ -19,22 +25,127 @@ from pathlib import Path
 from .blocks import Block, BlockState
 from .errors import RestoreError
 from .kv import SavedKV
+from .store.private import create_private, private_mkdir
+
+try:
+    import fcntl
+except ImportError:               # Windows: no flock; spill folders of other processes are left alone
+    fcntl = None
 
 log = logging.getLogger(__name__)
+
+SPILL_DIR = re.compile(r"spill-(\d+)-")
+LOCK_NAME = "owner.lock"
+NEVER_DROPPED = frozenset({"image"})    # roles whose bytes are a parked conversation, not one block
+
+
+def disk_free(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+def _pid_alive(pid: int) -> bool:
+    """False only when no process has this pid (POSIX); elsewhere, or when unsure, True."""
+    if pid == os.getpid():
+        return True
+    if os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):   # OverflowError: no pid is that large
+        return False
+    except OSError:               # EPERM: alive, another user's
+        return True
+    return True
+
+
+def _lock_folder(folder: Path) -> int | None:
+    """Hold an exclusive flock on `folder/owner.lock` for the pool's lifetime; returns the fd. The lock is
+    taken on a temp name and renamed into place, so no other process ever sees an unlocked owner file."""
+    if fcntl is None:
+        return None
+    temp = folder / f".{LOCK_NAME}.tmp"
+    fd = os.open(temp, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.replace(temp, folder / LOCK_NAME)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _orphaned(folder: Path, pid: int) -> bool:
+    """Whether the pool that made `folder` is gone: its owner lock can be taken (the process died, whatever
+    pid it had or has been reused for); a folder without a lock file (made before locks, or being made
+    this instant) only when no process has its pid."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(folder / LOCK_NAME, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return not _pid_alive(pid)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:               # held: a live pool owns it
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def remove_orphan_spill_dirs(spill_root: Path) -> list[Path]:
+    """Remove the spill folders under `spill_root` whose pool's process is gone (killed, crashed);
+    folders of live pools, this process's included, stay. Returns the removed folders."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(spill_root))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = SPILL_DIR.match(entry.name)
+        if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        folder = Path(entry.path)
+        if _orphaned(folder, int(match[1])):
+            shutil.rmtree(folder, ignore_errors=True)
+            if not folder.exists():
+                removed.append(folder)
+                log.info("removed the spill folder %s of a process that is gone", folder)
+    return removed
 
 
 class SavedPool:
     def __init__(self, ram_budget_bytes: int, spill_root: Path,
-                 on_spill: Callable[[Block], None] | None = None) -> None:
+                 on_spill: Callable[[Block], None] | None = None, *, spill_budget_bytes: int | None = None,
+                 reserve_bytes: int = 0, on_drop: Callable[[Block], None] | None = None,
+                 free_bytes: Callable[[Path], int] = disk_free) -> None:
         self.ram_budget_bytes = ram_budget_bytes
-        spill_root.mkdir(parents=True, exist_ok=True)
-        self.spill_dir = Path(tempfile.mkdtemp(prefix=f"spill-{os.getpid()}-", dir=spill_root))
+        self.spill_budget_bytes = spill_budget_bytes       # None: no cap but the disk's reserve
+        self.reserve_bytes = reserve_bytes
+        private_mkdir(spill_root)
+        remove_orphan_spill_dirs(spill_root)
+        self.spill_dir = Path(tempfile.mkdtemp(prefix=f"spill-{os.getpid()}-", dir=spill_root))   # 0700
+        try:
+            self._lock_fd = _lock_folder(self.spill_dir)
+        except OSError as exc:
+            log.warning("cannot lock the spill folder %s (%s): a later start may remove it early",
+                        self.spill_dir, exc)
+            self._lock_fd = None
         self._ram: OrderedDict[int, tuple[Block, SavedKV]] = OrderedDict()
         self._disk: dict[int, tuple[Block, Path, int, int]] = {}
         self._holders: Counter = Counter()        # id(SavedKV) or spill path -> entries holding it
+        self._file_bytes: dict[str, int] = {}     # spill path -> its size
         self.ram_bytes = 0
+        self.spill_bytes = 0
         self.spills = 0
+        self.drops = 0
         self.on_spill = on_spill
+        self.on_drop = on_drop
+        self._free_bytes = free_bytes
+        self._warned: set[str] = set()
 
     def __contains__(self, block: Block) -> bool:
         return id(block) in self._ram or id(block) in self._disk
@@ -59,7 +170,9 @@ class SavedPool:
         del self._holders[holder_key]
         self.ram_bytes -= nbytes
         if path is not None:
-            path.unlink(missing_ok=True)
+            self.spill_bytes -= self._file_bytes.pop(str(path), 0)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
         return True
 
     def share(self, source: Block, target: Block) -> None:
@@ -134,17 +247,85 @@ class SavedPool:
         paths = {path for _, path, _, _ in self._disk.values()}
         return sum(path.stat().st_size for path in paths if path.exists())
 
+    # -- spill, within the cap and the disk's reserve --------------------------------------------
+    def _bytes_short(self, nbytes: int) -> int:
+        """Bytes of spill files to free before `nbytes` more fit (0: they fit now)."""
+        over_cap = 0 if self.spill_budget_bytes is None else self.spill_bytes + nbytes - self.spill_budget_bytes
+        over_reserve = 0
+        if self.reserve_bytes:
+            try:
+                over_reserve = self.reserve_bytes + nbytes - self._free_bytes(self.spill_dir)
+            except OSError:
+                over_reserve = nbytes            # cannot tell: do not write
+        return max(0, over_cap, over_reserve)
+
+    def _droppable_files(self) -> list[str]:
+        """Spill files the pool may delete for room, least recently spilled first (no slot images)."""
+        blocked = {str(path) for block, path, _, _ in self._disk.values() if block.role in NEVER_DROPPED}
+        order = dict.fromkeys(str(path) for _, path, _, _ in self._disk.values())
+        return [path for path in order if path not in blocked]
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Drop the least recently spilled blocks until `nbytes` fit; drops nothing when that cannot do it."""
+        needed = self._bytes_short(nbytes)
+        if not needed:
+            return True
+        files = self._droppable_files()
+        if sum(self._file_bytes.get(path, 0) for path in files) < needed:
+            return False
+        for path in files:
+            self._drop_file(Path(path))
+            if not self._bytes_short(nbytes):
+                return True
+        return False
+
+    def _dropped(self, block: Block) -> None:
+        block.state = BlockState.DROPPED
+        self.drops += 1
+        if self.on_drop is not None:
+            self.on_drop(block)
+
+    def _drop_file(self, path: Path) -> None:
+        for key in [k for k, (_, p, _, _) in self._disk.items() if p == path]:
+            block = self._disk.pop(key)[0]
+            self._let_go(str(path), path=path)
+            self._dropped(block)
+            log.info("dropped the spilled bytes of %s for room on disk", block.name)
+
+    def _warn_once(self, what: str, message: str, *args) -> None:
+        (log.debug if what in self._warned else log.warning)(message, *args)
+        self._warned.add(what)
+
     def _spill_past_budget(self) -> None:
-        while self.ram_bytes > self.ram_budget_bytes and self._ram:
-            key, (block, saved) = next(iter(self._ram.items()))
+        kept: set[int] = set()                 # slot images with no room on disk: they stay in RAM
+        while self.ram_bytes > self.ram_budget_bytes:
+            key = next((k for k in self._ram if k not in kept), None)
+            if key is None:
+                return
+            block, saved = self._ram[key]
             holders = [k for k, (_, s) in self._ram.items() if s is saved]   # a fork's blocks spill together
+            if not self._make_room(saved.nbytes):
+                if block.role in NEVER_DROPPED:
+                    self._warn_once("image", "no room to spill %s (spill cap %s bytes, disk reserve %d bytes); "
+                                    "kept in RAM", block.name, self.spill_budget_bytes, self.reserve_bytes)
+                    kept.update(holders)
+                    continue
+                self._warn_once("drop", "spill is full (cap %s bytes, disk reserve %d bytes): the least recently "
+                                "used saved blocks are dropped, their text rebuilds them",
+                                self.spill_budget_bytes, self.reserve_bytes)
+                for holder in holders:
+                    held, _ = self._ram.pop(holder)
+                    self._let_go(id(saved), saved.nbytes)
+                    self._dropped(held)
+                continue
             path = self.spill_dir / f"{key}.kv"
             try:
-                with path.open("wb") as fh:
-                    fh.write(saved.data)
+                self._write(path, saved.data)
             except OSError as exc:          # full disk: keep it in RAM rather than lose it
                 log.warning("spill of %s failed (%s); kept in RAM", block.name, exc)
                 return
+            self._file_bytes[str(path)] = saved.nbytes
+            self.spill_bytes += saved.nbytes
             for holder in holders:
                 held, _ = self._ram.pop(holder)
                 self._let_go(id(saved), saved.nbytes)
@@ -155,9 +336,25 @@ class SavedPool:
                 if self.on_spill is not None:
                     self.on_spill(held)
 
+    @staticmethod
+    def _write(path: Path, data: bytearray | memoryview) -> None:
+        """`data` into a new 0600 file; a failed write leaves no file behind."""
+        try:
+            with open(create_private(path), "wb") as fh:
+                fh.write(data)
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            raise
+
     def close(self) -> None:
         self._ram.clear()
         self._disk.clear()
         self._holders.clear()
-        self.ram_bytes = 0
+        self._file_bytes.clear()
+        self.ram_bytes = self.spill_bytes = 0
         shutil.rmtree(self.spill_dir, ignore_errors=True)
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None

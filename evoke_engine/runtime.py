@@ -13,8 +13,8 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import logging
-import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,7 +163,7 @@ class Runtime:
         cparams.n_batch = settings.n_batch
         cparams.n_ubatch = settings.n_batch
         cparams.n_seq_max = self.n_seq_max
-        threads = settings.n_threads or os.cpu_count() or 1
+        threads = settings.n_threads or device.auto_threads()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.type_k = _KV_TYPES[settings.kv_cache_type]
@@ -306,6 +306,11 @@ class Runtime:
             buf = (ll.llama_token * cap)()
             n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
+
+    def tokenize_parts(self, parts: Iterable[tuple[str, bool]]) -> list[int]:
+        """Tokens of (text, special) pieces in order: only pieces marked special may yield special tokens
+        (the template's markup); the rest (what a user, a file, a tool or a reply wrote) is plain text."""
+        return [t for text, special in parts if text for t in self.tokenize(text, parse_special=special)]
 
     def token_bytes(self, token: int) -> bytes:
         piece = self._token_piece_cache.get(token)

@@ -16,6 +16,8 @@ from typing import Any
 
 import platformdirs
 
+from .store.private import private_file, private_mkdir, private_write_text
+
 log = logging.getLogger(__name__)
 
 APP_NAME = "evoke-desk"
@@ -46,7 +48,9 @@ class Settings:
                           group="Model", applies=RELOAD, low=512, high=262144)
     n_gpu_layers: int = _setting(-1, "Layers offloaded to the GPU (-1 all, 0 none; CPU builds ignore it).",
                                  group="Model", applies=RELOAD, low=-1, high=1000)
-    n_threads: int = _setting(0, "CPU threads for decoding (0 = all cores).",
+    n_threads: int = _setting(0, "CPU threads for decoding. 0 = automatic: the physical cores, less those busy "
+                              "with other work when the model loads (llama.cpp's threads spin: one more than the "
+                              "idle cores slows every token several times).",
                               group="Model", applies=RELOAD, low=0, high=256)
     n_batch: int = _setting(512, "Largest chunk of prompt tokens decoded in one call.",
                             group="Model", applies=RELOAD, low=32, high=8192)
@@ -83,6 +87,9 @@ class Settings:
                                          "similarity margin (0 off).", group="Memory", low=0.0, high=1.0)
     ram_budget_bytes: int = _setting(2 << 30, "Host RAM for saved K/V blocks before they spill to disk.",
                                      group="Memory", low=0, high=1 << 40)
+    spill_budget_bytes: int = _setting(4 << 30, "Disk for saved K/V blocks spilled past the RAM budget; past it "
+                                       "the least recently used are dropped (their text still rebuilds them).",
+                                       group="Memory", applies=RELOAD, low=0, high=1 << 44)
     embedder: str = _setting("", "Sentence-transformers model name or path; empty is the bundled MiniLM, "
                              "'off' disables similarity.", group="Memory")
 
@@ -138,6 +145,9 @@ class Settings:
                                    group="Persistence", low=10, high=365 * 86400)
     disk_budget_bytes: int = _setting(10 << 30, "Disk for KV files; least recently used go first.",
                                       group="Persistence", low=0, high=1 << 44)
+    disk_reserve_bytes: int = _setting(64 << 20, "Free disk space kept for the chat history: the K/V spill "
+                                       "never writes into it.", group="Persistence", applies=RELOAD,
+                                       low=0, high=1 << 40)
     keepalive_interval_s: int = _setting(240, "Keep-alive sweep interval.", group="Persistence",
                                          low=5, high=86400)
     eviction_interval_s: int = _setting(300, "Eviction sweep interval.", group="Persistence",
@@ -153,6 +163,9 @@ class Settings:
     server_port: int = _setting(8765, "Port of the endpoint (0 picks a free one).", group="Endpoint", low=0,
                                 high=65535)
     api_key: str = _setting("", "Bearer key the endpoint requires (empty: none).", group="Endpoint")
+    server_max_request_bytes: int = _setting(8 << 20, "Largest request body the endpoint reads; a larger one is "
+                                             "refused (413) before any of it is tokenized.", group="Endpoint",
+                                             low=64 << 10, high=1 << 30)
 
     home: str | None = field(default=None, metadata={
         "description": "Root for data, cache and config (tests); empty uses platformdirs.",
@@ -195,8 +208,7 @@ class Settings:
     def _root(self, kind: str) -> Path:
         home = self.home or os.environ.get("EVOKE_HOME")
         path = Path(home) / kind if home else Path(getattr(platformdirs, f"user_{kind}_dir")(APP_NAME))
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return private_mkdir(path)
 
     @property
     def data_dir(self) -> Path:
@@ -214,9 +226,7 @@ class Settings:
     def save(self, path: Path | None = None) -> Path:
         path = path or self.config_dir / "settings.json"
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "home"}
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(values, indent=2, sort_keys=True))
-        os.replace(tmp, path)
+        private_write_text(path, json.dumps(values, indent=2, sort_keys=True))
         return path
 
     @classmethod
@@ -226,6 +236,7 @@ class Settings:
                         else base.config_dir / "settings.json")
         values: dict[str, Any] = {}
         if path.exists():
+            private_file(path)                        # written before files were private
             try:
                 values = json.loads(path.read_text())
             except (OSError, ValueError) as exc:

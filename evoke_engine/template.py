@@ -4,6 +4,8 @@ Invariant: the text of message k is render(messages[:k+1]) minus render(messages
 the concatenation of all message segments is exactly what the template renders; when a
 template does not render prefix-stably, the longest common prefix is used and it is logged.
 Keys starting with `evoke_` (the engine's bookkeeping, e.g. `evoke_turn`) never reach the template.
+A `Segment` marks which characters are the message's own content: only the template's markup around
+it may become special tokens (`<|im_start|>` typed by a user or found in a file stays text).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\
           "{{ '<|im_start|>assistant\\n' }}{% endif %}")
 _SENTINEL = "\x00EVOKE-REPLY\x00"
 _PROBE = "\x00evoke-next-message\x00"
+_CONTENT = "\x00evoke-message-content\x00"
 
 
 def _raise(message: str) -> None:
@@ -34,6 +37,31 @@ def _raise(message: str) -> None:
 class AssistantFrame:
     opening: str      # generation prompt, e.g. "<|im_start|>assistant\n"
     closing: str      # what follows the reply's text, e.g. "<|im_end|>\n"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The text the template adds for one message, and the character ranges of the message's content in it."""
+
+    text: str
+    content: tuple[tuple[int, int], ...] = ()    # sorted, disjoint [start, end) ranges: never special tokens
+
+    def parts(self, start: int = 0, end: int | None = None) -> list[tuple[str, bool]]:
+        """(text, special) pieces of `text[start:end]`, in order: markup is special, content is not."""
+        end = len(self.text) if end is None else end
+        parts: list[tuple[str, bool]] = []
+        cursor = start
+        for c0, c1 in self.content:
+            c0, c1 = max(c0, start), min(c1, end)
+            if c0 >= c1:
+                continue
+            if cursor < c0:
+                parts.append((self.text[cursor:c0], True))
+            parts.append((self.text[c0:c1], False))
+            cursor = c1
+        if cursor < end:
+            parts.append((self.text[cursor:end], True))
+        return parts
 
 
 class ChatTemplate:
@@ -56,6 +84,33 @@ class ChatTemplate:
         before = self.render(history) if history else ""
         after = self.render([*history, message])
         return _diff(before, after)
+
+    def message_segment(self, history: Sequence[dict[str, Any]], message: dict[str, Any]) -> Segment:
+        """`segment(history, message)` with its content located: rendered once more with a placeholder for
+        the content, the content sits where the placeholder does (a template that changes the content, e.g.
+        trims it, is searched for the content instead; one that hides it gets all-markup and a warning)."""
+        text = self.segment(history, message)
+        content = message.get("content")
+        if not isinstance(content, str) or not content:
+            return Segment(text)
+        try:
+            probe = self.segment(history, {**message, "content": _CONTENT})
+        except Exception:  # noqa: BLE001 - a template that refuses the placeholder is searched instead
+            probe = ""
+        pieces = probe.split(_CONTENT)
+        if len(pieces) > 1 and content.join(pieces) == text:
+            ranges, at = [], len(pieces[0])
+            for piece in pieces[1:]:
+                ranges.append((at, at + len(content)))
+                at += len(content) + len(piece)
+            return Segment(text, tuple(ranges))
+        core = content.strip()
+        at = text.find(core) if core else -1
+        if at < 0:
+            log.warning("chat template does not render a message's content as given; its text may hold "
+                        "special tokens")
+            return Segment(text)
+        return Segment(text, ((at, at + len(core)),))
 
     def assistant_frame(self, history: Sequence[dict[str, Any]]) -> AssistantFrame:
         """Generation prompt and closing text around an assistant reply after `history`."""

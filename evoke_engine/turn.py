@@ -2,7 +2,9 @@
 
 Invariants: the message's blocks are named (`file:<name>#i`, `user#N`, `user#N.k`), decoded
 in chunks with eviction between them (never truncated); the reply grows as the last resident
-block and is split into `assistant#N` blocks at the end; a cancelled reply keeps its text.
+block and is split into `assistant#N` blocks at the end; a cancelled reply keeps its text. Text a
+user, a file, a tool or a reply wrote is tokenized with special-token parsing off (only the template's
+markup is special), alike live and in a rebuild from history, so both give the same tokens.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from .events import EventKind
 from .memory import ConversationMemory
 from .runtime import Cancelled, Runtime
 from .sampling import SamplerChain, SamplingParams
-from .template import ChatTemplate
+from .template import ChatTemplate, Segment
 
 Attachment = tuple[str, str]
 
@@ -32,6 +34,8 @@ class Reply:
     decode_s: float
     prefill_tokens: int
     recovered: list[str]
+    rebuild_s: float = 0.0    # a KV rebuild (from history) the turn waited for; counted in ttft_s
+    rebuilt_tokens: int = 0   # tokens that rebuild decoded
 
     @property
     def tokens_per_s(self) -> float:
@@ -59,23 +63,23 @@ def split_tokens(rt: Runtime, tokens: list[int], block_tokens: int) -> list[list
     return chunks
 
 
-def message_blocks(rt: Runtime, segment: str, text: str, attachments: Sequence[Attachment], turn: int,
+def message_blocks(rt: Runtime, segment: Segment, text: str, attachments: Sequence[Attachment], turn: int,
                    block_tokens: int) -> list[Block]:
-    """Blocks for one rendered user message: each attachment's chunks, then the user's own text."""
+    """Blocks for one rendered user message: each attachment's chunks, then the user's own text. Only the
+    template's markup may become special tokens: `<|im_start|>` in a message or a file stays text."""
     blocks: list[Block] = []
     cursor = 0
     for name, body in attachments:
-        at = segment.find(body.rstrip(), cursor)
+        at = segment.text.find(body.rstrip(), cursor)
         if at < 0:
             continue
         end = at + len(body.rstrip())
-        piece = segment[cursor:end]
-        for i, chunk in enumerate(split_tokens(rt, rt.tokenize(piece), block_tokens)):
+        tokens = rt.tokenize_parts(segment.parts(cursor, end))
+        for i, chunk in enumerate(split_tokens(rt, tokens, block_tokens)):
             blocks.append(Block(name=f"file:{name}#{i}", role="file", turn=turn, tokens=chunk,
                                 text=rt.detokenize(chunk), file_name=name))
         cursor = end
-    rest = segment[cursor:]
-    for k, chunk in enumerate(split_tokens(rt, rt.tokenize(rest), block_tokens)):
+    for k, chunk in enumerate(split_tokens(rt, rt.tokenize_parts(segment.parts(cursor)), block_tokens)):
         name = f"user#{turn}" if k == 0 else f"user#{turn}.{k}"
         blocks.append(Block(name=name, role="user", turn=turn, tokens=chunk, text=rt.detokenize(chunk)))
     return blocks
@@ -126,7 +130,7 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     turn = memory.turn
     user_message = input_message(text, attachments, turn, role, extra)
     head = [system] if system else []
-    segment = template.segment([*head, *history], user_message)
+    segment = template.message_segment([*head, *history], user_message)
     blocks = message_blocks(rt, segment, text, attachments, turn, memory.settings.block_tokens)
     history.append(user_message)
     frame = template.assistant_frame([*head, *history])
@@ -154,8 +158,8 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
             if on_progress is not None:
                 on_progress(done, total)
         question = [b for b in blocks if b.role == "user"][-1:]      # kept while the reply is written
-        reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, current + question,
-                          started, last_block=last, next_opening=next_opening)
+        reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, current, started,
+                          last_block=last, next_opening=next_opening, question=question)
         done += last.n_tokens if last is not None else 0
     except Cancelled:
         reply = Reply(text="", n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0,
@@ -183,8 +187,8 @@ def regenerate_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemp
     memory.set_query(history[-1]["content"][-2000:])
     question = [b for b in memory.table.resident if b.message_key() == (turn, "input") and b.role == "user"][-1:]
     try:
-        reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, question, started,
-                          next_opening=next_opening)
+        reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, [], started,
+                          next_opening=next_opening, question=question)
     except Cancelled:
         reply = Reply(text="", n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0, prefill_tokens=0,
                       recovered=[])
@@ -194,23 +198,45 @@ def regenerate_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemp
     return reply
 
 
+def _reply_name(turn: int, part: int) -> str:
+    return f"assistant#{turn}" if part == 0 else f"assistant#{turn}.{part}"
+
+
+def _finish_older_part(memory: ConversationMemory, rt: Runtime, reply_block: Block, turn: int,
+                       part: int) -> tuple[Block, int]:
+    """Split the growing reply block into finished blocks (evictable like any other) and a growing rest of at
+    most one block; returns the growing block and its part number."""
+    chunks = split_tokens(rt, reply_block.tokens, memory.settings.block_tokens)
+    if len(chunks) < 2:
+        return reply_block, part
+    pieces = [Block(name=_reply_name(turn, part + k), role="assistant", turn=turn, tokens=chunk,
+                    text=rt.detokenize(chunk)) for k, chunk in enumerate(chunks[:-1])]
+    part += len(pieces)
+    growing = Block(name=_reply_name(turn, part), role="assistant", turn=turn, tokens=list(chunks[-1]), text="")
+    memory.table.split(reply_block, [*pieces, growing])
+    return growing, part
+
+
 def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closing: list[int],
               params: SamplingParams, on_token, cancel: threading.Event, turn: int,
               current: list[Block], started: float, last_block: Block | None = None,
-              next_opening: list[int] = ()) -> Reply:
+              next_opening: list[int] = (), question: list[Block] = ()) -> Reply:
     """Sample the reply. `last_block` (the message's last block, not yet decoded) goes into the same
     llama_decode call as the reply's opening: the first token waits for one decode, not two.
-    `next_opening` is decoded ahead with the closing (see `_close_reply`)."""
-    reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=[], text="")
+    `next_opening` is decoded ahead with the closing (see `_close_reply`). `current` (this turn's
+    recoveries) and `question` are kept while the reply grows unless the budget needs their room; the
+    reply's own older blocks leave like any other, so the budget never cuts a reply (`min_budget_tokens`)."""
+    reply_block = Block(name=_reply_name(turn, 0), role="assistant", turn=turn, tokens=[], text="")
+    part = 0
+    question = list(question)
     pending = last_block.tokens if last_block is not None else []
-    memory.make_room(len(pending) + len(opening) + 1, current=current)
+    memory.make_room(len(pending) + len(opening) + 1, current=[*current, *question])
     memory.decode_at_tail([*pending, *opening])
     if last_block is not None:
         memory.table.append(last_block)
         memory.counters.prefill_tokens += last_block.n_tokens
     reply_block.tokens = list(opening)
     memory.table.append(reply_block)
-    keep = [*current, reply_block]
 
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     generated: list[int] = []
@@ -243,8 +269,10 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
             if piece and on_token is not None:
                 on_token(piece)
             if memory.eviction_enabled and memory.active_tokens + 1 > memory.budget_tokens:
-                memory.evict_to(int(memory.budget_tokens * memory.settings.low_watermark), current=keep)
-                if memory.active_tokens + 1 > memory.budget_tokens:
+                reply_block, part = _finish_older_part(memory, rt, reply_block, turn, part)
+                low = int(memory.budget_tokens * memory.settings.low_watermark)
+                keeps = ([*current, *question, reply_block], [*question, reply_block], [reply_block])
+                if not memory.evict_within(memory.budget_tokens - 1, low, keeps):
                     stopped = "budget"
                     memory.record_event(EventKind.ERROR, "reply stopped: the budget is full of protected blocks")
                     break
@@ -253,7 +281,8 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
             generated.append(token)
     text += decoder.decode(b"", final=True)
     decode_s = time.perf_counter() - first_at if first_at else 0.0
-    _close_reply(memory, rt, turn, [], generated, closing, text, current, reply_block, next_opening=next_opening)
+    _close_reply(memory, rt, turn, [], generated, closing, text, [*current, *question], reply_block,
+                 next_opening=next_opening, first_part=part)
     return Reply(text=text, n_tokens=len(generated), stopped=stopped, ttft_s=ttft, decode_s=decode_s,
                  prefill_tokens=0, recovered=[])
 
@@ -265,10 +294,11 @@ def _stop_hit(text: str, stops: Sequence[str], searched_to: int) -> int | None:
 
 def _close_reply(memory: ConversationMemory, rt: Runtime, turn: int, opening: list[int], generated: list[int],
                  closing: list[int], text: str, current: list[Block], reply_block: Block | None = None, *,
-                 next_opening: list[int] = ()) -> None:
+                 next_opening: list[int] = (), first_part: int = 0) -> None:
     """Decode the template's closing tokens and split the reply into assistant blocks. The opening of
     the next user message (`next_opening`) is decoded in the same call and held ahead: the next turn's
-    first token then waits for the message's own tokens only."""
+    first token then waits for the message's own tokens only. `first_part`: the part number of
+    `reply_block` (parts before it were finished while the reply grew)."""
     table = memory.table
     if reply_block is None:
         reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=[], text="")
@@ -283,37 +313,43 @@ def _close_reply(memory: ConversationMemory, rt: Runtime, turn: int, opening: li
     chunks = split_tokens(rt, reply_block.tokens, memory.settings.block_tokens)
     pieces = []
     for k, chunk in enumerate(chunks):
-        name = f"assistant#{turn}" if k == 0 else f"assistant#{turn}.{k}"
+        name = _reply_name(turn, first_part + k)
         pieces.append(Block(name=name, role="assistant", turn=turn, tokens=chunk, text=rt.detokenize(chunk)))
     table.split(reply_block, pieces)
 
 
 def replay_input(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
                  text: str, attachments: Sequence[Attachment], *, system: dict | None = None,
-                 role: str = "user", extra: dict | None = None) -> None:
+                 role: str = "user", extra: dict | None = None,
+                 on_block: Callable[[Block], None] | None = None) -> None:
     """Re-prefill one past input message from its history text (a KV rebuild): same blocks as `run_turn`."""
     memory.turn += 1
     turn = memory.turn
     message = input_message(text, attachments, turn, role, extra)
-    segment = template.segment([*([system] if system else []), *history], message)
+    segment = template.message_segment([*([system] if system else []), *history], message)
     history.append(message)
     memory.set_query(text)
     for block in message_blocks(rt, segment, text, attachments, turn, memory.settings.block_tokens):
         memory.append_decoded(block)
+        if on_block is not None:
+            on_block(block)
 
 
 def replay_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
-                 reply_text: str, *, system: dict | None = None) -> None:
+                 reply_text: str, *, system: dict | None = None,
+                 on_block: Callable[[Block], None] | None = None) -> None:
     """Re-prefill one past reply from its text; a reply with no input before it opens a turn of its own."""
     if not history or history[-1].get("role") == "assistant":
         memory.turn += 1
     turn = memory.turn
     frame = template.assistant_frame([*([system] if system else []), *history])
-    reply_tokens = rt.tokenize(frame.opening) + rt.tokenize(reply_text) + rt.tokenize(frame.closing)
+    reply_tokens = rt.tokenize_parts([(frame.opening, True), (reply_text, False), (frame.closing, True)])
     for k, chunk in enumerate(split_tokens(rt, reply_tokens, memory.settings.block_tokens)):
         name = f"assistant#{turn}" if k == 0 else f"assistant#{turn}.{k}"
-        memory.append_decoded(Block(name=name, role="assistant", turn=turn, tokens=chunk,
-                                    text=rt.detokenize(chunk)))
+        block = Block(name=name, role="assistant", turn=turn, tokens=chunk, text=rt.detokenize(chunk))
+        memory.append_decoded(block)
+        if on_block is not None:
+            on_block(block)
     history.append({"role": "assistant", "content": reply_text, "evoke_turn": turn})
     if memory.query is not None:
         memory.focus.update(memory.query)

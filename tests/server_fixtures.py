@@ -9,6 +9,7 @@ import openai
 
 from evoke_engine import Engine, Settings
 from evoke_engine.server import EndpointServer, ServerConfig
+from evoke_engine.server.clients import new_token
 
 LIFETIME_S = 900          # a server left behind by a failed test stops by itself
 
@@ -24,5 +25,8 @@ def running_server(home, *, api_key=None, settings=None, **config):
         engine.close()
 
 
-def client_for(server, api_key="unused", **kw) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.address, api_key=api_key, max_retries=0, timeout=300, **kw)
+def client_for(server, api_key="unused", *, client_token: str | None = None, **kw) -> openai.OpenAI:
+    """An OpenAI client that keeps one client token (`X-Evoke-Client`), as a configured tool would."""
+    headers = {"X-Evoke-Client": client_token or new_token(), **kw.pop("default_headers", {})}
+    return openai.OpenAI(base_url=server.address, api_key=api_key, max_retries=0, timeout=300,
+                         default_headers=headers, **kw)

@@ -171,10 +171,12 @@ def test_copy_link_puts_the_code_block_on_the_clipboard(desk, qtbot):
     from app.messages import ChatMessage
     from app.widgets.chat_view import MessageBubble
 
-    bubble = MessageBubble(ChatMessage("assistant", "Use:\n```python\nprint('hi')\n```\nor\n```sh\necho hi\n```"))
+    bubble = MessageBubble(ChatMessage("assistant", "Use:\n```python\nprint('hi')\n```\nor\n```sh\necho hi\n```",
+                                       meta="9 tokens · 30.0 tok/s"))
     qtbot.addWidget(bubble)
-    bubble.body.anchorClicked.emit(QUrl("copy:1"))
-    assert QGuiApplication.clipboard().text() == "echo hi" and "copied" in bubble.footer.text()
+    qtbot.mouseClick(bubble.code_views()[1].copy_button, Qt.MouseButton.LeftButton)
+    assert QGuiApplication.clipboard().text() == "echo hi" and "Copied" in bubble.code_views()[1].copy_button.text()
+    assert bubble.footer.text() == "9 tokens · 30.0 tok/s"                 # the reply's footer stays
 
 
 # -- memory ------------------------------------------------------------------------------------
@@ -339,11 +341,13 @@ def test_a_bad_model_path_shows_an_error_and_the_previous_model_keeps_working(de
     name = desk.c.model_info.name
     dialog = desk.w.open_settings()
     dialog.editors["model_path"].set_path(str(tmp_path / "missing-model.gguf"))
-    with qtbot.wait_signal(desk.c.errorRaised, timeout=REPLY_MS) as error:
+    with qtbot.wait_signal(desk.c.settingsFailed, timeout=REPLY_MS) as error:
         qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton)
     assert "missing-model.gguf" in error.args[0] and "not found" in error.args[0]
     qtbot.wait_until(lambda: desk.c.model_state == "ready")
-    assert "missing-model.gguf" in desk.w.banner.text() and desk.c.settings.model_path is None
+    assert "missing-model.gguf" in dialog.error.text() and dialog.isVisible()      # in the dialog, not behind it
+    assert desk.c.settings.model_path is None
+    dialog.reject()
     message = send_and_wait(desk, qtbot, "Say OK.")
     assert message.text.strip() and desk.c.model_info.name == name and message.stopped != "error"
 

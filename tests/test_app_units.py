@@ -102,7 +102,7 @@ def test_model_finder_lists_the_embedded_model_first_and_finds_gguf_files(tmp_pa
     (tmp_path / "a" / "b" / "coder-7b.Q4_K_M.gguf").write_bytes(b"GGUF" + b"\0" * 16)
     (tmp_path / "a" / "mmproj-x.gguf").write_bytes(b"GGUF")
     models = find_models(roots=[("test", tmp_path)])
-    assert models[0].path is None and "Embedded" in models[0].label
+    assert models[0].path is None and "embedded" in models[0].label.lower()
     assert [m.path.rsplit("/", 1)[-1] for m in models[1:]] == ["coder-7b.Q4_K_M.gguf"]
 
 

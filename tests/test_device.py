@@ -68,3 +68,12 @@ def test_cuda_build_runs_on_the_cpu_when_no_gpu_is_visible(tmp_path, hide):
     report = json.loads(child.stdout.strip().splitlines()[-1])
     assert (report["kind"], report["layers"], report["finite"]) == ("cpu", 0, True)
     assert "CPU" in report["notice"] or "not used" in report["notice"]
+
+
+def test_automatic_threads_leave_busy_cores_alone():
+    cpus = set(range(os.cpu_count() or 1))
+    cores = device.physical_cores(cpus)
+    assert 1 <= cores <= len(cpus)
+    assert device.auto_threads(cpus, load=0.0) == cores
+    assert device.auto_threads(cpus, load=float(len(cpus))) == 1          # every core busy: one thread
+    assert device.auto_threads(cpus, load=len(cpus) + 5.0) == 1

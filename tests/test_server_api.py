@@ -82,10 +82,19 @@ def test_session_header_continues_and_decodes_only_the_tail(served):
     assert evoke(other.usage)["conversation_id"] != figures["conversation_id"]
 
 
-def test_user_field_names_the_session_and_only_new_messages_continue(served):
+def test_user_field_is_a_label_not_a_routing_key(served):
     _, _, client = served
     first = ask(client, [{"role": "user", "content": Q1}], user="t-user-field")
     second = ask(client, [{"role": "user", "content": "And of Spain?"}], user="t-user-field")
+    assert evoke(second.usage)["conversation_id"] != evoke(first.usage)["conversation_id"]
+    assert evoke(second.usage)["route"] == "new"
+
+
+def test_a_session_continues_with_only_the_new_message(served):
+    _, _, client = served
+    headers = {"X-Evoke-Session": "t-stateful"}
+    first = ask(client, [{"role": "user", "content": Q1}], extra_headers=headers)
+    second = ask(client, [{"role": "user", "content": "And of Spain?"}], extra_headers=headers)
     assert evoke(second.usage)["conversation_id"] == evoke(first.usage)["conversation_id"]
     assert evoke(second.usage)["route"] == "continue"
 

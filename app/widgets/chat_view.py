@@ -1,14 +1,16 @@
 """The conversation as a column of message bubbles: Markdown, highlighted code, copy links, and
 hover actions on each message (copy, regenerate, edit, fork, delete).
 
-Invariants: only the last bubble is re-rendered while a reply streams; the view follows the
-bottom unless the user scrolled up; actions are emitted with the bubble's position (the
-controller maps it to the engine's message), and only copy acts here.
+Invariants: only the last bubble is re-rendered while a reply streams (its parts are updated in
+place, not rebuilt); a reply's text and its code blocks are separate widgets, so a long code line
+scrolls inside its block and never widens the message; the view follows the bottom unless the user
+scrolled up; actions are emitted with the bubble's position (the controller maps it to the engine's
+message), and only copy acts here.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QUrl, Signal
+from PySide6.QtCore import QEvent, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QFrame,
@@ -23,7 +25,8 @@ from PySide6.QtWidgets import (
 )
 
 from ..messages import ChatMessage
-from ..render import render_markdown, render_plain
+from ..render import Part, render_parts, render_plain
+from .code_block import CodeBlockView
 
 
 class AutoHeightBrowser(QTextBrowser):
@@ -94,10 +97,14 @@ class MessageBubble(QFrame):
         self.chips = QLabel(objectName="attachmentLine")
         self.chips.setWordWrap(True)
         layout.addWidget(self.chips)
-        self.body = AutoHeightBrowser(self)
+        self.body = AutoHeightBrowser(self)          # the first part: the whole text when there is no code
         self.body.setObjectName("bubbleBody")
-        self.body.anchorClicked.connect(self._link)
-        layout.addWidget(self.body)
+        self.parts: list[QWidget] = [self.body]
+        self.part_column = QVBoxLayout()
+        self.part_column.setContentsMargins(0, 0, 0, 0)
+        self.part_column.setSpacing(2)
+        self.part_column.addWidget(self.body)
+        layout.addLayout(self.part_column)
         self.footer = QLabel(objectName="bubbleFooter")
         layout.addWidget(self.footer)
         self.set_message(message)
@@ -115,12 +122,45 @@ class MessageBubble(QFrame):
         if self.role == "user":
             self.body.setHtml(render_plain(text))
             return
-        rendered = render_markdown(text + (" ▍" if streaming else ""))
-        self.code_blocks = rendered.code_blocks
-        self.body.setHtml(rendered.html or "<p style='color:#7d8590;'>…</p>")
+        parts = render_parts(text + (" ▍" if streaming else "")) or [Part("html", "<p style='color:#7d8590;'>…</p>")]
+        self.code_blocks = [p.code for p in parts if p.kind == "code"]
+        self._show_parts(parts)
+
+    def _show_parts(self, parts: list[Part]) -> None:
+        """Update the part widgets in place; a part of another kind (or a new one) gets a new widget."""
+        if parts[0].kind == "code":                   # the body is always a text part
+            parts = [Part("html", ""), *parts]
+        keep = 0
+        while keep < min(len(parts), len(self.parts)) and (parts[keep].kind == "code") == isinstance(
+                self.parts[keep], CodeBlockView):
+            keep += 1
+        for widget in self.parts[max(keep, 1):]:
+            widget.setParent(None)
+            widget.deleteLater()
+        del self.parts[max(keep, 1):]
+        code_index = 0
+        for i, part in enumerate(parts):
+            if i >= len(self.parts):
+                widget = CodeBlockView(code_index) if part.kind == "code" else AutoHeightBrowser(self)
+                if isinstance(widget, AutoHeightBrowser):
+                    widget.setObjectName("bubbleBody")
+                self.parts.append(widget)
+                self.part_column.addWidget(widget)
+            widget = self.parts[i]
+            if isinstance(widget, CodeBlockView):
+                widget.index = code_index
+                widget.set_code(part.code, part.lang, part.html)
+                code_index += 1
+            else:
+                widget.setHtml(part.html)
+                widget.setVisible(bool(part.html) or i == 0 and len(parts) == 1)
+
+    def code_views(self) -> list[CodeBlockView]:
+        return [w for w in self.parts if isinstance(w, CodeBlockView)]
 
     def text(self) -> str:
-        return self.body.toPlainText()
+        pieces = [w.code if isinstance(w, CodeBlockView) else w.toPlainText() for w in self.parts]
+        return "\n".join(piece for piece in pieces if piece)
 
     def set_place(self, *, is_last: bool, busy: bool) -> None:
         """Which actions apply: regenerate on the last reply, edit on user messages, none but copy while busy."""
@@ -139,14 +179,6 @@ class MessageBubble(QFrame):
         elif event.type() == QEvent.Type.Leave:
             self.show_actions(False)
         return super().event(event)
-
-    def _link(self, url: QUrl) -> None:
-        if url.scheme() == "copy":
-            index = int(url.path() or url.toString().split(":", 1)[1])
-            if 0 <= index < len(self.code_blocks):
-                QGuiApplication.clipboard().setText(self.code_blocks[index])
-                self.footer.setText(f"copied code block {index + 1} to the clipboard")
-                self.footer.setVisible(True)
 
 
 class ChatView(QScrollArea):
@@ -174,11 +206,24 @@ class ChatView(QScrollArea):
                                   "or drop them here.", objectName="placeholder")
         self.placeholder.setWordWrap(True)
         self.column.insertWidget(0, self.placeholder)
+        self.notice = QLabel(objectName="chatNotice")         # a rebuild in progress, said in the chat
+        self.notice.setWordWrap(True)
+        self.notice.hide()
+        self.column.insertWidget(1, self.notice)
         self.bubbles: list[MessageBubble] = []
         self.busy = False
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
         self.verticalScrollBar().valueChanged.connect(self._scrolled)
+
+    def show_rebuild(self, title: str, done: int, total: int) -> None:
+        """Say in the chat that a conversation's memory is being rebuilt from its history; gone when done."""
+        if done >= total:
+            self.notice.hide()
+            return
+        self.notice.setText(f"Rebuilding the memory of “{title}” from its history (no saved cache fits it): "
+                            f"{done:,} / {total:,} tokens. It answers once this is done; nothing is lost.")
+        self.notice.show()
 
     def reset(self, messages: list[ChatMessage]) -> None:
         for bubble in self.bubbles:

@@ -161,7 +161,10 @@ class MemoryPanel(QWidget):
         self.events.setModel(events_model)
         self.events.setItemDelegate(EventDelegate(self.events))
         self.events.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.events.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.events.setWordWrap(True)                           # a long event wraps, never cut
+        self.events.setTextElideMode(Qt.TextElideMode.ElideNone)
+        self.events.setUniformItemSizes(False)
+        self.events.setResizeMode(QListView.ResizeMode.Adjust)
         self.events.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         events_layout.addWidget(self.events)
         split.addWidget(events_box)

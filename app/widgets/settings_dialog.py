@@ -1,11 +1,14 @@
 """The settings dialog, built generically from `Settings.describe()` (via `settings_form`).
 
 Invariant: one editor per declared setting, showing its default, range and when it applies;
-`applied` carries a validated Settings, never a half-valid one (errors stay in the dialog).
+`applied` carries a validated Settings, never a half-valid one (errors stay in the dialog). With
+`wait_for_result`, OK keeps the dialog open until the owner calls `result_applied` (it closes) or
+`result_failed` (the reason shows here, above the buttons, and nothing is lost).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
@@ -76,8 +79,13 @@ class ModelPicker(QWidget):
 class SettingsDialog(QDialog):
     applied = Signal(object)          # a validated Settings
 
-    def __init__(self, settings: Any, parent: QWidget | None = None, model_info: Any = None) -> None:
+    def __init__(self, settings: Any, parent: QWidget | None = None, model_info: Any = None,
+                 min_budget: Callable[[Any], int] | None = None, prefix_tokens: int | None = None) -> None:
         super().__init__(parent)
+        self.min_budget = min_budget              # settings -> the smallest active-KV budget that works
+        self.prefix_tokens = prefix_tokens
+        self.wait_for_result = False              # OK waits for result_applied / result_failed
+        self.closing = False
         self.setWindowTitle("Settings — Evoke Desk")
         self.setObjectName("settingsDialog")
         self.resize(860, 740)
@@ -270,12 +278,39 @@ class SettingsDialog(QDialog):
         for spec in self.specs:
             self.set_value(spec.name, spec.default)
 
+    def budget_problem(self, settings: Any) -> str:
+        """Why the budget of `settings` cannot work ("" when it can): it must hold the shared prefix and
+        leave room for a reply."""
+        smallest = self.min_budget(settings) if self.min_budget is not None else 0
+        if settings.budget_tokens >= smallest:
+            return ""
+        held = f"the shared prefix ({self.prefix_tokens} tokens: system prompt and tools)" \
+            if self.prefix_tokens else "the shared prefix"
+        return (f"an active-KV budget of {settings.budget_tokens} tokens is too small: it must hold {held} and "
+                f"leave room for a reply. The smallest budget that works is {smallest} tokens.")
+
+    def _tab_of(self, name: str) -> int:
+        editor = self.editors[name]
+        for index in range(self.tabs.count()):
+            if self.tabs.widget(index).isAncestorOf(editor):
+                return index
+        return self.tabs.currentIndex()
+
+    def show_error(self, text: str) -> None:
+        self.error.setText(text)
+        self.error.show()
+
     def apply(self) -> bool:
         try:
             new = self.result_settings()
+            problem = self.budget_problem(new)
         except (ValueError, TypeError) as exc:
-            self.error.setText(f"Not applied: {exc}")
-            self.error.show()
+            self.show_error(f"Not applied: {exc}")
+            return False
+        if problem:
+            self.show_error(f"Not applied: {problem}")
+            self.tabs.setCurrentIndex(self._tab_of("budget_tokens"))
+            self.editors["budget_tokens"].setFocus()
             return False
         self.error.hide()
         self.base = new
@@ -285,4 +320,21 @@ class SettingsDialog(QDialog):
 
     def accept(self) -> None:
         if self.apply():
+            if self.wait_for_result:
+                self.closing = True                # result_applied closes, result_failed keeps it open
+                self.buttons.setEnabled(False)
+            else:
+                super().accept()
+
+    def result_applied(self) -> None:
+        """The owner applied the settings: close if OK asked to."""
+        self.buttons.setEnabled(True)
+        if self.closing:
+            self.closing = False
             super().accept()
+
+    def result_failed(self, text: str) -> None:
+        """The owner could not apply them: say why here and stay open with the values as typed."""
+        self.closing = False
+        self.buttons.setEnabled(True)
+        self.show_error(text)

@@ -10,6 +10,8 @@ from typing import Any
 
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
+from ..messages import model_name
+
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
@@ -76,7 +78,7 @@ class StatusBar(QStatusBar):
         self.endpoint.setVisible(bool(address))
 
     def set_model_info(self, info: Any) -> None:
-        self.model.setText(getattr(info, "name", "?"))
+        self.model.setText(model_name(info))
         self.model.setToolTip(f"{getattr(info, 'path', '')}\n{getattr(info, 'description', '')}\n"
                               f"context {getattr(info, 'n_ctx', '?')} · KV {getattr(info, 'kv_cache_type', '?')}")
         self.device.setText(device_summary(info))
@@ -95,6 +97,16 @@ class StatusBar(QStatusBar):
             self.busy.setValue(got)
         except ValueError:
             self.busy.setRange(0, 0)
+
+    def set_rebuild(self, title: str, done: int, total: int) -> None:
+        if done >= total:
+            self.state.setText("Ready")
+            self.busy.setVisible(False)
+            return
+        self.state.setText(f"Rebuilding “{title}” from history: {done:,}/{total:,} tokens")
+        self.busy.setVisible(True)
+        self.busy.setRange(0, total)
+        self.busy.setValue(done)
 
     def set_generating(self, generating: bool) -> None:
         self.state.setText("Generating…" if generating else "Ready")

@@ -1,8 +1,9 @@
 """The FastAPI application: `POST /v1/chat/completions` (SSE or JSON), `GET /v1/models`, `GET /health`.
 
 Invariants: every engine call runs off the event loop (worker threads, the engine thread behind them);
-a stream ends with `data: [DONE]`; a client that disconnects mid-stream cancels its generation, whose
-partial reply the engine keeps; errors are OpenAI-shaped (`errors.py`).
+a stream ends with `data: [DONE]`; a client that disconnects, streaming or not, cancels its generation, whose
+partial reply the engine keeps; errors are OpenAI-shaped (`errors.py`); every response names the client's
+token (`X-Evoke-Client`) when the server handed one out.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from anyio import to_thread
-from fastapi import FastAPI, Header
+from fastapi import FastAPI, Header, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..engine import Engine
 from ..errors import BudgetError, EvokeError
+from .clients import CLIENT_HEADER, identify
 from .errors import ApiError, install_handlers
-from .models import ChatRequest
+from .models import ChatRequest, unpaired_surrogate
 from .security import GuardMiddleware, ServerConfig
 from .service import ChatService, Outcome, Prepared
 from .toolcalls import StreamSplitter
@@ -36,7 +38,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
     install_handlers(app)
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type", "X-Evoke-Session"])
+                           allow_headers=["Authorization", "Content-Type", "X-Evoke-Session", CLIENT_HEADER],
+                           expose_headers=["X-Evoke-Session", "X-Evoke-Conversation", CLIENT_HEADER])
     app.add_middleware(GuardMiddleware, config=config)
 
     @app.get("/health")
@@ -50,19 +53,29 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
                                             "owned_by": "evoke-desk"}]}
 
     @app.post("/v1/chat/completions")
-    async def chat(request: ChatRequest, x_evoke_session: str | None = Header(default=None)):
+    async def chat(request: ChatRequest, http: Request, x_evoke_session: str | None = Header(default=None),
+                   x_evoke_client: str | None = Header(default=None)):
+        surrogate = unpaired_surrogate(request.model_dump(exclude_none=True))
+        if surrogate is not None:
+            raise ApiError(400, f"{surrogate[0]}: a lone UTF-16 surrogate at character {surrogate[1]}; "
+                                "text must be valid Unicode", "invalid_unicode", surrogate[0])
+        client = identify(x_evoke_client, bool(config.api_key))
         model_id = await to_thread.run_sync(service.check_model, request.model)
-        prepared = await service.prepare(request, x_evoke_session or request.user)
+        prepared = await service.prepare(request, x_evoke_session, client)
         headers = {"X-Evoke-Session": prepared.session or prepared.conv.id,
                    "X-Evoke-Conversation": prepared.conv.id}
+        if client.issued:
+            headers[CLIENT_HEADER] = client.issued
         loop = asyncio.get_running_loop()
         if request.stream:
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
             return StreamingResponse(_stream(service, prepared, model_id, include_usage, loop),
                                      media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
+        watcher = None
         try:
             future = service.submit(prepared)
+            watcher = asyncio.create_task(_cancel_on_disconnect(http, prepared))
             reply = await asyncio.wrap_future(future)
             outcome = await to_thread.run_sync(service.finish, prepared, reply)
         except asyncio.CancelledError:
@@ -73,10 +86,21 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         except EvokeError as exc:
             raise ApiError(500, f"generation failed: {exc}", "engine_error") from exc
         finally:
+            if watcher is not None:
+                watcher.cancel()
             service.release(prepared, loop)
         return JSONResponse(_completion(model_id, outcome), headers=headers)
 
     return app
+
+
+async def _cancel_on_disconnect(http: Request, prepared: Prepared, poll_s: float = 0.25) -> None:
+    """Stop the generation of a non-streaming request whose client went away (the partial reply is kept)."""
+    while prepared.future is not None and not prepared.future.done():
+        if await http.is_disconnected():
+            prepared.conv.cancel()
+            return
+        await asyncio.sleep(poll_s)
 
 
 def _completion(model_id: str, outcome: Outcome) -> dict:

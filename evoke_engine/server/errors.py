@@ -15,7 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
+               404: "not_found_error", 408: "invalid_request_error", 409: "conflict_error",
+               413: "invalid_request_error", 431: "invalid_request_error",
                500: "server_error", 503: "server_error"}
 
 

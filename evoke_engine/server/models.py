@@ -1,7 +1,8 @@
 """Request bodies of the endpoint as pydantic models: the fields OpenAI clients send, `evoke_*` extensions.
 
 Invariants: unknown fields are ignored (clients send many), wrong types are rejected (400 through the
-validation handler), and `messages` is never empty.
+validation handler), `messages` is never empty, and no string holds a lone UTF-16 surrogate (`unpaired_surrogate`
+finds one for a 400 that names where).
 """
 
 from __future__ import annotations
@@ -99,3 +100,19 @@ class ChatRequest(Loose):
     @property
     def parse_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
+
+
+def unpaired_surrogate(value: Any, path: str = "") -> tuple[str, int] | None:
+    """(field path, character index) of the first lone surrogate in a parsed JSON value, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return path or "body", exc.start
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = unpaired_surrogate(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None

@@ -2,7 +2,8 @@
 (headless, `evoke-desk serve` / `python -m evoke_engine serve`).
 
 Invariants: the bind is checked (`ServerConfig.check_bind`) before any socket opens; `stop` returns once
-the server has closed; a server given `lifetime_s` stops by itself after that long.
+the server has closed; a server given `lifetime_s` stops by itself after that long; a connection that has not
+sent a request's headers within `header_timeout_s` is closed, and one past `max_connections` is refused.
 """
 
 from __future__ import annotations
@@ -15,12 +16,46 @@ import threading
 import time
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..engine import Engine
 from .app import create_app
 from .security import ServerConfig
 
 log = logging.getLogger(__name__)
+
+
+def guarded_protocol(config: ServerConfig) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a deadline for each request's headers and a cap on open connections."""
+
+    class GuardedH11Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > config.max_connections:
+                log.warning("endpoint: %d connections open, refusing another", len(self.connections) - 1)
+                transport.close()
+                return
+            self._arm_header_deadline()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_header_deadline()
+
+        def connection_lost(self, exc) -> None:
+            deadline = getattr(self, "_header_deadline", None)
+            if deadline is not None:
+                deadline.cancel()
+            super().connection_lost(exc)
+
+        def _arm_header_deadline(self) -> None:
+            cycle = self.cycle
+            self._header_deadline = self.loop.call_later(config.header_timeout_s, self._headers_late, cycle)
+
+        def _headers_late(self, cycle) -> None:
+            if self.cycle is cycle and not self.transport.is_closing():    # no new request began
+                self.transport.close()
+
+    return GuardedH11Protocol
 
 
 class EndpointServer:
@@ -33,7 +68,9 @@ class EndpointServer:
         self._sock.bind((config.host, config.port))
         self.port = self._sock.getsockname()[1]        # the real port when 0 (ephemeral) was asked
         self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off",
-                                                     timeout_graceful_shutdown=5))
+                                                     timeout_graceful_shutdown=5, http=guarded_protocol(config),
+                                                     timeout_keep_alive=5, limit_concurrency=config.max_connections,
+                                                     h11_max_incomplete_event_size=64 << 10))
         self._thread: threading.Thread | None = None
         self._timer = threading.Timer(lifetime_s, self.stop) if lifetime_s else None
 
@@ -66,6 +103,7 @@ class EndpointServer:
             self._thread.join(timeout)
         with contextlib.suppress(OSError):
             self._sock.close()
+        self.app.state.service.close()
 
     def __enter__(self) -> EndpointServer:
         self.start()
@@ -76,10 +114,10 @@ class EndpointServer:
         self.stop()
 
 
-def serve(engine: Engine, config: ServerConfig) -> int:
-    """Serve until interrupted (the calling thread runs uvicorn)."""
+def serve(engine: Engine, config: ServerConfig, lifetime_s: float | None = None) -> int:
+    """Serve until interrupted, or for `lifetime_s` (the calling thread runs uvicorn)."""
     try:
-        server = EndpointServer(engine, config)
+        server = EndpointServer(engine, config, lifetime_s=lifetime_s)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -87,6 +125,9 @@ def serve(engine: Engine, config: ServerConfig) -> int:
         print(server.warning, file=sys.stderr)
     key_note = "an API key is required" if config.api_key else "no API key"
     print(f"Evoke Desk endpoint on {server.address} ({key_note}); Ctrl-C stops it", flush=True)
+    if server._timer is not None:
+        server._timer.daemon = True
+        server._timer.start()
     with contextlib.suppress(KeyboardInterrupt):       # uvicorn re-raises the Ctrl-C it shut down on
         server._server.run(sockets=[server._sock])
     print("endpoint stopped", flush=True)

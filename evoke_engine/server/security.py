@@ -1,21 +1,28 @@
-"""Who may talk to the endpoint: bind address, Host header (DNS rebinding), Bearer key, CORS.
+"""Who may talk to the endpoint and how much they may send: bind address, Host header (DNS rebinding),
+Bearer key, CORS, duplicate credential headers, body size and read time.
 
 Invariants: loopback unless `allow_remote`; a request whose Host is not a loopback name, the bound
 address or a configured host is refused before any handler runs; the key is compared in constant time
-(hmac.compare_digest) and never logged; no CORS headers unless origins are configured.
+(hmac.compare_digest) and never logged; no CORS headers unless origins are configured; a request with two
+Authorization (or session/client) headers is refused; a body is read whole before the app sees it, refused
+past `max_request_bytes` (413, nothing tokenized) and past `body_timeout_s` of silence (408).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]", "localhost.localdomain"}
 OPEN_PATHS = {"/health"}             # answered without a key (still Host-checked)
+SINGLE_HEADERS = ("authorization", "x-evoke-session", "x-evoke-client", "content-length")
+MAX_HEADER_BYTES = 32 << 10
 
 
 @dataclass
@@ -26,6 +33,10 @@ class ServerConfig:
     allow_remote: bool = False
     allowed_hosts: list[str] = field(default_factory=list)      # extra Host names accepted
     cors_origins: list[str] = field(default_factory=list)
+    max_request_bytes: int = 8 << 20
+    body_timeout_s: float = 15.0         # longest silence while a body arrives
+    header_timeout_s: float = 10.0       # longest wait for a request's headers (slow-loris connections)
+    max_connections: int = 64            # open connections past this are closed at once
 
     def check_bind(self) -> str | None:
         """Raise when a non-loopback bind lacks `allow_remote`; return the warning to print when it has it."""
@@ -83,7 +94,19 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        raw = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        size = sum(len(k) + len(v) for k, v in raw)
+        if size > MAX_HEADER_BYTES:
+            await _refuse(send, 431, f"the request headers are {size} bytes; at most {MAX_HEADER_BYTES}",
+                          "headers_too_large")
+            return
+        headers = dict(raw)
+        counts = Counter(name for name, _ in raw)
+        repeated = [name for name in SINGLE_HEADERS if counts[name] > 1]
+        if repeated:
+            await _refuse(send, 400, f"the request has {counts[repeated[0]]} {repeated[0]} headers; send one",
+                          "duplicate_header")
+            return
         if not self.config.host_allowed(headers.get("host", "")):
             await _refuse(send, 403, "requests must name this server by a loopback host (Host header refused)",
                           "host_not_allowed")
@@ -93,11 +116,50 @@ class GuardMiddleware:
             await _refuse(send, 401, "invalid or missing API key (send Authorization: Bearer <key>)",
                           "invalid_api_key")
             return
+        if scope.get("method") in ("POST", "PUT", "PATCH"):
+            receive = await self._read_body(headers, receive, send)
+            if receive is None:
+                return
         await self.app(scope, receive, send)
+
+    async def _read_body(self, headers: dict[str, str], receive, send):
+        """The whole body within the size and time limits, replayed to the app; None when refused."""
+        limit = self.config.max_request_bytes
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await _refuse(send, 413, f"the request body is {int(declared)} bytes; this server reads at most "
+                                     f"{limit} (the server_max_request_bytes setting)", "request_too_large")
+            return None
+        body = bytearray()
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), self.config.body_timeout_s)
+            except TimeoutError:
+                await _refuse(send, 408, f"the request body stopped arriving for {self.config.body_timeout_s:g} s",
+                              "request_timeout")
+                return None
+            if message["type"] == "http.disconnect":
+                return None
+            body += message.get("body", b"")
+            if len(body) > limit:
+                await _refuse(send, 413, f"the request body is over {limit} bytes, the most this server reads "
+                                         "(the server_max_request_bytes setting)", "request_too_large")
+                return None
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+        return replay
 
 
 async def _refuse(send, status: int, message: str, code: str) -> None:
-    kind = "authentication_error" if status == 401 else "permission_error"
+    kind = {401: "authentication_error", 403: "permission_error"}.get(status, "invalid_request_error")
     body = json.dumps({"error": {"message": message, "type": kind, "code": code, "param": None}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:

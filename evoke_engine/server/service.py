@@ -1,9 +1,11 @@
-"""Requests to engine turns: pick the conversation (session, else longest shared prefix), continue, fork
-or create it, submit only the new tail, and report usage with the `evoke` figures of this request.
+"""Requests to engine turns: pick the conversation (a session the client owns, else the longest shared
+prefix), continue, fork or create it, submit only the new tail, and report usage with the `evoke` figures.
 
 Invariants: one request per conversation at a time (a per-conversation lock held until its turn ends,
 cancelled or not); the plan is re-checked under that lock against the conversation's stored messages;
-a conversation whose system prompt or tools differ from the request's is never continued.
+a conversation whose system prompt or tools differ from the request's is never continued; a request reaches
+another client's conversation only by re-sending its history (a name or an id alone never does); sizes are
+checked by counting tokens on the calling worker thread, never on the engine thread.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from anyio import to_thread
 from ..engine import Conversation, Engine
 from ..errors import EvokeError
 from ..exchange import FORMAT_NAME, FORMAT_VERSION
-from ..prefixes import default_system_prompt
+from ..prefixes import default_system_prompt, system_message
 from ..stats import ConversationStats
+from ..vocab import VocabCounter
+from .clients import Client
 from .errors import ApiError
 from .models import ChatRequest
 from .sessions import (
@@ -47,6 +51,7 @@ class Prepared:
     conv: Conversation
     route: str                       # continue | fork | new | import
     session: str | None
+    client: Client
     message: Msg
     sampling: dict
     before: ConversationStats
@@ -73,8 +78,23 @@ class ChatService:
         self.engine = engine
         self.raw_map = RawTextMap()
         self.sessions = SessionMap(state_dir / "api_sessions.json", self.raw_map)
+        self.sessions.prune(lambda cid: engine.history.get_conversation(cid) is not None)
         self._locks: dict[str, asyncio.Lock] = {}
         self._views: dict[str, tuple[float, str, str, list[Msg]]] = {}
+        self._counter: VocabCounter | None = None
+
+    def close(self) -> None:
+        if self._counter is not None:
+            self._counter.close()
+            self._counter = None
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` counted on the calling thread (a vocabulary-only model, reloaded on a model change)."""
+        path = Path(self.engine.model_info().path)
+        if self._counter is None or self._counter.model_path != path:
+            self.close()
+            self._counter = VocabCounter(path)
+        return self._counter.count(text)
 
     # -- model ------------------------------------------------------------------------------------
     def model_id(self) -> str:
@@ -109,7 +129,7 @@ class ChatService:
         for message in messages:
             if shared >= MIN_SHARED_TOKENS:
                 break
-            shared += len(self.engine.tokenize(message.content))
+            shared += self.count_tokens(message.content)
         return shared
 
     def _route(self, system: str, tools_key: str, messages: list[Msg]) -> str | None:
@@ -129,18 +149,31 @@ class ChatService:
             return None
         return best[0]
 
-    def _target(self, session: str | None, system: str, tools_key: str, messages: list[Msg]) -> str | None:
+    def _target(self, client: Client, session: str | None, system: str, tools_key: str,
+                messages: list[Msg]) -> str | None:
+        """The conversation a request continues: its client's named session, a conversation it may name by
+        id, else the open conversation whose history it re-sends (`_route`)."""
         if session is not None:
-            known = self.sessions.get(session)
+            known = self.sessions.get(client.owner, session)
             if known is not None and self.engine.history.get_conversation(known) is not None:
                 return known
-            if CONVERSATION_ID.match(session) and self.engine.history.get_conversation(session) is not None:
-                return session                   # a conversation of the window, continued by its id
+            if CONVERSATION_ID.match(session) and self._may_name(client, session):
+                return session
             return None
         return self._route(system, tools_key, messages)
 
+    def _may_name(self, client: Client, conversation_id: str) -> bool:
+        """A window conversation may be continued by its id; an API conversation only by the client that owns it."""
+        row = self.engine.history.get_conversation(conversation_id)
+        if row is None:
+            return False
+        source = row.settings.get("source") if isinstance(row.settings, dict) else None
+        if source != "api":
+            return True
+        return self.sessions.owner_of(conversation_id) == client.owner
+
     # -- one request ------------------------------------------------------------------------------
-    async def prepare(self, request: ChatRequest, session: str | None) -> Prepared:
+    async def prepare(self, request: ChatRequest, session: str | None, client: Client) -> Prepared:
         canonical = canonicalize(request, self.raw_map)
         if not canonical.messages:
             raise ApiError(400, "messages holds no user or tool message", "invalid_messages", "messages")
@@ -151,13 +184,14 @@ class ChatService:
         tools_key = _tools_key(tools)
         if session is not None:
             session = SessionMap.valid(session)
-        target = await to_thread.run_sync(self._target, session, system, tools_key, canonical.messages)
+        await to_thread.run_sync(self._check_sizes, system, tools, canonical.messages[-1])
+        target = await to_thread.run_sync(self._target, client, session, system, tools_key, canonical.messages)
         key = target or f"new:{id(request)}"
         lock = self._lock(key)
         await lock.acquire()
         try:
-            prepared = await to_thread.run_sync(self._open, request, session, target, system, tools, tools_key,
-                                                canonical.messages, lock)
+            prepared = await to_thread.run_sync(self._open, request, client, session, target, system, tools,
+                                                tools_key, canonical.messages, lock)
         except BaseException:
             lock.release()
             raise
@@ -167,7 +201,7 @@ class ChatService:
         self._locks.setdefault(prepared.conv.id, lock)     # the lock held now guards a new or forked conversation
         return prepared
 
-    def _open(self, request: ChatRequest, session: str | None, target: str | None, system: str,
+    def _open(self, request: ChatRequest, client: Client, session: str | None, target: str | None, system: str,
               tools: list[dict], tools_key: str, messages: list[Msg], lock: asyncio.Lock) -> Prepared:
         view = self._view(target) if target else None
         if view is None or view[0] != system or view[1] != tools_key:
@@ -180,7 +214,6 @@ class ChatService:
         message = check_tail(route.tail)
         if len(route.tail) > 1:          # assistant messages the engine did not write: rebuild from the text
             route = Plan("import", 0, messages)
-        self._check_length(message)
         title = (message.text.strip().splitlines() or ["API conversation"])[0][:60]
         try:
             if route.action == "continue":
@@ -193,11 +226,11 @@ class ChatService:
                 conv = self.engine.new_conversation(system_prompt=system, tools=tools, title=title, source="api")
         except EvokeError as exc:
             raise ApiError(500, f"the engine could not open the conversation: {exc}", "engine_error") from exc
-        if session is not None:
-            self.sessions.set(session, conv.id)
+        if session is not None or route.action != "continue":
+            self.sessions.set(client.owner, session, conv.id)
         if request.evoke_task_boundary:
             conv.reset_focus()
-        return Prepared(conv=conv, route=route.action, session=session, message=message,
+        return Prepared(conv=conv, route=route.action, session=session, client=client, message=message,
                         sampling=request.sampling(min(self.engine.settings.max_tokens, 4096)),
                         before=conv.stats(), lock=lock,
                         tool_names={t["function"]["name"] for t in tools} if request.parse_tools else set(),
@@ -216,16 +249,26 @@ class ChatService:
         self.engine.history.set_settings(conv.id, {**(row.settings if row else {}), "source": "api"})
         return self.engine.open_conversation(conv.id)
 
-    def _check_length(self, message: Msg) -> None:
-        n_ctx = self.engine.settings.n_ctx
-        if len(message.content.encode()) <= n_ctx // 2:
+    def _check_sizes(self, system: str, tools: list[dict], message: Msg) -> None:
+        """400 before any decoding when the prefix (system prompt + tools) or the new message cannot fit in a
+        slot's context, saying by how much (counted here, on a worker thread)."""
+        settings = self.engine.settings
+        room = settings.n_ctx // (settings.slots if settings.slot_contexts else 1)
+        reserve = 2 * settings.block_tokens
+        prefix = self.count_tokens(system_message(system, tools)["content"])
+        if prefix + reserve > room:
+            raise ApiError(400, f"the system prompt and tools are {prefix} tokens; a conversation's context holds "
+                                f"{room} tokens and keeps {reserve} for the messages, so they are "
+                                f"{prefix + reserve - room} tokens over (shorten them, or raise n_ctx)",
+                           "context_length_exceeded", "messages")
+        limit = settings.n_ctx - reserve                 # a message is decoded in chunks, evicting as it goes
+        if len(message.content.encode()) <= limit:       # a token is at least one byte: it fits
             return
-        tokens = len(self.engine.tokenize(message.content))
-        limit = n_ctx - 2 * self.engine.settings.block_tokens
+        tokens = self.count_tokens(message.content)
         if tokens > limit:
-            raise ApiError(400, f"the new message is {tokens} tokens; the context holds {n_ctx} tokens "
-                                f"({self.engine.settings.slots} slots, budget {self.engine.settings.budget_tokens} "
-                                f"per conversation), so at most {limit} tokens fit in one message",
+            raise ApiError(400, f"the new message is {tokens} tokens, {tokens - limit} over the {limit} that fit "
+                                f"in one message (the context holds {settings.n_ctx} tokens for "
+                                f"{settings.slots} slots, budget {settings.budget_tokens} per conversation)",
                            "context_length_exceeded", "messages")
 
     def submit(self, prepared: Prepared, on_token=None) -> Future:

@@ -3,7 +3,8 @@
 Invariants: a request and a conversation are compared as (role, content) with content exactly what the
 engine puts in its template history, so agreement means the cached KV is the request's prefix; a plan
 continues a conversation only when the request extends all of it, and otherwise forks at the last
-agreeing reply (never reuses a cache that disagrees). Session ids are JSON keys, never file names.
+agreeing reply (never reuses a cache that disagrees). Session ids are JSON keys, never file names, and
+live in their owner's namespace: the same name from two clients names two sessions.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,7 +69,10 @@ def _parts(message: ChatMessage) -> tuple[str, list[tuple[str, str]]]:
     for i, part in enumerate(content):
         if part.type in ("text", "input_text"):
             texts.append(part.text or "")
-        elif part.type == "file" and part.file is not None:
+        elif part.type == "file":
+            if part.file is None:
+                raise ApiError(400, f"content part {i} of type 'file' needs a 'file' object "
+                                    "({\"filename\": ..., \"file_data\": ...})", "invalid_file", "messages")
             files.append((part.file.filename or f"file{i}", _decode_file(part.file.file_data)))
         else:
             raise ApiError(400, f"content part of type {part.type!r} is not supported by this model "
@@ -152,19 +157,28 @@ def check_tail(tail: list[Msg]) -> Msg:
 
 
 class SessionMap:
-    """Client session id -> conversation id, kept in one JSON file (atomic replace)."""
+    """(owner, session name) -> conversation id, and which client owns each API conversation, kept in one
+    JSON file (atomic replace, 0600). Names are looked up only within their owner's namespace; entries of a
+    conversation that no longer exists are dropped (`prune`), and past `MAX_SESSIONS` the least recently used go."""
 
-    def __init__(self, path: Path, raw_map: RawTextMap) -> None:
+    MAX_SESSIONS = 10_000
+
+    def __init__(self, path: Path, raw_map: RawTextMap, clock=time.time) -> None:
         self.path = path
         self.raw_map = raw_map
+        self.clock = clock
         self._lock = threading.Lock()
-        self._map: dict[str, str] = {}
+        self._map: dict[str, dict] = {}          # "owner\x1fname" -> {"conversation": id, "used": unix time}
+        self._owners: dict[str, str] = {}        # API conversation id -> owner
         try:
             data = json.loads(path.read_text())
-            self._map = {str(k): str(v) for k, v in data.get("sessions", {}).items()}
+            for key, entry in data.get("sessions", {}).items():
+                if "\x1f" in key and isinstance(entry, dict) and isinstance(entry.get("conversation"), str):
+                    self._map[key] = {"conversation": entry["conversation"], "used": float(entry.get("used", 0))}
+            self._owners = {str(k): str(v) for k, v in data.get("owners", {}).items()}
             raw_map.load(data.get("raw_text", {}))
-        except (OSError, ValueError, AttributeError):
-            pass
+        except (OSError, ValueError, AttributeError, TypeError):
+            pass                     # unnamed-owner entries of older files are dropped: names alone granted them
 
     @staticmethod
     def valid(session: str) -> str:
@@ -173,14 +187,47 @@ class SessionMap:
                            "invalid_session", "X-Evoke-Session")
         return session
 
-    def get(self, session: str) -> str | None:
-        with self._lock:
-            return self._map.get(session)
+    @staticmethod
+    def _key(owner: str, session: str) -> str:
+        return f"{owner}\x1f{session}"
 
-    def set(self, session: str, conversation_id: str) -> None:
+    def get(self, owner: str, session: str) -> str | None:
         with self._lock:
-            self._map[session] = conversation_id
+            entry = self._map.get(self._key(owner, session))
+            return entry["conversation"] if entry else None
+
+    def owner_of(self, conversation_id: str) -> str | None:
+        with self._lock:
+            return self._owners.get(conversation_id)
+
+    def set(self, owner: str, session: str | None, conversation_id: str) -> None:
+        """Record that `owner` holds `conversation_id` (under `session`, if named)."""
+        with self._lock:
+            self._owners.setdefault(conversation_id, owner)
+            if session is not None:
+                self._map[self._key(owner, session)] = {"conversation": conversation_id, "used": self.clock()}
+                if len(self._map) > self.MAX_SESSIONS:
+                    oldest = sorted(self._map, key=lambda k: self._map[k]["used"])
+                    for key in oldest[:len(self._map) - self.MAX_SESSIONS]:
+                        del self._map[key]
             self._save()
+
+    def prune(self, exists) -> int:
+        """Drop the sessions and owners of conversations for which `exists(id)` is false; how many went."""
+        with self._lock:
+            ids = {e["conversation"] for e in self._map.values()} | set(self._owners)
+            gone = {i for i in ids if not exists(i)}
+            if not gone:
+                return 0
+            before = len(self._map) + len(self._owners)
+            self._map = {k: e for k, e in self._map.items() if e["conversation"] not in gone}
+            self._owners = {c: o for c, o in self._owners.items() if c not in gone}
+            self._save()
+            return before - len(self._map) - len(self._owners)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._map)
 
     def save(self) -> None:
         with self._lock:
@@ -189,7 +236,10 @@ class SessionMap:
     def _save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps({"sessions": self._map, "raw_text": self.raw_map.dump()}))
+            text = json.dumps({"sessions": self._map, "owners": self._owners, "raw_text": self.raw_map.dump()})
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(text)
             os.replace(tmp, self.path)
         except OSError:
             pass                      # a cache of routing hints: losing it costs a fork, never data

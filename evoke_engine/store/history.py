@@ -4,6 +4,8 @@ Invariants: every message belongs to an existing conversation (foreign key, casc
 message bumps its conversation's `updated_at`; rows leave as immutable dataclasses, never cursors; an
 edited, regenerated or deleted message is never erased at once: its row leaves the live history with a
 status (`superseded`, `deleted`) and a replacement points back at it (`previous_id`) until `compact`.
+A reply is written while it streams: its row carries `extra["interrupted"]` until the turn finalizes it,
+so a row still flagged after a crash is a reply cut short (`MessageRow.interrupted`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 Attachment = tuple[str, str]
 
 LIVE, SUPERSEDED, DELETED = "live", "superseded", "deleted"
+INTERRUPTED = "interrupted"     # the `extra` key of a reply row written while it streams (or cut short by a crash)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class MessageRow:
     status: str = LIVE
     previous_id: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def interrupted(self) -> bool:
+        """A reply still streaming, or cut short (the app was killed before the turn ended)."""
+        return bool(self.extra.get(INTERRUPTED))
 
 
 def _create_schema_v1(conn: sqlite3.Connection) -> None:
@@ -201,6 +209,18 @@ class HistoryDB:
         if cursor.lastrowid is None:
             raise RuntimeError("SQLite returned no row id for an inserted message")
         return cursor.lastrowid
+
+    def update_message(self, conversation_id: str, message_id: int, text: str, *,
+                       extra: Mapping[str, Any] | None = None, now: float | None = None) -> None:
+        """Replace a message's text and extra fields (a streaming reply's progress, then its final text) and
+        bump the conversation's `updated_at`; KeyError when the row is not one of the conversation's."""
+        stamp = time.time() if now is None else now
+        with self._db.transaction() as conn:
+            self._update_conversation(conversation_id, "updated_at = ?", (stamp,))
+            cursor = conn.execute("UPDATE messages SET text = ?, extra_json = ? WHERE id = ? AND conversation_id = ?",
+                                  (text, json.dumps(dict(extra or {})), message_id, conversation_id))
+            if cursor.rowcount == 0:
+                raise KeyError(f"no message {message_id} in conversation {conversation_id!r}")
 
     def messages(self, conversation_id: str, *, include_hidden: bool = False) -> list[MessageRow]:
         """The conversation's live messages in the order they were added (empty for an unknown id);

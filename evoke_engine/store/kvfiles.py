@@ -3,7 +3,8 @@ atomically, checked on every read (a digest, see kvheader), expired by TTL class
 
 Invariants: a reader gets a complete payload written for this model or None, never damaged bytes;
 damaged, foreign, stale and expired files are deleted when met; a conversation's files of other TTL
-classes are deleted only after its new file has replaced them. One lock serialises this store's calls.
+classes are deleted only after its new file has replaced them; files are 0600 in 0700 folders, and a
+failed write is logged with its conversation id. One lock serialises this store's calls.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from evoke_engine.store.kvnames import (
     parse_ttl_class,
     temp_file_name,
 )
+from evoke_engine.store.private import FILE_MODE, private_file, private_mkdir
 
 __all__ = ["DEFAULT_TTL_SECONDS", "TTL_CLASSES", "KVFileStore", "StoreError", "model_hash", "parse_ttl_class"]
 
@@ -208,13 +210,15 @@ class KVFileStore:
         header = pack_header(self.model_hash, payload)
         with self._lock:
             try:
-                self.directory.mkdir(parents=True, exist_ok=True)
+                private_mkdir(self.directory)
             except OSError as error:
+                log.warning("KV file of conversation %s not written: cannot create %s: %s",
+                            conversation_id, self.directory, error)
                 raise describe_os_error("create the KV cache folder", self.directory, error) from error
             temp_path = self.directory / temp_file_name(conversation_id)
             created = False
             try:
-                fd = os.open(temp_path, _OPEN_FLAGS, 0o644)
+                fd = os.open(temp_path, _OPEN_FLAGS, FILE_MODE)
                 created = True
                 try:
                     _write_all(fd, header)
@@ -229,6 +233,8 @@ class KVFileStore:
                 if created:
                     self._unlink(temp_path, "unfinished write", warn=False)
                 if isinstance(error, OSError):
+                    log.warning("KV file of conversation %s not written (%s): %s", conversation_id,
+                                final_path, error)
                     raise describe_os_error("write the KV cache file", final_path, error) from error
                 raise
             _fsync_directory(self.directory)
@@ -384,6 +390,10 @@ class KVFileStore:
         problems: list[tuple[Path, str]] = []
         newest_of: dict[str, tuple[int, Path]] = {}
         with self._lock:
+            if fix:                                     # folders and files from before they were private
+                for directory in (self.kv_root, self.directory):
+                    if directory.is_dir():
+                        private_mkdir(directory)
             for entry in _scan_files(self.directory):
                 path = Path(entry.path)
                 if entry.is_dir(follow_symlinks=False):
@@ -407,6 +417,8 @@ class KVFileStore:
                 except OSError as error:
                     log.warning("cannot check KV cache file %s: %s", path, error)
                     continue
+                if fix:
+                    private_file(path)
                 conversation_id = parsed[0]
                 previous = newest_of.get(conversation_id)
                 if previous is None or previous[0] < mtime_ns:

@@ -2,12 +2,14 @@
 `PRAGMA user_version` migrations and a transaction context manager (qutebrowser's Database/Transaction).
 
 Invariants: every statement runs under the lock; `user_version` == number of applied migrations;
-environment failures surface as `StoreError`, SQL and other programming errors keep their sqlite3 types.
+environment failures surface as `StoreError`, SQL and other programming errors keep their sqlite3 types;
+the database file (and so its -wal and -shm) is 0600 in a 0700 folder.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +29,7 @@ from evoke_engine.store.errors import (
     StoreError,
     describe_os_error,
 )
+from evoke_engine.store.private import create_private, private_file, private_mkdir
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,16 @@ def translate_sqlite_error(error: sqlite3.Error, path: Path) -> StoreError | Non
     return StoreError(f"{what} ({error})", reason=reason, path=path)
 
 
+def _make_private(path: Path) -> None:
+    """The database file exists as 0600 before SQLite opens it (SQLite would create it 0644 less the umask;
+    its -wal and -shm files take the database file's mode). Files from before this rule are narrowed."""
+    try:
+        os.close(create_private(path))
+    except FileExistsError:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            private_file(path.with_name(path.name + suffix))
+
+
 class Database:
     """One SQLite connection usable from several threads; see the module docstring for invariants."""
 
@@ -79,9 +92,13 @@ class Database:
         self._conn: sqlite3.Connection | None = None
         if not read_only:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                private_mkdir(self.path.parent)
             except OSError as error:
                 raise describe_os_error("create the folder of", self.path, error) from error
+            try:
+                _make_private(self.path)
+            except OSError as error:
+                raise describe_os_error("create the database", self.path, error) from error
         with self._translated():
             target = f"{self.path.resolve().as_uri()}?mode=ro" if read_only else str(self.path)
             conn = sqlite3.connect(target, uri=read_only, timeout=busy_timeout_s,
