@@ -55,6 +55,7 @@ class EngineBridge(QObject):
         self._deliver.connect(self._on_deliver, Qt.ConnectionType.QueuedConnection)
         self.scheduler = QtEventLoopScheduler()
         self.scheduler_attached = False
+        self.load_error: BaseException | None = None
         self._closed = False
 
     # -- calls ------------------------------------------------------------------------------
@@ -153,6 +154,7 @@ class EngineBridge(QObject):
                   on_error=self._load_failed)
 
     def _load_failed(self, exc: BaseException) -> None:
+        self.load_error = exc                  # the controller tells a busy data folder from a bad model
         self.modelFailed.emit(error_text(exc))
 
     def _on_engine_event(self, event: Any) -> None:   # engine thread

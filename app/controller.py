@@ -14,15 +14,19 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from evoke_engine.errors import DataDirInUseError
 from evoke_engine.events import EventKind
 from evoke_engine.memory import min_budget_tokens
 
 from .attachments import AttachmentError, paste_name, read_text_attachment
 from .bridge import EngineBridge, error_text
 from .editing_flow import EditingFlow
+from .last_open import LastConversation, startup_choice
 from .messages import DEFAULT_TITLES, ChatMessage, Stream, model_name, reply_meta, title_from
 from .models import BlockTableModel, ConversationListModel, EventLogModel
+from .search_flow import SearchFlow
 from .settings_flow import SettingsFlow
+from .versions_flow import VersionsFlow
 
 log = logging.getLogger(__name__)
 STATE_OF_EVENT = {EventKind.EVICTED: "ram", EventKind.SPILLED: "disk", EventKind.RECOVERED: "resident"}
@@ -33,9 +37,10 @@ EVENTS_KEPT = 300
 # "" (an action in a conversation: an import, a reply) when another conversation opens.
 ERROR_TOPICS = ("model", "settings", "")
 WAITING_NOTE = "Waiting for the model: this message is sent as soon as it is ready."
+LIVE_STATS_MS = 500                            # stats refresh period while a reply streams
 
 
-class ChatController(SettingsFlow, EditingFlow, QObject):
+class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObject):
     modelStateChanged = Signal(str, str)       # loading | ready | failed | unloaded, detail
     modelInfoChanged = Signal(object)
     currentChanged = Signal(str, str)          # conversation id, title (another conversation opened)
@@ -58,6 +63,10 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
     errorResolved = Signal(str)                # the cause of errors of this topic is gone (ERROR_TOPICS)
     settingsFailed = Signal(str)               # applying settings failed (the settings dialog shows it)
     draftReturned = Signal(str)                # a queued message that could not be sent goes back to the box
+    versionsChanged = Signal(object)           # {view position: [its versions' texts, oldest first]}
+    undoChanged = Signal(str)                  # what an undo would bring back ("" when nothing)
+    searchResults = Signal(str, list)          # query, [SearchHit] (app/search_flow.py)
+    messageRevealed = Signal(int)              # position of the message a search hit opened
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -79,11 +88,15 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         self.stream: Stream | None = None
         self.stats: Any = None                     # the open conversation's ConversationStats, once it lands
         self.title = ""
+        self.last_open = LastConversation(self.settings.config_dir)   # reopened at the next start-up
         self._event_log: dict[str, deque[tuple[str, str, float]]] = defaultdict(lambda: deque(maxlen=EVENTS_KEPT))
         self._stats_busy = self._stats_dirty = False
         self._flush = QTimer(self, singleShot=True, interval=40, timeout=self._emit_progress)
         self._stats_timer = QTimer(self, singleShot=True, interval=150, timeout=self.refresh_stats)
         self._list_timer = QTimer(self, interval=5000, timeout=self.refresh_conversations)
+        # while a reply streams the memory panel and the KV gauge follow it at a bounded rate
+        self._live_stats = QTimer(self, interval=LIVE_STATS_MS, timeout=self.refresh_stats)
+        self.generatingChanged.connect(lambda on: self._live_stats.start() if on else self._live_stats.stop())
         bridge.modelLoading.connect(lambda: self._set_model_state("loading", "Loading model…"))
         bridge.modelReady.connect(self._model_ready)
         bridge.modelFailed.connect(self._model_failed)
@@ -109,7 +122,7 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         self.bridge.start()
 
     def _shutdown(self) -> None:
-        for timer in (self._flush, self._stats_timer, self._list_timer):
+        for timer in (self._flush, self._stats_timer, self._list_timer, self._live_stats):
             timer.stop()
 
     def _set_model_state(self, state: str, detail: str = "") -> None:
@@ -142,17 +155,20 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         if self.conv is not None:
             return
         ids = [row.id for row in self.conversations.rows]
-        if self.viewed_id in ids:                   # the one read while the model loaded opens for real
-            self.open_conversation(self.viewed_id)
-        elif ids:
-            self.open_conversation(ids[0])
+        chosen = startup_choice(ids, self.viewed_id, self.last_open.recall())   # the last one shown, if any
+        if chosen is not None:
+            self.open_conversation(chosen)
         else:
             self.new_conversation()
 
     def _model_failed(self, message: str) -> None:
         self._set_model_state("failed", message)
-        self.raise_error(f"The model could not be loaded: {message}. Your conversations stay readable; "
-                         "choose a working model in Settings → Model to chat.", "model")
+        if isinstance(self.bridge.load_error, DataDirInUseError):     # no engine started: the other one owns it
+            self.raise_error(f"Evoke Desk cannot start its engine: {message}. This window shows your conversations "
+                             "read-only.", "model")
+        else:
+            self.raise_error(f"The model could not be loaded: {message}. Your conversations stay readable; "
+                             "choose a working model in Settings → Model to chat.", "model")
         if self.queued is not None:                 # the waiting message goes back to the box, not lost
             text, attachments, _ = self.queued
             self.queued = None
@@ -174,7 +190,8 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
                 return
             self.conversations.set_conversations(infos)
             if self.conv is None and not self.viewed_id and self.conversations.rows:
-                self._view(self.conversations.rows[0].id)
+                self._view(startup_choice([r.id for r in self.conversations.rows], "", self.last_open.recall())
+                           or self.conversations.rows[0].id)
         self.bridge.call(read_conversations, self.settings,
                          on_done=listed, on_error=lambda exc: self._fail_with("Could not read the history", exc))
 
@@ -193,6 +210,7 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
                 return
             self.messages = [ChatMessage.from_history(r, -1) for r in rows if r.get("role") in ("user", "assistant")]
             self.messagesReset.emit(list(self.messages))
+            self.reveal_pending()
         self.bridge.call(read_messages, self.settings, conversation_id, on_done=shown,
                          on_error=lambda exc: self._fail_with("Could not read the conversation", exc))
 
@@ -240,10 +258,12 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
         self.viewed_id = ""
         self.history_loaded = False
         self.errorResolved.emit("")                # an earlier conversation's errors do not follow
+        self.drop_undo()                           # nor does the undo of its delete
         kept = sorted([*self._event_log[""], *self._event_log[str(conv.id)]], key=lambda e: e[2])
         self.events.set_rows(kept[-EVENTS_KEPT:])
         self.blocks.set_blocks([])
         self.title = conv.title or "Untitled"
+        self.last_open.remember(str(conv.id))
         self.currentChanged.emit(str(conv.id), self.title)
         self.bridge.call(conv.messages, on_done=lambda rows: self._history(conv, rows), on_error=self._fail)
         if hasattr(self.engine, "focus"):           # the open conversation's requests go first
@@ -264,6 +284,8 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
             self.messages += [ChatMessage("user", text, [(n, len(t)) for n, t in attachments]),
                               ChatMessage("assistant", "", meta=WAITING_NOTE)]
         self.messagesReset.emit(list(self.messages))
+        self.load_versions(conv)
+        self.reveal_pending()
         if self.queued is not None and self.model_state in ("ready", "unloaded") and not self.generating:
             self._send_queued()
 
@@ -487,8 +509,8 @@ class ChatController(SettingsFlow, EditingFlow, QObject):
             self._set_model_state("loading", message)
         elif kind == EventKind.MODEL_LOADED and self.model_info is not None:
             self._set_model_state("ready", message)
-        elif kind == EventKind.MODEL_UNLOADED:
-            self._set_model_state("unloaded", message)
+        elif kind == EventKind.MODEL_UNLOADED and (getattr(event, "detail", None) or {}).get("reason") != "reload":
+            self._set_model_state("unloaded", message)      # a reload's unload is followed by its loading
         elif kind == EventKind.PREFILL:
             if conv_id in (None, self.current_id):
                 self.prefillProgress.emit(int(getattr(event, "tokens", 0)), message)

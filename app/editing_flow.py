@@ -45,6 +45,8 @@ class EditingFlow:
         live = [i for i, r in enumerate(rows) if r.get("role") in ("user", "assistant")]
         for position, message in enumerate(self.messages):
             message.index = live[position] if position < len(live) else -1
+            message.row_id = int(rows[live[position]].get("id", -1)) if position < len(live) else -1
+        self.load_versions(conv)
 
     def _reload_indexes(self, conv: Any) -> None:
         self.bridge.call(conv.messages, on_done=lambda rows: self.reindex(conv, rows),
@@ -90,11 +92,13 @@ class EditingFlow:
     def delete_message(self, position: int) -> bool:
         if not self._can_edit() or (index := self._engine_index(position)) is None:
             return False
-        conv = self.conv
+        conv, row_id = self.conv, self.messages[position].row_id
 
         def done(_: Any) -> None:
             self.bridge.call(conv.messages, on_done=lambda rows: self._history(conv, rows), on_error=self._fail)
             self.refresh_stats()
+            if row_id >= 0:
+                self.offer_undo(conv, [row_id])
         self.bridge.call(conv.delete_message, index, on_done=done, on_error=self._fail)
         return True
 

@@ -5,6 +5,7 @@ Plain data, no Qt: a ChatMessage is what one bubble renders; a Stream is one rep
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,32 @@ def reply_meta(n_tokens: int, rate: float, ttft: float, stopped: str, streamed_p
     return meta
 
 
+def stamp_text(ts: float, now: float | None = None) -> str:
+    """A message's time in its bubble header, local time: "14:05" today, "3 Mar 14:05" this year, else with the
+    year; "" when unknown."""
+    if not ts:
+        return ""
+    when, today = time.localtime(ts), time.localtime(time.time() if now is None else now)
+    if when[:3] == today[:3]:
+        return time.strftime("%H:%M", when)
+    day = f"{when.tm_mday} {time.strftime('%b', when)}"
+    return f"{day} {time.strftime('%H:%M', when)}" if when.tm_year == today.tm_year else \
+        f"{day} {when.tm_year} {time.strftime('%H:%M', when)}"
+
+
+def stored_meta(row: dict[str, Any]) -> str:
+    """The footer of a reply read back from the history: the metrics its row kept (`extra["metrics"]`)."""
+    extra = row.get("extra")
+    metrics = extra.get("metrics") if isinstance(extra, dict) else None
+    if row.get("role") != "assistant" or not isinstance(metrics, dict):
+        return ""
+    try:
+        return reply_meta(int(metrics.get("tokens") or 0), float(metrics.get("tokens_per_s") or 0.0),
+                          float(metrics.get("ttft_s") or 0.0), str(metrics.get("stopped") or ""))
+    except (TypeError, ValueError):
+        return ""
+
+
 @dataclass
 class ChatMessage:
     role: str                                  # user | assistant
@@ -48,11 +75,16 @@ class ChatMessage:
     stopped: str = ""                          # eos | max_tokens | cancelled | ...
     meta: str = ""                             # "42 tokens · 31.0 tok/s · first token 0.21 s"
     index: int = -1                            # its place in the engine's live messages; -1 while unknown
+    created_at: float = field(default_factory=time.time)   # when it was written (the bubble header shows it)
+    row_id: int = -1                           # its history row (a search hit names it); -1 while unknown
 
     @classmethod
     def from_history(cls, row: dict[str, Any], index: int = -1) -> ChatMessage:
         atts = [(str(a[0]), len(a[1]) if len(a) > 1 else 0) for a in row.get("attachments") or []]
-        return cls(row.get("role", "user"), row.get("text", ""), atts, index=index)
+        metrics = (row.get("extra") or {}).get("metrics") if isinstance(row.get("extra"), dict) else None
+        stopped = str(metrics.get("stopped") or "") if isinstance(metrics, dict) else ""
+        return cls(row.get("role", "user"), row.get("text", ""), atts, stopped=stopped, meta=stored_meta(row),
+                   index=index, created_at=float(row.get("created_at") or 0.0), row_id=int(row.get("id", -1)))
 
 
 @dataclass

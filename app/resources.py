@@ -1,4 +1,4 @@
-"""Where the app's resources are (source tree or PyInstaller bundle): icons, style sheet, demo files.
+"""Where the app's resources are (installed package, source tree or PyInstaller bundle): icons, style sheet, demo files.
 
 Invariant: read-only; a missing icon gives an empty QIcon, never an exception.
 """
@@ -11,12 +11,14 @@ from pathlib import Path
 
 from PySide6.QtGui import QIcon
 
+from evoke_engine.package_files import resources_path
+
 
 def resources_dir() -> Path:
     bundle = getattr(sys, "_MEIPASS", None)
     if bundle:
         return Path(bundle) / "resources"
-    return Path(__file__).resolve().parent.parent / "resources"
+    return resources_path()                 # the installed evoke_resources package, else the checkout's folder
 
 
 @cache

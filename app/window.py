@@ -32,6 +32,7 @@ from .widgets.input_bar import InputBar
 from .widgets.memory_panel import MemoryPanel
 from .widgets.settings_dialog import SettingsDialog
 from .widgets.status_bar import StatusBar
+from .window_extras import install_extras
 
 
 class ErrorBanner(QWidget):
@@ -96,6 +97,7 @@ class MainWindow(QMainWindow):
         self.resize(1440, 900)
         self._build()
         self._wire()
+        install_extras(self)                 # undo bar, versions, Help menu, theme (app/window_extras.py)
         self._restore_layout()
 
     # -- layout -----------------------------------------------------------------------------
@@ -154,6 +156,9 @@ class MainWindow(QMainWindow):
         self.regenerate_action = QAction("Regenerate reply", self, shortcut=QKeySequence("Ctrl+Shift+R"),
                                          triggered=lambda: c.regenerate())
         self.addAction(self.regenerate_action)
+        self.find_action = QAction("Search messages", self, shortcut=QKeySequence.StandardKey.Find,
+                                   triggered=self.focus_search)
+        self.addAction(self.find_action)
         menu = self.menuBar().addMenu("&File")
         menu.addAction(self.new_action)
         menu.addAction("Attach files…", self.attach_files)
@@ -214,6 +219,10 @@ class MainWindow(QMainWindow):
         self.sidebar.renameRequested.connect(self.rename_conversation)
         self.sidebar.deleteRequested.connect(self.delete_conversation)
         self.sidebar.pinRequested.connect(c.pin_conversation)
+        self.sidebar.hits.searchRequested.connect(c.search)
+        self.sidebar.hits.hitChosen.connect(c.open_hit)
+        c.searchResults.connect(self.sidebar.hits.set_hits)
+        c.messageRevealed.connect(self.chat.reveal)
         self.input.submitted.connect(self.send)
         self.input.stopClicked.connect(c.stop)
         self.input.attachClicked.connect(self.attach_files)
@@ -253,6 +262,10 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"{title} — Evoke Desk")
 
     # -- user actions -----------------------------------------------------------------------
+    def focus_search(self) -> None:
+        self.sidebar.search.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        self.sidebar.search.selectAll()
+
     def send(self, text: str) -> None:
         if self.controller.send(text):
             self.input.clear()

@@ -17,10 +17,13 @@ import sys
 from pathlib import Path
 
 from . import Engine, EvokeError, Settings
+from .errors import DataDirInUseError
 from .settings import RECOVERY_BACKENDS
 
 HELP = """commands: /stats  /blocks  /attach FILE  /budget N  /new  /quit"""
 API_KEY_ENV = "EVOKE_API_KEY"
+SERVE_BESIDE_THE_WINDOW = ("if that is the Evoke Desk window, turn on its endpoint instead: Settings → Endpoint → "
+                           "Serve the API endpoint (the window's engine then serves the API on the same data)")
 
 
 def configure_logging() -> None:
@@ -143,6 +146,8 @@ def serve(args: argparse.Namespace) -> int:
         engine = Engine(settings)
     except (EvokeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        if isinstance(exc, DataDirInUseError):
+            print(SERVE_BESIDE_THE_WINDOW, file=sys.stderr)
         return 2
     try:
         return run_server(engine, config, lifetime_s=args.lifetime)

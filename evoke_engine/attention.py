@@ -15,17 +15,17 @@ import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import llama_cpp as ll
 import numpy as np
 
 from . import reanchor
 from .blocks import Block
+from .package_files import native_library, native_missing_note
 
 log = logging.getLogger(__name__)
 
-LIB_PATH = Path(__file__).resolve().parent.parent / "native" / "build" / "libevoke_attention.so"
+LIB_NAME = "libevoke_attention.so"
 AGGREGATIONS = ("adakv", "mean")
 GQA_REDUCTIONS = ("mean", "max")
 DECAY = 0.95                # per scored query step: 0.95 ** 64 = 0.04, so about the last 64 steps count
@@ -44,11 +44,12 @@ def load_library() -> ctypes.CDLL | None:
     global _lib, _lib_note
     if _lib is not None or _lib_note:
         return _lib
-    if not LIB_PATH.exists():
-        _lib_note = f"attention capture library missing ({LIB_PATH}); run native/build.sh"
+    path = native_library(LIB_NAME)
+    if path is None:
+        _lib_note = f"attention capture library missing: {native_missing_note(LIB_NAME)}"
         return None
     try:
-        lib = ctypes.CDLL(str(LIB_PATH))
+        lib = ctypes.CDLL(str(path))
     except OSError as exc:
         _lib_note = f"attention capture library unloadable: {exc}"
         return None

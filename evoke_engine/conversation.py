@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from .stats import ConversationStats
 from .turn import Attachment
+from .versions import undelete, versions_of
 from .worker import FOREGROUND
 
 if TYPE_CHECKING:
@@ -53,6 +54,14 @@ class Conversation:
 
     def delete_message(self, message_index: int) -> None:
         self.engine.delete_message(self.id, message_index)
+
+    def undelete(self, message_ids: Sequence[int]) -> list[int]:
+        """Undo a delete: the deleted rows come back and the KV is rebuilt from SQLite (evoke_engine/versions.py)."""
+        return self.engine.thread.call(lambda: undelete(self.engine, self.id, list(message_ids)), priority=FOREGROUND)
+
+    def versions(self) -> dict[int, list[dict]]:
+        """{live message id: its versions, oldest first} for messages that were regenerated or edited (read-only)."""
+        return versions_of(self.engine, self.id)
 
     def export(self, format: str = "markdown") -> str:
         return self.engine.export(self.id, format)

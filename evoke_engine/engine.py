@@ -26,11 +26,12 @@ from .events import EngineEvent, EventKind
 from .exchange import parse_json, to_json, to_markdown
 from .kv import KVCache
 from .lifecycle import ConversationLifecycle, ConversationState
+from .live_stats import StatsTicker
 from .memory import min_budget_tokens
 from .pool import SavedPool
 from .prefixes import Prefix, SharedPrefixes, system_prompt_of, tools_of
 from .recovery import backend as recovery_backend
-from .reply_row import StreamedReply
+from .reply_row import StreamedReply, reply_metrics
 from .runtime import ModelInfo, Runtime
 from .sampling import SamplingParams
 from .scheduler import Sweeps
@@ -39,6 +40,8 @@ from .slots import SlotRegistry
 from .snapshot_fit import focus_from_history
 from .store.history import DELETED, HistoryDB
 from .store.kvfiles import KVFileStore, model_hash
+from .store.owner import DataFolderLock
+from .store.search import SearchHit
 from .template import ChatTemplate
 from .turn import Attachment, Reply, regenerate_reply, run_turn
 from .worker import BACKGROUND, FOREGROUND, NORMAL, EngineThread
@@ -63,6 +66,7 @@ class Engine:
         self.settings = dataclasses.replace(settings) if settings is not None else Settings()   # ours to mutate
         self.prewarm = prewarm
         self.clock = clock
+        self.owner = DataFolderLock(self.settings.data_dir).acquire()   # first: a refused engine starts nothing
         self.thread = EngineThread()
         self._subscribers: list[Callable[[EngineEvent], None]] = []
         self.lifecycle = ConversationLifecycle(self)
@@ -70,7 +74,12 @@ class Engine:
         self._cancels_lock = threading.Lock()
         self.focused: str | None = None
         self.last_activity = clock()
-        self.history = HistoryDB(self.settings.data_dir / "history.sqlite3")
+        try:
+            self.history = HistoryDB(self.settings.data_dir / "history.sqlite3")
+        except BaseException:
+            self.thread.stop()
+            self.owner.release()
+            raise
         self.rt: Runtime | None = None
         self.attention: AttentionCapture | None = None
         self.kvfiles: KVFileStore | None = None
@@ -155,12 +164,17 @@ class Engine:
         return self.rt is not None
 
     def ensure_model(self) -> None:
-        """Load the model back if the idle sweep unloaded it (engine thread)."""
+        """Load the model back if the idle sweep unloaded it (engine thread). Every path that uses the model
+        for the user comes through here, so here is where activity is stamped: a reload that did not stamp it
+        would be unloaded again by the next idle check (issue 25). Sweeps never call this."""
+        self.last_activity = self.clock()
         if self.rt is None:
             self._load(self.settings)
+            self.last_activity = self.clock()          # a slow load is not idle time either
 
-    def _unload(self) -> None:
-        """Persist every open conversation, then free the model and its context (VRAM)."""
+    def _unload(self, reason: str = "close") -> None:
+        """Persist every open conversation, then free the model and its context (VRAM). `reason` (idle, reload,
+        close) is in the event: only an idle unload says the model comes back on the next message."""
         if self.rt is None:
             return
         self.lifecycle.release_all()
@@ -171,7 +185,9 @@ class Engine:
         if self.attention is not None:                 # after the context that called into it
             self.attention.close()
             self.attention = None
-        self.emit(EngineEvent(EventKind.MODEL_UNLOADED, "model unloaded after idle; it comes back on the next message"))
+        said = {"idle": "model unloaded after idle; it comes back on the next message",
+                "reload": "model unloaded for the model change"}.get(reason, f"model unloaded ({reason})")
+        self.emit(EngineEvent(EventKind.MODEL_UNLOADED, said, detail={"reason": reason}))
 
     def apply_settings(self, new: Settings) -> list[str]:
         """Adopt the settings that apply now (the budget reaches open conversations at once) and
@@ -234,7 +250,7 @@ class Engine:
 
         def swap() -> ModelInfo:
             old = self.settings
-            self._unload()
+            self._unload("reload")
             try:
                 self.settings = new
                 return self._load(new)
@@ -248,8 +264,8 @@ class Engine:
         future.add_done_callback(lambda f: None if f.exception() else setattr(self, "ready", f))
         return future
 
-    def unload_model(self) -> None:
-        self.thread.call(self._unload)
+    def unload_model(self, reason: str = "idle") -> None:
+        self.thread.call(lambda: self._unload(reason))
 
     def wait_idle(self) -> None:
         """Block until every job queued so far, background ones included, has run."""
@@ -298,6 +314,12 @@ class Engine:
             out.append(ConversationInfo(row.id, row.title, row.updated_at, row.pinned, memory,
                                         forked_from=parent if isinstance(parent, str) else None, source=source))
         return out
+
+    def search(self, query: str, limit: int = 50) -> list[SearchHit]:
+        """Live messages (text or attachment names) holding every word of `query`, best first, each with its
+        conversation's title and a snippet marking the matches; safe for any input (no FTS5 syntax is parsed).
+        Reads SQLite only: no engine thread, no model needed."""
+        return self.history.search(query, limit)
 
     def rename_conversation(self, conversation_id: str, title: str) -> None:
         def rename() -> None:
@@ -397,15 +419,16 @@ class Engine:
 
         try:
             reply = run_turn(state.memory, self.rt, self.template, state.history, text, attachments, params,
-                             row.on_token, cancel, progress, system=state.system_message, role=role, extra=extra)
-            row.finish(reply.text)
+                             StatsTicker(self.lifecycle, state, row.on_token), cancel, progress,
+                             system=state.system_message, role=role, extra=extra)
+            self._count_rebuild(conversation_id, reply)
+            row.finish(reply.text, reply_metrics(reply))
         except BaseException as exc:
             self._roll_back(state, n_before, [user_row, row.row_id], superseded, exc)
             raise
         finally:
             self.lifecycle.refresh(state)
             state.last_used = self.last_activity = self.clock()
-        self._count_rebuild(conversation_id, reply)
         self.emit(EngineEvent(EventKind.TURN_DONE, f"{reply.n_tokens} tokens, stopped: {reply.stopped}",
                               conversation_id=state.id, tokens=reply.n_tokens))
         return reply
@@ -457,9 +480,11 @@ class Engine:
         state = self.lifecycle.get(conversation_id)
         row = self._reply_row(state.id, on_token, previous_id=old.id)
         try:
-            reply = regenerate_reply(state.memory, self.rt, self.template, state.history, params, row.on_token,
-                                     cancel, system=state.system_message)
-            row.finish(reply.text)
+            reply = regenerate_reply(state.memory, self.rt, self.template, state.history, params,
+                                     StatsTicker(self.lifecycle, state, row.on_token), cancel,
+                                     system=state.system_message)
+            self._count_rebuild(conversation_id, reply)
+            row.finish(reply.text, reply_metrics(reply))
         except BaseException as exc:
             try:
                 self.history.hide_messages(state.id, [row.row_id] if row.row_id is not None else [], DELETED)
@@ -471,7 +496,6 @@ class Engine:
         finally:
             self.lifecycle.refresh(state)
             state.last_used = self.last_activity = self.clock()
-        self._count_rebuild(conversation_id, reply)
         self.emit(EngineEvent(EventKind.TURN_DONE, f"regenerated: {reply.n_tokens} tokens, stopped: {reply.stopped}",
                               conversation_id=state.id, tokens=reply.n_tokens))
         return reply
@@ -542,6 +566,7 @@ class Engine:
         finally:
             self.thread.stop()
             self.history.close()
+            self.owner.release()                       # last: another engine may take the folder now
 
     def __enter__(self) -> Engine:
         return self

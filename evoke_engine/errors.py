@@ -36,3 +36,13 @@ class InvariantError(AssertionError):
 
 class ImportFormatError(EvokeError):
     """An imported conversation file is not one this version can read."""
+
+
+class DataDirInUseError(EvokeError):
+    """Another Evoke Desk process (the window, `serve`, `chat`) or engine owns the data folder."""
+
+    def __init__(self, folder: object) -> None:
+        self.folder = folder
+        super().__init__(f"another Evoke Desk (a window, `serve` or `chat`) is using the data folder {folder}; "
+                         "one process owns a data folder at a time: close the other one first, or give this one "
+                         "another folder with EVOKE_HOME")

@@ -13,6 +13,7 @@ from typing import Any
 
 from .settings import Settings
 from .store.history import HistoryDB
+from .store.search import SearchHit
 
 
 def history_path(settings: Settings):
@@ -47,3 +48,12 @@ def read_messages(settings: Settings, conversation_id: str) -> list[dict]:
         rows = history.messages(conversation_id)
     return [{"role": m.role, "text": m.text, "attachments": m.attachments, "created_at": m.created_at,
              "id": m.id, "extra": m.extra} for m in rows]
+
+
+def search_messages(settings: Settings, query: str, limit: int = 50) -> list[SearchHit]:
+    """`Engine.search` without an engine: live messages matching `query` (SearchHit), [] with no history."""
+    path = history_path(settings)
+    if not path.exists():
+        return []
+    with closing(HistoryDB(path, read_only=True)) as history:
+        return history.search(query, limit)

@@ -53,6 +53,7 @@ READERS: dict[str, Reader] = {
     # The endpoint's settings are applied by whoever runs the server (app/endpoint.py, `serve`) from these:
     **{name: (lambda e, m, n=name: getattr(e.settings, n))
        for name in ("server_enabled", "server_host", "server_port", "api_key", "server_max_request_bytes")},
+    "theme": lambda e, m: e.settings.theme,                          # read by the window (app/theme.py)
     "keepalive_interval_s": _job_interval("keepalive"),
     "eviction_interval_s": _job_interval("eviction"),
 }

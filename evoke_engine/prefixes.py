@@ -15,26 +15,25 @@ import json
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from .blocks import Block
 from .kv import KVCache, SavedKV
+from .package_files import resources_root
 from .runtime import Runtime
 from .settings import Settings
 from .template import ChatTemplate
 
 log = logging.getLogger(__name__)
-RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 
 
 def default_system_prompt() -> str:
-    return (RESOURCES / "system_prompt.txt").read_text().strip()
+    return (resources_root() / "system_prompt.txt").read_text(encoding="utf-8").strip()
 
 
 def default_tools() -> list[dict]:
-    return json.loads((RESOURCES / "tools.json").read_text())
+    return json.loads((resources_root() / "tools.json").read_text(encoding="utf-8"))
 
 
 def system_prompt_of(settings: Settings) -> str:

@@ -12,22 +12,24 @@ import ctypes
 import logging
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from .package_files import native_library, native_missing_note
+
 log = logging.getLogger(__name__)
 
-_LIB_PATH = Path(__file__).resolve().parent.parent / "native" / "build" / "libevoke_rope.so"
+_LIB_NAME = "libevoke_rope.so"
 _GGML_TYPE_F16 = 1
 _ROPE_NORM, _ROPE_NEOX = 0, 2
 
 
 def _load_native() -> ctypes.CDLL | None:
-    if not _LIB_PATH.exists():
-        log.info("native re-anchor library missing (%s): using llama.cpp's K-shift", _LIB_PATH)
+    path = native_library(_LIB_NAME)
+    if path is None:
+        log.info("native re-anchor library missing (%s): using llama.cpp's K-shift", native_missing_note(_LIB_NAME))
         return None
-    lib = ctypes.CDLL(str(_LIB_PATH))
+    lib = ctypes.CDLL(str(path))
     fn = lib.evoke_rope_shift_f16
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                    ctypes.c_int32, ctypes.c_float, ctypes.c_float, ctypes.c_float]

@@ -3,7 +3,8 @@
 Invariants: the row is created at the reply's first piece, flagged `interrupted` (`store.history.INTERRUPTED`),
 and rewritten at most once per `interval_s` with the text so far; when a piece is handed on, the row holds
 every piece handed on more than `interval_s` earlier. Writes while streaming are best effort (a failure is
-reported once and the reply goes on); `finish` writes the final text unflagged and raises when it cannot.
+reported once and the reply goes on); `finish` writes the final text unflagged and raises when it cannot, with
+the reply's speed under `extra["metrics"]` (`reply_metrics`), so its footer is shown again after a restart.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .errors import EvokeError
 from .store.errors import StoreError
@@ -21,6 +23,13 @@ log = logging.getLogger(__name__)
 
 WRITE_INTERVAL_S = 1.0
 WRITE_ERRORS = (StoreError, sqlite3.Error, OSError)
+METRICS = "metrics"      # the `extra` key of a finished reply's row: {tokens, tokens_per_s, ttft_s, stopped}
+
+
+def reply_metrics(reply: Any) -> dict[str, Any]:
+    """The `extra` of a finished reply's row: what its footer shows (tokens, tok/s, first token, why it stopped)."""
+    return {METRICS: {"tokens": int(reply.n_tokens), "tokens_per_s": round(float(reply.tokens_per_s), 3),
+                      "ttft_s": round(float(reply.ttft_s), 4), "stopped": str(reply.stopped)}}
 
 
 class ReplySaveError(EvokeError):
@@ -56,10 +65,11 @@ class StreamedReply:
         if self.forward is not None:
             self.forward(piece)
 
-    def finish(self, text: str) -> None:
-        """Write the reply's final text, no longer flagged (`row_id` names it); ReplySaveError when it fails."""
+    def finish(self, text: str, extra: dict[str, Any] | None = None) -> None:
+        """Write the reply's final text, no longer flagged, with `extra` (its metrics) (`row_id` names it);
+        ReplySaveError when it fails."""
         try:
-            self._write(text, {}, best_effort=False)
+            self._write(text, dict(extra or {}), best_effort=False)
         except WRITE_ERRORS as exc:
             raise ReplySaveError(f"the reply could not be saved ({exc}); the turn was rolled back: "
                                  "its message is not in the history, send it again") from exc

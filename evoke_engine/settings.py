@@ -27,6 +27,7 @@ RECALL_SIGNALS = ("block", "lines", "lines+lexical", "block+lexical")   # recall
 ATTENTION_AGGREGATIONS = ("adakv", "mean")     # evoke_engine.attention.AGGREGATIONS
 ATTENTION_GQA = ("mean", "max")
 NOW, RELOAD = "now", "reload"
+THEMES = ("auto", "dark", "light")            # app/theme.py
 
 
 def _setting(default: Any, description: str, *, group: str, applies: str = NOW,
@@ -166,6 +167,10 @@ class Settings:
     server_max_request_bytes: int = _setting(8 << 20, "Largest request body the endpoint reads; a larger one is "
                                              "refused (413) before any of it is tokenized.", group="Endpoint",
                                              low=64 << 10, high=1 << 30)
+
+    # Window
+    theme: str = _setting("auto", "Window colours: auto follows the desktop's light or dark scheme (and its "
+                          "changes); dark or light keeps one.", group="Window", choices=THEMES)
 
     home: str | None = field(default=None, metadata={
         "description": "Root for data, cache and config (tests); empty uses platformdirs.",

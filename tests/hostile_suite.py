@@ -78,7 +78,10 @@ class Served:
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
-                raise RuntimeError(f"serve exited ({self.proc.poll()}) before listening; see {self.log.name}")
+                self.proc.wait(30)
+                self.log.flush()
+                tail = Path(self.log.name).read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"serve exited ({self.proc.poll()}) before listening:\n{tail}")
             found = re.search(r"endpoint on (http://\S+/v1)", line)
             if found:
                 self.address = found.group(1)
@@ -340,7 +343,11 @@ def run_kills(home: Path, tally: Tally, rounds: int) -> None:
                 time.sleep(1.5)
                 server.kill9()
                 continue
-            server.wait()
+            try:
+                server.wait()
+            except RuntimeError as exc:
+                tally.record(f"kill -9 round {r} ({place}): the restart", False, note=str(exc)[-600:])
+                continue
             text = f"Round {r}: remember the code word falcon-{r}."
             if place == "mid-stream":
                 body = chat_body(text + " Then write a long poem about it.", 300, stream=True)

@@ -257,6 +257,46 @@ def test_model_unloads_when_idle_and_comes_back_on_the_next_message(tmp_path):
         conv.check()
 
 
+@pytest.mark.parametrize("use", ["open", "tokenize", "new", "blocks", "min_budget"])
+def test_a_reload_after_the_idle_unload_counts_as_activity(tmp_path, use):
+    """Issue 25: whatever brings the model back stamps `last_activity`, else the next idle check unloads it
+    again at once (and the next message reloads it once more)."""
+    clock = FakeClock()
+    settings = Settings(home=str(tmp_path), budget_tokens=384, n_ctx=4096, slots=2, model_idle_unload_s=60)
+    with Engine(settings, clock=clock, scheduler=False) as engine:
+        from evoke_engine.scheduler import Sweeps
+
+        sweeps = Sweeps(engine, scheduler=_ManualScheduler())
+        conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
+        conv.send("Hello.", max_tokens=4, temperature=0)
+        clock.now += 61
+        assert engine.thread.call(sweeps.idle_check) is True and not engine.model_loaded
+        clock.now += 600                                              # the user comes back much later
+        {"open": lambda: engine.open_conversation(conv.id), "tokenize": lambda: engine.tokenize("hello"),
+         "new": lambda: engine.new_conversation(system_prompt="You are brief.", tools=[]),
+         "blocks": lambda: conv.blocks(), "min_budget": lambda: engine.min_budget_tokens()}[use]()
+        assert engine.model_loaded
+        clock.now += 1
+        assert engine.thread.call(sweeps.idle_check) is False          # it stays for the message that follows
+        assert engine.model_loaded
+        clock.now += 60
+        assert engine.thread.call(sweeps.idle_check) is True           # and leaves after a real idle
+
+
+def test_using_a_loaded_model_without_a_turn_counts_as_activity(tmp_path):
+    clock = FakeClock()
+    settings = Settings(home=str(tmp_path), budget_tokens=384, n_ctx=4096, slots=2, model_idle_unload_s=60)
+    with Engine(settings, clock=clock, scheduler=False) as engine:
+        from evoke_engine.scheduler import Sweeps
+
+        sweeps = Sweeps(engine, scheduler=_ManualScheduler())
+        conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
+        clock.now += 50
+        engine.open_conversation(conv.id)                              # the user opens it: not idle
+        clock.now += 50
+        assert engine.thread.call(sweeps.idle_check) is False
+
+
 def test_keepalive_rewarms_a_dropped_prefix_and_jobs_run_headless(tmp_path):
     settings = Settings(home=str(tmp_path), budget_tokens=384, n_ctx=4096, slots=2, keepalive_interval_s=5,
                         eviction_interval_s=5, tools_enabled=False, system_prompt="Default prompt.")

@@ -126,7 +126,7 @@ NEW_VALUES = {
     "min_p": 0.1, "repeat_penalty": 1.2, "max_tokens": 77, "seed": 7, "ttl_short_s": 111, "ttl_long_s": 222,
     "ttl_extended_s": 333, "disk_budget_bytes": 1 << 25, "keepalive_interval_s": 77, "eviction_interval_s": 88,
     "model_idle_unload_s": 99, "server_enabled": True, "server_host": "localhost", "server_port": 8799,
-    "api_key": "k-123", "server_max_request_bytes": 1 << 20,
+    "api_key": "k-123", "server_max_request_bytes": 1 << 20, "theme": "light",
 }
 
 

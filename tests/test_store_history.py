@@ -128,14 +128,14 @@ def test_transaction_groups_calls_and_rolls_back(history: HistoryDB) -> None:
 
 def test_fresh_file_migrates_to_latest_with_wal_and_reopens(db_path: Path) -> None:
     with HistoryDB(db_path) as db:
-        assert db.schema_version == len(MIGRATIONS) == 2
+        assert db.schema_version == len(MIGRATIONS) == 3
         db.create_conversation("c1", "Kept", "sys")
         db.add_message("c1", "user", "hello")
     with sqlite3.connect(db_path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert raw.execute("PRAGMA user_version").fetchone() == (2,)
+        assert raw.execute("PRAGMA user_version").fetchone() == (3,)
     with HistoryDB(db_path) as db:
-        assert db.schema_version == 2
+        assert db.schema_version == 3
         assert [m.text for m in db.messages("c1")] == ["hello"]
         assert db._db.connection.execute("PRAGMA foreign_keys").fetchone() == (1,)
 
@@ -144,7 +144,7 @@ def test_empty_existing_file_is_migrated(db_path: Path) -> None:
     db_path.parent.mkdir(parents=True)
     db_path.write_bytes(b"")
     with HistoryDB(db_path) as db:
-        assert db.schema_version == 2
+        assert db.schema_version == 3
         db.create_conversation("c1", "T", "")
 
 
@@ -279,7 +279,7 @@ def test_v1_file_migrates_and_keeps_its_messages_live(db_path: Path) -> None:
         raw.execute("INSERT INTO messages (conversation_id, role, text, created_at) VALUES ('c1', 'user', 'hi', 1)")
         raw.execute("PRAGMA user_version = 1")
     with HistoryDB(db_path) as db:
-        assert db.schema_version == 2
+        assert db.schema_version == 3
         [row] = db.messages("c1")
         assert (row.text, row.status, row.previous_id) == ("hi", "live", None)
 

@@ -10,7 +10,9 @@ message), and only copy acts here.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, Signal
+import time
+
+from PySide6.QtCore import QEvent, QTimer, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QFrame,
@@ -24,9 +26,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..messages import ChatMessage
+from ..messages import ChatMessage, stamp_text
 from ..render import Part, render_parts, render_plain
 from .code_block import CodeBlockView
+from .version_switch import VersionSwitch
 
 
 class AutoHeightBrowser(QTextBrowser):
@@ -53,6 +56,7 @@ class AutoHeightBrowser(QTextBrowser):
         self._fit()
 
 
+COPIED_MS = 1500          # how long the copy button says "Copied ✓"
 ACTIONS = (("copy", "Copy", "Copy the message"), ("regenerate", "Regenerate", "A new reply (Ctrl+Shift+R)"),
            ("edit", "Edit", "Edit and resend; later messages go"), ("fork", "Fork", "A new conversation up to here"),
            ("delete", "Delete", "Delete this message"))
@@ -77,7 +81,9 @@ class MessageBubble(QFrame):
         top = QHBoxLayout()
         top.setContentsMargins(0, 0, 0, 0)
         self.header = QLabel("You" if message.role == "user" else "Assistant", objectName="bubbleHeader")
-        top.addWidget(self.header, 1)
+        top.addWidget(self.header)
+        self.stamp = QLabel(objectName="bubbleTime")          # when it was written, local time
+        top.addWidget(self.stamp, 1)
         self.actions = QWidget(objectName="messageActions")
         row = QHBoxLayout(self.actions)
         row.setContentsMargins(0, 0, 0, 0)
@@ -92,6 +98,8 @@ class MessageBubble(QFrame):
         policy.setRetainSizeWhenHidden(True)         # no jump when the actions show on hover
         self.actions.setSizePolicy(policy)
         self.actions.hide()
+        self.versions = VersionSwitch(self)          # "‹ 2/3 ›" when the message has earlier versions
+        top.addWidget(self.versions)
         top.addWidget(self.actions)
         layout.addLayout(top)
         self.chips = QLabel(objectName="attachmentLine")
@@ -107,6 +115,8 @@ class MessageBubble(QFrame):
         layout.addLayout(self.part_column)
         self.footer = QLabel(objectName="bubbleFooter")
         layout.addWidget(self.footer)
+        self._copied_reset = QTimer(self, singleShot=True, interval=COPIED_MS,
+                                    timeout=lambda: self.buttons["copy"].setText("Copy"))
         self.set_message(message)
 
     def set_message(self, message: ChatMessage) -> None:
@@ -117,6 +127,15 @@ class MessageBubble(QFrame):
         self.chips.setVisible(bool(message.attachments))
         self.footer.setText(message.meta)
         self.footer.setVisible(bool(message.meta))
+        self.row_id = message.row_id
+        self.stamp.setText(f"·  {stamp_text(message.created_at)}" if message.created_at else "")
+        self.stamp.setToolTip(time.strftime("%A %d %B %Y, %H:%M:%S", time.localtime(message.created_at))
+                              if message.created_at else "")
+
+    def show_copied(self) -> None:
+        """Say on the copy button that the message is on the clipboard, for a moment."""
+        self.buttons["copy"].setText("Copied ✓")
+        self._copied_reset.start()
 
     def set_text(self, text: str, *, streaming: bool) -> None:
         if self.role == "user":
@@ -168,13 +187,17 @@ class MessageBubble(QFrame):
         self.buttons["regenerate"].setVisible(self.role == "assistant" and is_last)
         self.buttons["edit"].setVisible(self.role == "user")
         for name in ("regenerate", "edit", "fork", "delete"):
-            self.buttons[name].setEnabled(not busy)
+            self.buttons[name].setEnabled(not busy and not self.versions.earlier)   # an earlier version: read-only
 
     def show_actions(self, shown: bool) -> None:
         self.actions.setVisible(shown)
 
     def event(self, event: QEvent) -> bool:
         if event.type() == QEvent.Type.Enter:
+            parent = self.parentWidget()             # a Leave can be lost (a dialog, a scroll): one bubble at a time
+            for other in parent.findChildren(MessageBubble) if parent is not None else []:
+                if other is not self:
+                    other.show_actions(False)
             self.show_actions(True)
         elif event.type() == QEvent.Type.Leave:
             self.show_actions(False)
@@ -211,6 +234,7 @@ class ChatView(QScrollArea):
         self.notice.hide()
         self.column.insertWidget(1, self.notice)
         self.bubbles: list[MessageBubble] = []
+        self._revealed: MessageBubble | None = None      # a search hit's bubble, kept in view until the next change
         self.busy = False
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
@@ -234,8 +258,10 @@ class ChatView(QScrollArea):
             self.add(message)
         self.placeholder.setVisible(not messages)
         self._follow = True
+        self._revealed = None
 
     def add(self, message: ChatMessage) -> MessageBubble:
+        self._revealed = None
         bubble = MessageBubble(message)
         bubble.actionTriggered.connect(lambda name, bubble=bubble: self._action(bubble, name))
         self.column.insertWidget(self.column.count() - 1, bubble)
@@ -243,6 +269,14 @@ class ChatView(QScrollArea):
         self.placeholder.setVisible(False)
         self._place_actions()
         return bubble
+
+    def reveal(self, position: int) -> None:
+        """Scroll to bubble `position` (a search hit) and keep it in view while the column lays out."""
+        if not 0 <= position < len(self.bubbles):
+            return
+        self._revealed = self.bubbles[position]
+        self._follow = False
+        self.ensureWidgetVisible(self._revealed, 0, 40)
 
     def truncate(self, position: int) -> None:
         """Drop the bubbles from `position` on (an edit or a regenerate replaces them)."""
@@ -256,6 +290,11 @@ class ChatView(QScrollArea):
         self.busy = busy
         self._place_actions()
 
+    def set_versions(self, versions: dict[int, list[str]]) -> None:
+        """The versions of the messages at these positions (oldest first); the others have none."""
+        for position, bubble in enumerate(self.bubbles):
+            bubble.versions.set_versions(versions.get(position, []))
+
     def _place_actions(self) -> None:
         for i, bubble in enumerate(self.bubbles):
             bubble.set_place(is_last=i == len(self.bubbles) - 1, busy=self.busy)
@@ -266,6 +305,7 @@ class ChatView(QScrollArea):
         position = self.bubbles.index(bubble)
         if name == "copy":
             QGuiApplication.clipboard().setText(bubble.source)
+            bubble.show_copied()
             self.messageCopied.emit(position)
         elif name == "regenerate":
             self.regenerateRequested.emit()
@@ -290,5 +330,7 @@ class ChatView(QScrollArea):
         self._follow = value >= bar.maximum() - 8
 
     def _range_changed(self, _low: int, high: int) -> None:
-        if self._follow:
+        if self._revealed is not None and self._revealed in self.bubbles:
+            self.ensureWidgetVisible(self._revealed, 0, 40)
+        elif self._follow:
             self.verticalScrollBar().setValue(high)

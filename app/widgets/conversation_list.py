@@ -1,4 +1,5 @@
-"""The sidebar: search by title, New, and the conversation list with a memory badge per row.
+"""The sidebar: search (titles filter the list; message hits show above it), New, and the conversation list
+with a memory badge per row.
 
 Invariant: the list shows `ConversationListModel` through a title filter; actions are emitted
 as signals with the conversation id (the window confirms deletes and asks for titles).
@@ -24,6 +25,8 @@ from PySide6.QtWidgets import (
 
 from ..models import MEMORY_LABELS, DepthRole, IdRole, MemoryRole, PinnedRole, SourceRole, UpdatedRole
 from ..resources import icon
+from ..theme import tone
+from .search_box import MessageSearchResults
 
 BADGE_COLORS = {"slot": "#3fb950", "ram": "#d29922", "disk": "#58a6ff", "none": "#6e7681"}
 FORK_INDENT = 18
@@ -57,7 +60,8 @@ class ConversationDelegate(QStyledItemDelegate):
         hover = bool(option.state & QStyle.StateFlag.State_MouseOver)
         if selected or hover:
             painter.setPen(Qt.PenStyle.NoPen)
-            painter.setBrush(QColor("#2d3340" if selected else "#242a35"))
+            painter.setBrush(QColor(tone("#2d3340" if selected else "#242a35",
+                                         "#d8dee4" if selected else "#eaeef2")))
             painter.drawRoundedRect(rect, 6, 6)
         memory = index.data(MemoryRole) or "none"
         badge = MEMORY_LABELS.get(memory, memory)
@@ -73,7 +77,7 @@ class ConversationDelegate(QStyledItemDelegate):
         painter.setBrush(fill)
         painter.drawRoundedRect(brect, 8, 8)
         painter.drawText(brect, Qt.AlignmentFlag.AlignCenter, badge)
-        painter.setPen(QColor("#8b949e"))
+        painter.setPen(QColor(tone("#8b949e", "#57606a")))
         when = relative_time(index.data(UpdatedRole) or 0)
         pinned = bool(index.data(PinnedRole))
         api = index.data(SourceRole) == "api"
@@ -83,7 +87,7 @@ class ConversationDelegate(QStyledItemDelegate):
         title_font = QFont(option.font)
         title_font.setBold(selected)
         painter.setFont(title_font)
-        painter.setPen(QColor("#e6edf3"))
+        painter.setPen(QColor(tone("#e6edf3", "#1f2328")))
         title_rect = rect.adjusted(12, 5, -(bw + 16), 0)
         title = painter.fontMetrics().elidedText(index.data() or "", Qt.TextElideMode.ElideRight,
                                                  title_rect.width())
@@ -108,9 +112,12 @@ class ConversationSidebar(QWidget):
         self.new_button.setIcon(icon("new"))
         self.new_button.clicked.connect(self.newRequested)
         layout.addWidget(self.new_button)
-        self.search = QLineEdit(objectName="search", placeholderText="Search titles…",
+        self.search = QLineEdit(objectName="search", placeholderText="Search titles and messages (Ctrl+F)",
                                 clearButtonEnabled=True)
         layout.addWidget(self.search)
+        self.hits = MessageSearchResults()          # messages matching the search (SQLite FTS5), while it has text
+        self.search.textChanged.connect(self.hits.set_query)
+        layout.addWidget(self.hits, 1)
         self.proxy = QSortFilterProxyModel(self)
         self.proxy.setSourceModel(model)
         self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)

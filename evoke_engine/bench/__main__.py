@@ -1,6 +1,8 @@
 """`python -m evoke_engine.bench <name> --json`: measurements that print JSON.
 
-Invariant: each command prints one JSON object (with machine facts) on stdout and nothing else.
+Invariant: each command prints one JSON object (with machine facts) on stdout and nothing else; a run
+started while the load average exceeds the cores warns on stderr and says so in its machine facts (llama.cpp's
+threads spin on a busy machine and every figure lies).
 """
 
 from __future__ import annotations
@@ -16,7 +18,18 @@ import sys
 
 def machine() -> dict:
     return {"machine": platform.machine(), "processor": _cpu_name(), "cores": os.cpu_count(),
-            "python": platform.python_version(), "date": datetime.date.today().isoformat()}
+            "python": platform.python_version(), "date": datetime.date.today().isoformat(),
+            "load_average": round(os.getloadavg()[0], 2)}
+
+
+def warn_if_busy() -> bool:
+    """Warn (stderr) when the 1-minute load average exceeds the cores; True when it does."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cores:
+        print(f"WARNING: load average {load:.2f} exceeds the {cores} cores: llama.cpp's threads spin and every "
+              "timing here lies; run on a quiet machine", file=sys.stderr)
+        return True
+    return False
 
 
 def _cpu_name() -> str:
@@ -58,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-ctx", type=int, default=8192)
     p.add_argument("--threads", type=int, default=0, help="CPU threads for both servers (0 = all cores)")
     p.add_argument("--embedder", default="", help="our scorer's embedder ('off': identity and name recovery only)")
+    p = sub.add_parser("paste", help="first token of a long paste under a small budget: decode, embedding and "
+                                     "the rest, against no eviction")
+    p.add_argument("--budgets", default="768")
+    p.add_argument("--kb", type=float, default=7.0)
+    p.add_argument("--trials", type=int, default=4)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = automatic)")
     p = sub.add_parser("edit", help="regenerate, edit 3 turns back and fork against re-prefill")
     p.add_argument("--tokens", type=int, default=None)
     p.add_argument("--trials", type=int, default=3)
@@ -93,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     logging.getLogger("evoke_engine.bench").setLevel(logging.INFO)      # progress lines on stderr
+    busy = warn_if_busy()
 
     if args.name == "restore":
         from .restore import run
@@ -134,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run(tokens=args.tokens, trials=args.trials, server=check_binary(args.server),
                      threads=args.threads, reprefill=not args.no_reprefill)
+    elif args.name == "paste":
+        from .paste import run
+
+        result = run(budgets=tuple(int(b) for b in args.budgets.split(",")), kb=args.kb, trials=args.trials,
+                     threads=args.threads)
     elif args.name == "edit":
         from .edit import run
 
@@ -144,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
         result = getattr(conversations, f"run_{args.name}")(tokens=args.tokens, trials=args.trials,
                                                             server=check_binary(args.server))
-    result["machine"] = machine()
+    result["machine"] = {**machine(), "busy_at_start": busy}
     json.dump(result, sys.stdout, indent=2)
     print()
     return 0

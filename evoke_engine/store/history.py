@@ -5,7 +5,8 @@ message bumps its conversation's `updated_at`; rows leave as immutable dataclass
 edited, regenerated or deleted message is never erased at once: its row leaves the live history with a
 status (`superseded`, `deleted`) and a replacement points back at it (`previous_id`) until `compact`.
 A reply is written while it streams: its row carries `extra["interrupted"]` until the turn finalizes it,
-so a row still flagged after a crash is a reply cut short (`MessageRow.interrupted`).
+so a row still flagged after a crash is a reply cut short (`MessageRow.interrupted`). Live messages are
+indexed for full-text search by SQLite triggers (`store.search`), so every write here keeps the index.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evoke_engine.store.search import SearchHit, add_message_search_v3, search_messages
 from evoke_engine.store.sqlite_db import Database, Migration
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,7 @@ def _add_message_status_v2(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE messages ADD COLUMN extra_json TEXT NOT NULL DEFAULT '{}'")
 
 
-MIGRATIONS: list[Migration] = [_create_schema_v1, _add_message_status_v2]
+MIGRATIONS: list[Migration] = [_create_schema_v1, _add_message_status_v2, add_message_search_v3]
 _MESSAGE_COLUMNS = "id, conversation_id, role, text, attachments_json, created_at, status, previous_id, extra_json"
 
 _CONVERSATION_COLUMNS = "id, title, created_at, updated_at, pinned, system_prompt, settings_json"
@@ -245,6 +247,11 @@ class HistoryDB:
         with self._db.transaction() as conn:
             conn.executemany(f"UPDATE messages SET status = '{LIVE}' WHERE id = ? AND conversation_id = ?",
                              [(i, conversation_id) for i in message_ids])
+
+    def search(self, text: str, limit: int = 50) -> list[SearchHit]:
+        """Live messages whose text or attachment names hold every word of `text` (FTS5, `store.search`)."""
+        with self._db.reading() as conn:
+            return search_messages(conn, text, limit)
 
     def compact(self, conversation_id: str) -> int:
         """Erase the conversation's superseded and deleted rows; returns how many went."""

@@ -1,0 +1,48 @@
+"""The conversation the window showed last, kept across restarts, and the choice of what opens at start-up.
+
+Invariants: one small text file under the config folder holding one conversation id; a missing or unreadable
+file reads as none and a failed write is logged, never raised (it only saves a click); the start-up choice is
+the conversation read while the model loaded, else the remembered one if it still exists, else the first listed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+FILE_NAME = "last_conversation"
+
+
+class LastConversation:
+    def __init__(self, config_dir: Path | str) -> None:
+        self.path = Path(config_dir) / FILE_NAME
+        self._written = ""
+
+    def recall(self) -> str:
+        try:
+            return self.path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            return ""
+
+    def remember(self, conversation_id: str) -> None:
+        if not conversation_id or conversation_id == self._written:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = self.path.with_name(self.path.name + ".tmp")
+            temporary.write_text(conversation_id, encoding="utf-8")
+            os.replace(temporary, self.path)
+            self._written = conversation_id
+        except OSError as error:
+            log.warning("could not remember the open conversation in %s: %s", self.path, error)
+
+
+def startup_choice(ids: Sequence[str], viewed_id: str, remembered: str) -> str | None:
+    """The conversation to open at start-up among `ids` (as listed); None when there is none."""
+    for candidate in (viewed_id, remembered):
+        if candidate and candidate in ids:
+            return candidate
+    return ids[0] if ids else None

@@ -1,0 +1,72 @@
+"""The window's later parts, installed on a built MainWindow: the undo bar and Ctrl+Z, message versions,
+the Help menu (keyboard shortcuts, About) and the theme that follows the setting and the desktop.
+
+Invariant: like the window, this only wires controller signals to widgets and user actions to controller
+methods; dialogs open through `window.show_dialog` (replaced in tests) and are kept as `window.help_dialog`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QDialog
+
+from .help_dialogs import AboutDialog, ShortcutsDialog, about_facts, shortcut_rows
+from .theme import ThemeFollower
+from .widgets.undo_bar import UndoBar
+
+if TYPE_CHECKING:
+    from .window import MainWindow
+
+
+def install_extras(window: MainWindow) -> None:
+    c = window.controller
+    window.undo_bar = UndoBar()
+    column = window.banner.parentWidget().layout()
+    column.insertWidget(column.indexOf(window.banner) + 1, window.undo_bar)
+    c.undoChanged.connect(window.undo_bar.offer)
+    window.undo_bar.undoClicked.connect(c.undo_delete)
+    window.undo_action = QAction("Undo delete", window, shortcut=QKeySequence.StandardKey.Undo,
+                                 triggered=c.undo_delete)
+    window.addAction(window.undo_action)
+    c.versionsChanged.connect(window.chat.set_versions)
+    conversation_menu = next((a.menu() for a in window.menuBar().actions() if a.text() == "&Conversation"), None)
+    if conversation_menu is not None:
+        conversation_menu.addAction(window.undo_action)
+
+    window.help_dialog = None
+    window.show_dialog = lambda dialog: dialog.open()
+    help_menu = window.menuBar().addMenu("&Help")
+    window.shortcuts_action = help_menu.addAction("Keyboard shortcuts", lambda: open_shortcuts(window))
+    window.shortcuts_action.setShortcut(QKeySequence("Ctrl+/"))
+    window.addAction(window.shortcuts_action)
+    window.about_action = help_menu.addAction("About Evoke Desk", lambda: open_about(window))
+
+    window.theme = ThemeFollower(getattr(c.settings, "theme", "auto"), window)
+    c.settingsApplied.connect(lambda s: window.theme.set_mode(getattr(s, "theme", "auto")))
+
+
+def all_actions(window: MainWindow) -> list[QAction]:
+    """The window's actions: those on the window and those in its menus, in menu order, each once."""
+    seen: list[QAction] = []
+    for top in window.menuBar().actions():
+        menu = top.menu()
+        for action in menu.actions() if menu is not None else []:
+            if action not in seen and not action.isSeparator():
+                seen.append(action)
+    return seen + [a for a in window.actions() if a not in seen]
+
+
+def open_shortcuts(window: MainWindow) -> QDialog:
+    dialog = ShortcutsDialog(shortcut_rows(all_actions(window)), window)
+    window.help_dialog = dialog
+    window.show_dialog(dialog)
+    return dialog
+
+
+def open_about(window: MainWindow) -> QDialog:
+    dialog = AboutDialog(about_facts(window.controller.settings, window.controller.model_info), window)
+    window.help_dialog = dialog
+    window.show_dialog(dialog)
+    return dialog
