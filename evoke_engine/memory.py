@@ -181,28 +181,6 @@ class ConversationMemory:
         for block, vector in zip(missing, vectors, strict=True):
             block.embedding = vector
 
-    def will_evict(self, new_tokens: int) -> bool:
-        """Whether decoding `new_tokens` more crosses the high watermark (evictions between its chunks)."""
-        return self.eviction_enabled and (
-            self.active_tokens + new_tokens > int(self.budget_tokens * self.settings.high_watermark))
-
-    def embed_ahead(self, blocks: Iterable[Block]) -> None:
-        """Embed the current message and every block an eviction may weigh (the resident ones and `blocks`)
-        in one call, before a prefill that evicts between its chunks: one embedder pass instead of one per
-        chunk, each of which would wait on llama.cpp's spinning threads (issue 24: 4.3 of a 17 s first token)."""
-        if not self.embedder.enabled:
-            return
-        missing = [b for b in [*self.table.resident, *blocks] if b.embedding is None and b.text.strip()]
-        want_query = not self._query_ready and bool(self._query_text.strip())
-        texts = ([self._query_text] if want_query else []) + [b.text for b in missing]
-        vectors = self.embedder.embed(texts) if texts else None
-        if vectors is None:
-            return
-        if want_query:
-            self._query, self._query_ready = vectors[0], True
-        for block, vector in zip(missing, vectors[int(want_query):], strict=True):
-            block.embedding = vector
-
     def score(self, block: Block) -> float:
         return self.scorer.score(block, query=self.query, focus=self.focus.vector, current_turn=self.turn,
                                  attention=self.attention.value(block))

@@ -150,8 +150,6 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     done, total = 0, message_tokens
     current: list[Block] = list(recovered)
     to_decode = [b for b in blocks if not (b.role == "file" and b.hash in reused)]   # identity hits came back
-    if memory.will_evict(sum(b.n_tokens for b in to_decode)):
-        memory.embed_ahead(to_decode)                      # one embedder pass, not one between every chunk
     last = to_decode.pop() if to_decode else None        # decoded with the reply's opening, in one call
     try:
         for block in to_decode:
