@@ -244,7 +244,9 @@ class ChatView(QScrollArea):
         """Say in the chat that a conversation's memory is being rebuilt from its history; gone when done."""
         if done >= total:
             self.notice.hide()
+            self.placeholder.setVisible(not self.bubbles)
             return
+        self.placeholder.hide()
         self.notice.setText(f"Rebuilding the memory of “{title}” from its history (no saved cache fits it): "
                             f"{done:,} / {total:,} tokens. It answers once this is done; nothing is lost.")
         self.notice.show()
