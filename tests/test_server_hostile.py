@@ -173,6 +173,7 @@ def test_a_non_streaming_client_that_disconnects_is_cancelled(served):
     messages = engine.open_conversation(ids[0]).messages()
     assert [m["role"] for m in messages] == ["user", "assistant"]
     assert len(engine.tokenize(messages[1]["text"])) < 600
+    assert messages[1]["extra"]["metrics"]["stopped"] == "cancelled"      # not an end of text
 
 
 # -- 7. a lone surrogate is a 400 that says where --------------------------------------------------------
