@@ -25,7 +25,7 @@ from .blocks import Block, BlockState, BlockTable
 from .embedder import Embedder
 from .errors import BudgetError, InvariantError, RestoreError
 from .events import EngineEvent, EventKind
-from .kv import KVCache, SavedKV
+from .kv import KVPrimitives, SavedKV
 from .policy import choose_recoveries, choose_victims, protected_blocks
 from .pool import SavedPool
 from .recall_signals import RecallSignal
@@ -75,7 +75,7 @@ def _writable(data) -> bytearray | memoryview:
 
 
 class ConversationMemory:
-    def __init__(self, conversation_id: str, *, settings: Settings, runtime: Runtime, kv: KVCache,
+    def __init__(self, conversation_id: str, *, settings: Settings, runtime: Runtime, kv: KVPrimitives,
                  pool: SavedPool, embedder: Embedder, emit: Callable[[EngineEvent], None]) -> None:
         self.id = conversation_id
         self.settings = settings
