@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export QT_QPA_PLATFORM ?= offscreen
 
-.PHONY: install run chat test test-fast test-unit test-soak test-hostile lint bench gpu cpu clean
+.PHONY: install run chat test test-fast test-soak test-hostile lint bench gpu cpu clean
 
 $(STAMP): pyproject.toml packaging/install.sh native/build.sh native/rope_reanchor.c native/attention_capture.cpp
 	bash packaging/install.sh
@@ -25,9 +25,6 @@ test: install
 	$(PY) -m pytest -q -m "not soak"
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow and not soak"
-
-test-unit: install
 	$(PY) -m pytest -q -m unit
 
 test-soak: install

@@ -18,6 +18,16 @@ def evoke_home(tmp_path_factory):
     return home
 
 
+def pytest_configure(config):
+    """`-m unit` (make test-unit, make test-fast) proves its promise: loading a llama.cpp model fails there."""
+    if config.getoption("markexpr", "") == "unit":
+        import llama_cpp
+
+        def refuse(*_args, **_kwargs):
+            raise RuntimeError("the unit tier loads no llama.cpp model: mark this test otherwise")
+        llama_cpp.llama_model_load_from_file = refuse
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests skip where llama.cpp has no GPU to run on; `cuda_build` tests where the
     installed llama.cpp is the CPU build (each with the reason)."""

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.messages import reply_meta
 from evoke_engine.history_view import read_conversations, read_messages
 from evoke_engine.settings import Settings
 from evoke_engine.store.history import HistoryDB
+
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
 
 
 def test_a_stopped_reply_with_text_never_shows_zero_tokens():

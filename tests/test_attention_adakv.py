@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from attention_build import ensure_library
 
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+
 
 @pytest.fixture(scope="module")
 def adakv():

@@ -11,6 +11,8 @@ from evoke_engine.policy import choose_recoveries, choose_victims, named_in, pro
 from evoke_engine.scorer import Scorer, TaskFocus
 from evoke_engine.settings import Settings
 
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+
 
 def block(name: str, n: int, role: str = "file", turn: int = 1, **kw) -> Block:
     return Block(name=name, role=role, turn=turn, tokens=list(range(n)), text=name, **kw)

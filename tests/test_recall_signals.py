@@ -13,6 +13,8 @@ from evoke_engine.blocks import Block, BlockState
 from evoke_engine.policy import choose_recoveries
 from evoke_engine.recall_signals import RecallSignal, block_lines, bm25_by_block, line_vectors, query_terms
 
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+
 
 class WordsEmbedder:
     """Unit bag-of-words vectors (hashed): cosine is word overlap; counts every text it embeds."""

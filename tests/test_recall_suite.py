@@ -10,7 +10,10 @@ import pytest
 from evoke_engine.bench.recall_suite import summarize, wilson
 from evoke_engine.bench.recall_workload import FACT_TYPES, Fact, make_session, overlap, passed
 
+unit = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
 
+
+@unit
 def test_sessions_are_a_function_of_their_seed_and_cover_every_type_evenly():
     assert make_session(5).turns[0].attachments == make_session(5).turns[0].attachments
     assert make_session(5).turns[0].attachments != make_session(6).turns[0].attachments
@@ -18,6 +21,7 @@ def test_sessions_are_a_function_of_their_seed_and_cover_every_type_evenly():
     assert set(counts) == set(FACT_TYPES) and max(counts.values()) - min(counts.values()) <= 1
 
 
+@unit
 def test_each_fact_is_in_exactly_one_place_and_its_value_is_unique():
     for seed in range(6):
         session = make_session(seed)
@@ -32,11 +36,13 @@ def test_each_fact_is_in_exactly_one_place_and_its_value_is_unique():
         assert {"short", "code", "log"} <= set(kinds)
 
 
+@unit
 def test_questions_are_paraphrases():
     facts = [f for seed in range(12) for f in make_session(seed).probed]
     assert sum(overlap(f) for f in facts) / len(facts) < 0.1
 
 
+@unit
 def test_answers_match_whole_tokens_only():
     fact = Fact("quantity", 0, "The upload limit is 237 MB.", "How big?", "237", ["237"])
     assert passed("It is 237 MB.", fact) and not passed("It is 2370 MB.", fact) and not passed("1237", fact)
@@ -46,6 +52,7 @@ def test_answers_match_whole_tokens_only():
     assert passed("It is /srv/a/b.", path) and not passed("It is /srv/a/b/c", path)
 
 
+@unit
 def test_wilson_interval_and_summary_shapes():
     assert wilson(0, 0) == [0.0, 1.0]
     low, high = wilson(5, 10)

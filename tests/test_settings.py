@@ -9,6 +9,8 @@ import pytest
 
 from evoke_engine.settings import Settings
 
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+
 
 def test_every_default_is_valid_and_described(tmp_path):
     settings = Settings(home=str(tmp_path))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.settings_form import field_specs, recompute_notes
 from evoke_engine import Settings
+
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
 
 
 def test_changes_that_invalidate_saved_state_are_named():

@@ -15,6 +15,8 @@ from evoke_engine.store import HistoryDB, StoreError
 from evoke_engine.store import errors as reasons
 from evoke_engine.store.history import MIGRATIONS
 
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+
 
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:

@@ -7,6 +7,8 @@ from jinja2.exceptions import SecurityError
 
 from evoke_engine.template import CHATML, ChatTemplate
 
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
 
