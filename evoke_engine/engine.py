@@ -120,7 +120,7 @@ class Engine:
                                      eos_token=rt.token_text("eos"))
         self.pool = SavedPool(settings.ram_budget_bytes, settings.cache_dir / "spill",
                               spill_budget_bytes=settings.spill_budget_bytes,
-                              reserve_bytes=settings.disk_reserve_bytes,
+                              reserve_bytes=settings.disk_reserve_bytes, bits=settings.pool_bits,
                               on_spill=lambda b: self.emit(EngineEvent(EventKind.SPILLED, f"{b.name} spilled to disk",
                                                                        block=b.name, tokens=b.n_tokens)))
         self.embedder = Embedder(settings.embedder)

@@ -43,6 +43,7 @@ READERS: dict[str, Reader] = {
     **{name: (lambda e, m, n=name: getattr(SamplingParams.from_settings(e.settings), n)) for name in _SAMPLING},
     **{name: (lambda e, m, c=cls: e.kvfiles.ttl_seconds[c]) for name, cls in _TTL_CLASS.items()},
     "ram_budget_bytes": lambda e, m: e.pool.ram_budget_bytes,
+    "pool_bits": lambda e, m: e.pool.bits,
     "embedder": lambda e, m: m.embedder.name,
     "focus_ema": lambda e, m: m.focus.ema,
     "focus_snap_cosine": lambda e, m: m.focus.snap_cosine,
@@ -79,6 +80,8 @@ def push(engine: Engine, old: Settings, memories: list[ConversationMemory]) -> N
     if engine.rt is not None:
         if "ram_budget_bytes" in changed:
             engine.pool.set_budget(new.ram_budget_bytes)
+        if "pool_bits" in changed:
+            engine.pool.set_bits(new.pool_bits)
         if "embedder" in changed:
             engine.switch_embedder()          # open conversations drop old vectors, focus recomputed
     if engine.kvfiles is not None and changed & set(_TTL_CLASS):

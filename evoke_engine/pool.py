@@ -6,8 +6,11 @@ while the pool holds them, and a block the pool lets go of for want of room is D
 rebuilds it); spill never takes `spill_bytes` past `spill_budget_bytes` nor the disk's free space under
 `reserve_bytes` (room the chat history needs); a parked conversation's slot image is never dropped (it
 stays in RAM instead); bytes shared by two blocks (a forked conversation) are counted once and freed when
-the last holder lets go. Spill files live under one 0700 folder of this process, locked (flock) while the
-pool lives and removed by `close`; a new pool removes the folders of pools whose process is gone.
+the last holder lets go. With `bits` 8, blocks are held packed (kvquant: RAM and `.kvq` spill files, counted
+at their packed size) and unpacked on take; blocks kvquant does not cover (a q8_0 cache) and slot images are
+held as they are; packed bytes that do not unpack are a RestoreError (block DROPPED). Spill files live
+under one 0700 folder of this process, locked (flock) while the pool lives and removed by `close`; a new pool
+removes the folders of pools whose process is gone.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+from . import kvquant
 from .blocks import Block, BlockState
 from .errors import RestoreError
 from .kv import SavedKV
+from .kvquant import PackedKV
 from .store.private import create_private, private_mkdir
 
 try:
@@ -37,6 +42,7 @@ log = logging.getLogger(__name__)
 SPILL_DIR = re.compile(r"spill-(\d+)-")
 LOCK_NAME = "owner.lock"
 NEVER_DROPPED = frozenset({"image"})    # roles whose bytes are a parked conversation, not one block
+POOL_BITS = (16, 8)                     # 16: the bytes as llama.cpp wrote them; 8: kvquant's packed form
 
 
 def disk_free(path: Path) -> int:
@@ -121,8 +127,10 @@ class SavedPool:
     def __init__(self, ram_budget_bytes: int, spill_root: Path,
                  on_spill: Callable[[Block], None] | None = None, *, spill_budget_bytes: int | None = None,
                  reserve_bytes: int = 0, on_drop: Callable[[Block], None] | None = None,
-                 free_bytes: Callable[[Path], int] = disk_free) -> None:
+                 free_bytes: Callable[[Path], int] = disk_free, bits: int = 16) -> None:
         self.ram_budget_bytes = ram_budget_bytes
+        self.bits = 16
+        self.set_bits(bits)
         self.spill_budget_bytes = spill_budget_bytes       # None: no cap but the disk's reserve
         self.reserve_bytes = reserve_bytes
         private_mkdir(spill_root)
@@ -134,7 +142,7 @@ class SavedPool:
             log.warning("cannot lock the spill folder %s (%s): a later start may remove it early",
                         self.spill_dir, exc)
             self._lock_fd = None
-        self._ram: OrderedDict[int, tuple[Block, SavedKV]] = OrderedDict()
+        self._ram: OrderedDict[int, tuple[Block, SavedKV | PackedKV]] = OrderedDict()
         self._disk: dict[int, tuple[Block, Path, int, int]] = {}
         self._holders: Counter = Counter()        # id(SavedKV) or spill path -> entries holding it
         self._file_bytes: dict[str, int] = {}     # spill path -> its size
@@ -152,10 +160,33 @@ class SavedPool:
 
     def put(self, block: Block, saved: SavedKV) -> None:
         self.discard(block)
-        self._hold_ram(block, saved)
+        self._hold_ram(block, self._packed(block, saved))
         self._spill_past_budget()
 
-    def _hold_ram(self, block: Block, saved: SavedKV) -> None:
+    def set_bits(self, bits: int) -> None:
+        """Hold blocks put from now on at `bits` (16 as they are, 8 packed); blocks held stay as they are."""
+        if bits not in POOL_BITS:
+            raise ValueError(f"pool bits must be one of {POOL_BITS}, got {bits}")
+        self.bits = bits
+
+    def _packed(self, block: Block, saved: SavedKV) -> SavedKV | PackedKV:
+        if self.bits == 16 or block.role in NEVER_DROPPED:
+            return saved
+        packed = kvquant.pack(saved.data)
+        return saved if packed is None else PackedKV(packed, saved.origin_pos, saved.n_tokens)
+
+    @staticmethod
+    def _unpacked(block: Block, held: SavedKV | PackedKV) -> SavedKV:
+        """The SavedKV of what the pool held; RestoreError (block DROPPED) for packed bytes that do not fit."""
+        if isinstance(held, SavedKV):
+            return held
+        try:
+            return SavedKV(data=kvquant.unpack(held.data), origin_pos=held.origin_pos, n_tokens=held.n_tokens)
+        except kvquant.UnfitPacked as exc:
+            block.state = BlockState.DROPPED
+            raise RestoreError(f"the packed bytes of {block.name} do not fit: {exc}") from exc
+
+    def _hold_ram(self, block: Block, saved: SavedKV | PackedKV) -> None:
         self._ram[id(block)] = (block, saved)
         self._holders[id(saved)] += 1
         if self._holders[id(saved)] == 1:
@@ -203,7 +234,7 @@ class SavedPool:
         if key in self._ram:
             _, saved = self._ram.pop(key)
             self._let_go(id(saved), saved.nbytes)
-            return saved
+            return self._unpacked(block, saved)
         if key not in self._disk:
             block.state = BlockState.DROPPED
             raise RestoreError(f"the pool holds no saved bytes of {block.name}")
@@ -215,16 +246,27 @@ class SavedPool:
             raise RestoreError(f"the spill file of {block.name} is unreadable: {exc}") from exc
         finally:
             self._let_go(str(path), path=path)
+        if path.suffix == ".kvq":
+            return self._unpacked(block, PackedKV(bytes(data), origin, n_tokens))
         return SavedKV(data=data, origin_pos=origin, n_tokens=n_tokens)
 
     def peek_bytes(self, block: Block) -> tuple[bytes, int, int]:
-        """(bytes, origin_pos, n_tokens) without removing them (persistence)."""
+        """(bytes, origin_pos, n_tokens) without removing them (persistence: packed bytes are unpacked, and
+        RestoreError, with the entry kept, where they do not fit)."""
         key = id(block)
         if key in self._ram:
             saved = self._ram[key][1]
-            return bytes(saved.data), saved.origin_pos, saved.n_tokens
-        _, path, origin, n_tokens = self._disk[key]
-        return path.read_bytes(), origin, n_tokens
+            data, origin, n_tokens = saved.data, saved.origin_pos, saved.n_tokens
+            packed = isinstance(saved, PackedKV)
+        else:
+            _, path, origin, n_tokens = self._disk[key]
+            data, packed = path.read_bytes(), path.suffix == ".kvq"
+        if packed:
+            try:
+                data = kvquant.unpack(data)
+            except kvquant.UnfitPacked as exc:
+                raise RestoreError(f"the packed bytes of {block.name} do not fit: {exc}") from exc
+        return bytes(data), origin, n_tokens
 
     def discard(self, block: Block) -> None:
         key = id(block)
@@ -318,7 +360,7 @@ class SavedPool:
                     self._let_go(id(saved), saved.nbytes)
                     self._dropped(held)
                 continue
-            path = self.spill_dir / f"{key}.kv"
+            path = self.spill_dir / f"{key}.{'kvq' if isinstance(saved, PackedKV) else 'kv'}"
             try:
                 self._write(path, saved.data)
             except OSError as exc:          # full disk: keep it in RAM rather than lose it

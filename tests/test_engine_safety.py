@@ -119,6 +119,7 @@ NEW_VALUES = {
     "budget_tokens": 640, "high_watermark": 0.9, "low_watermark": 0.6, "tail_fraction": 0.2, "block_tokens": 96,
     "recovery": "breadcrumb", "recovery_top_k": 2,
     "recall_signal": "lines+lexical", "recall_user_margin": 0.2, "ram_budget_bytes": 1 << 20, "embedder": "off",
+    "pool_bits": 8,
     "weight_similarity": 2.0, "weight_focus": 0.25, "weight_recency": 0.75, "recency_half_life_turns": 6.0,
     "focus_ema": 0.45, "focus_snap_cosine": 0.1, "user_floor": 0.4, "assistant_floor": 0.3,
     "weight_attention": 0.5, "attention_aggregation": "mean",

@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--n-gpu-layers", type=int, default=-1)
+    p = sub.add_parser("pool", help="host pool at 16 and 8 bits: bytes, pack/unpack time, logits after a splice")
+    p.add_argument("--docs", type=int, default=6)
+    p.add_argument("--trials", type=int, default=9)
+    p.add_argument("--model", default=None)
+    p.add_argument("--n-ctx", type=int, default=4096)
     p = sub.add_parser("recall", help="attached-document passkey recall per recovery backend")
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--budget", type=int, default=512)
@@ -119,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run(tuple(int(s) for s in args.sizes.split(",")), trials=args.trials, n_ctx=args.n_ctx,
                      model_path=args.model, n_gpu_layers=args.n_gpu_layers)
+    elif args.name == "pool":
+        from .pool import run
+
+        result = run(docs=args.docs, trials=args.trials, n_ctx=args.n_ctx, model_path=args.model)
     elif args.name == "recall" and args.suite:
         from .recall_suite import parse_overrides, run
 
