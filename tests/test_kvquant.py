@@ -15,6 +15,8 @@ from evoke_engine.errors import RestoreError
 from evoke_engine.kv import SavedKV
 from evoke_engine.pool import SavedPool
 
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
+
 N_LAYER, N_HEAD_KV, HEAD_DIM = 3, 2, 16
 GEOMETRY = reanchor.RopeGeometry(n_layer=N_LAYER, n_head_kv=N_HEAD_KV, head_dim=HEAD_DIM, n_rot=HEAD_DIM, mode=0,
                                  freq_base=10000.0, freq_scale=1.0)
