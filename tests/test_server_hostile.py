@@ -152,6 +152,16 @@ def test_a_system_prompt_too_large_for_the_context_is_400_up_front(served):
     still_serving(server)
 
 
+def test_a_system_prompt_that_leaves_the_budget_no_room_is_400_not_500(served):
+    engine, server = served
+    system = "Rules: " + " ".join(f"rule {i} is to be brief." for i in range(120))      # fits a slot, not the budget
+    response = post(server, {"model": "evoke", "max_tokens": 4, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": "hi"}]})
+    assert response.status_code == 400, response.text
+    assert "smallest budget that works" in response.json()["error"]["message"]
+    still_serving(server)
+
+
 def test_a_message_too_large_for_the_context_says_by_how_much(served):
     engine, server = served
     response = post(server, ask("word " * (engine.settings.n_ctx + 50)))

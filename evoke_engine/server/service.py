@@ -20,7 +20,7 @@ from pathlib import Path
 from anyio import to_thread
 
 from ..engine import Conversation, Engine
-from ..errors import EvokeError
+from ..errors import BudgetError, EvokeError
 from ..exchange import FORMAT_NAME, FORMAT_VERSION
 from ..prefixes import default_system_prompt, system_message
 from ..stats import ConversationStats
@@ -224,6 +224,8 @@ class ChatService:
                 conv = self._import(system, tools, title, messages[:-1])
             else:
                 conv = self.engine.new_conversation(system_prompt=system, tools=tools, title=title, source="api")
+        except BudgetError as exc:                      # a prefix that leaves the budget no room for a reply
+            raise ApiError(400, f"{exc} (the budget_tokens setting)", "context_length_exceeded", "messages") from exc
         except EvokeError as exc:
             raise ApiError(500, f"the engine could not open the conversation: {exc}", "engine_error") from exc
         if session is not None or route.action != "continue":
