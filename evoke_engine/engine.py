@@ -138,13 +138,6 @@ class Engine:
             shared = len(self.warm_default_prefix().tokens)
             if self.embedder.enabled and recovery_backend(settings.recovery).evicts:
                 self.thread.submit(self.embedder.warm, priority=BACKGROUND)
-            smallest = min_budget_tokens(shared, settings)
-            if recovery_backend(settings.recovery).evicts and settings.budget_tokens < smallest:
-                # a budget saved before the minimum existed: every new conversation would be refused
-                self.emit(EngineEvent(EventKind.ERROR, f"the saved budget of {settings.budget_tokens} tokens leaves no "
-                                      f"room for a reply after the system prompt and tools ({shared} tokens): it is "
-                                      f"raised to {smallest}, the smallest budget that works"))
-                settings.budget_tokens = smallest
         if rt.n_contexts > 1:                       # each slot in its own context, with a copy of the prefix
             cells, room = settings.budget_tokens + 2 * settings.block_tokens, rt.n_ctx_per_context
         else:

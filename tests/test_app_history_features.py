@@ -4,6 +4,8 @@ conversation reopens with each reply's speed footer."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +21,9 @@ from tests.test_app_gui import REPLY_MS, close_desk, fresh_conversation, open_de
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_level_fail("WARNING"),
               pytest.mark.qt_log_ignore("propagateSizeHints")]
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshots" / "message-search.png"
+# docs/screenshots/message-search.png is refreshed only on request (EVOKE_SCREENSHOTS=1)
+SCREENSHOT = (Path(__file__).resolve().parent.parent / "docs" / "screenshots" if os.environ.get("EVOKE_SCREENSHOTS")
+              else Path(tempfile.gettempdir()) / "evoke-screenshots") / "message-search.png"
 OLD = time.time() - 3 * 86400                    # the old conversation was written three days ago
 METRICS = {"tokens": 21, "tokens_per_s": 31.4, "ttft_s": 0.18, "stopped": "eos"}
 
@@ -68,6 +72,7 @@ def test_ctrl_f_finds_a_word_of_an_old_message_and_opens_its_conversation_at_tha
     assert "<b" in hit_html(results.hits[0]) and "Trip planning" in hit_html(results.hits[0])
     assert w.sidebar.visible_titles() == []                    # no title holds it: only the message search finds it
     qtbot.wait_until(lambda: results.list.visualItemRect(results.list.item(0)).height() > 0)
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     w.grab().save(str(SCREENSHOT))
     with qtbot.wait_signal(c.messageRevealed, timeout=REPLY_MS) as revealed:
         rect = results.list.visualItemRect(results.list.item(0))

@@ -65,10 +65,3 @@ def test_at_the_smallest_budget_no_reply_is_cut(tmp_path):
             conv.check()
         assert not [m for m in errors if "budget" in m or "protected" in m]
 
-
-def test_a_saved_budget_below_the_minimum_is_raised_at_load_not_left_to_refuse_every_conversation(tmp_path):
-    settings = Settings(home=str(tmp_path), n_ctx=4096, slots=2, budget_tokens=400)   # saved by an older version
-    with Engine(settings, scheduler=False) as engine:
-        assert engine.settings.budget_tokens == engine.min_budget_tokens() > 400
-        conv = engine.new_conversation()
-        assert conv.send("Say hi.", max_tokens=4, temperature=0)
