@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,19 +83,24 @@ class ChatService:
         self._locks: dict[str, asyncio.Lock] = {}
         self._views: dict[str, tuple[float, str, str, list[Msg]]] = {}
         self._counter: VocabCounter | None = None
+        self._counter_lock = threading.Lock()
 
     def close(self) -> None:
-        if self._counter is not None:
-            self._counter.close()
-            self._counter = None
+        with self._counter_lock:
+            if self._counter is not None:
+                self._counter.close()
+                self._counter = None
 
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` counted on the calling thread (a vocabulary-only model, reloaded on a model change)."""
         path = Path(self.engine.model_info().path)
-        if self._counter is None or self._counter.model_path != path:
-            self.close()
-            self._counter = VocabCounter(path)
-        return self._counter.count(text)
+        with self._counter_lock:
+            if self._counter is None or self._counter.model_path != path:
+                if self._counter is not None:
+                    self._counter.close()
+                self._counter = VocabCounter(path)
+            counter = self._counter
+        return counter.count(text)
 
     # -- model ------------------------------------------------------------------------------------
     def model_id(self) -> str:
