@@ -57,11 +57,13 @@ class Conversation:
 
     def undelete(self, message_ids: Sequence[int]) -> list[int]:
         """Undo a delete: the deleted rows come back and the KV is rebuilt from SQLite (evoke_engine/versions.py)."""
-        return self.engine.thread.call(lambda: undelete(self.engine, self.id, list(message_ids)), priority=FOREGROUND)
+        engine = self.engine
+        return engine.thread.call(lambda: undelete(engine.history, engine.lifecycle, self.id, list(message_ids)),
+                                  priority=FOREGROUND)
 
     def versions(self) -> dict[int, list[dict]]:
         """{live message id: its versions, oldest first} for messages that were regenerated or edited (read-only)."""
-        return versions_of(self.engine, self.id)
+        return versions_of(self.engine.history, self.id)
 
     def export(self, format: str = "markdown") -> str:
         return self.engine.export(self.id, format)

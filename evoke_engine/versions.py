@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .errors import EditError
-from .store.history import DELETED, LIVE, MessageRow
+from .store.history import DELETED, LIVE, HistoryDB, MessageRow
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .lifecycle import ConversationLifecycle
 
 
 def version_chains(rows: list[MessageRow]) -> dict[int, list[MessageRow]]:
@@ -33,23 +33,24 @@ def version_chains(rows: list[MessageRow]) -> dict[int, list[MessageRow]]:
     return chains
 
 
-def versions_of(engine: Engine, conversation_id: str) -> dict[int, list[dict]]:
+def versions_of(history: HistoryDB, conversation_id: str) -> dict[int, list[dict]]:
     """{live message id: [{"id", "text", "status", "created_at"}, ...] oldest first} (any thread: SQLite only)."""
-    rows = engine.history.messages(conversation_id, include_hidden=True)
+    rows = history.messages(conversation_id, include_hidden=True)
     return {live_id: [{"id": r.id, "text": r.text, "status": r.status, "created_at": r.created_at} for r in chain]
             for live_id, chain in version_chains(rows).items()}
 
 
-def undelete(engine: Engine, conversation_id: str, message_ids: list[int]) -> list[int]:
+def undelete(history: HistoryDB, lifecycle: ConversationLifecycle, conversation_id: str,
+             message_ids: list[int]) -> list[int]:
     """Put deleted messages back (engine thread); returns the ids restored. EditError when none of them is a
     deleted message of the conversation."""
-    rows = {r.id: r for r in engine.history.messages(conversation_id, include_hidden=True)}
+    rows = {r.id: r for r in history.messages(conversation_id, include_hidden=True)}
     ids = [i for i in message_ids if i in rows and rows[i].status == DELETED]
     if not ids:
         raise EditError("there is no deleted message to restore")
-    engine.history.restore_messages(conversation_id, ids)
-    state = engine.lifecycle.get(conversation_id)
+    history.restore_messages(conversation_id, ids)
+    state = lifecycle.get(conversation_id)
     if state is not None:
-        engine.lifecycle.discard(state, "a deleted message came back")
-    engine.lifecycle.open(conversation_id)          # rebuilt from SQLite now, not at the next message
+        lifecycle.discard(state, "a deleted message came back")
+    lifecycle.open(conversation_id)          # rebuilt from SQLite now, not at the next message
     return ids
