@@ -7,7 +7,8 @@ export QT_QPA_PLATFORM ?= offscreen
 
 .PHONY: install run chat test test-fast test-soak test-hostile lint bench gpu cpu clean
 
-$(STAMP): pyproject.toml packaging/install.sh native/build.sh native/rope_reanchor.c native/attention_capture.cpp
+$(STAMP): pyproject.toml packaging/install.sh native/build.sh native/rope_reanchor.c native/attention_capture.cpp \
+          native/build_cpu.sh native/llama_wheel.sh native/build_rpc_server.sh native/rpc_server/CMakeLists.txt
 	bash packaging/install.sh
 	bash native/build.sh
 	touch $(STAMP)
@@ -31,7 +32,7 @@ test-soak: install
 	$(PY) -m pytest -q -m soak
 
 test-hostile: install
-	$(PY) tests/hostile_suite.py
+	$(PY) tests/helpers/hostile_suite.py
 
 bench: install
 	$(PY) -m evoke_engine.bench restore --json

@@ -71,7 +71,7 @@ def build(settings, size: tuple[int, int] | None = None):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(argv if argv is not None else sys.argv[1:])
-    if argv[:1] == ["serve"]:                     # `evoke-desk serve`: the endpoint without the window
+    if argv[:1] in (["serve"], ["rpc-worker"]):   # the endpoint, or a remote-device worker, without the window
         from evoke_engine.__main__ import main as engine_main
 
         return engine_main(argv)

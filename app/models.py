@@ -11,10 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from PySide6.QtCore import QAbstractListModel, QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtGui import QColor
 
 _Index = QModelIndex | QPersistentModelIndex
 STATES = ("resident", "ram", "disk", "dropped")
 STATE_LABELS = {"resident": "resident", "ram": "in RAM", "disk": "on disk", "dropped": "dropped"}
+EVENT_COLORS = {"evicted": "#d29922", "recovered": "#3fb950", "spilled": "#58a6ff", "dropped": "#8b949e",
+                "kv_rebuilt": "#db61a2", "error": "#f85149", "kv_persisted": "#58a6ff",
+                "kv_restored": "#3fb950"}   # an event's text colour (ForegroundRole; others: the theme's text)
 MEMORY_LABELS = {"slot": "slot", "ram": "RAM", "disk": "disk", "none": "cold"}
 
 IdRole = Qt.ItemDataRole.UserRole + 1
@@ -251,4 +255,6 @@ class EventLogModel(QAbstractListModel):
             return f"{time.strftime('%H:%M:%S', time.localtime(row.time))}  {row.text}"
         if role == StateRole:
             return row.kind
+        if role == Qt.ItemDataRole.ForegroundRole and row.kind in EVENT_COLORS:
+            return QColor(EVENT_COLORS[row.kind])
         return None

@@ -26,6 +26,8 @@ LABELS = {
     "top_p": "Top-p", "top_k": "Top-k", "min_p": "Min-p", "max_tokens": "Max reply tokens",
     "server_enabled": "Serve the API endpoint", "server_host": "Endpoint address", "server_port": "Endpoint port",
     "api_key": "Endpoint API key", "server_max_request_bytes": "Largest request (bytes)",
+    "rpc_servers": "Remote devices (RPC)", "rpc_layer_split": "Layer share per device",
+    "rpc_skip_unreachable": "Load without unreachable remote devices",
 }
 MIB = 1 << 20
 _REBUILT = "saved KV caches were made for the old {what}: each conversation re-reads its history once when opened"

@@ -1,6 +1,7 @@
 """`python -m evoke_engine chat`: the headless way to chat, with /stats for the memory counters;
 `python -m evoke_engine serve`: the OpenAI-compatible endpoint without the window;
-`python -m evoke_engine device`: which device llama.cpp would run on (JSON).
+`python -m evoke_engine device`: which device llama.cpp would run on, and the remote devices set (JSON);
+`python -m evoke_engine rpc-worker`: a remote-device worker (llama.cpp's rpc-server) for another machine's app.
 
 Invariants: the terminal shows every reply as it streams; Ctrl-C stops a reply, not the program; warnings
 of the engine's loggers (a failed KV file write, a spill that found no room) reach stderr; the endpoint's key
@@ -177,7 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, help="active KV tokens per conversation")
     p.add_argument("--recovery", choices=RECOVERY_BACKENDS)
     add_serve_arguments(sub.add_parser("serve", help="serve the OpenAI-compatible endpoint"))
-    sub.add_parser("device", help="print the device llama.cpp would run on, as JSON")
+    sub.add_parser("device", help="print the device llama.cpp would run on and the remote devices, as JSON")
+    from . import rpc_worker
+
+    rpc_worker.add_arguments(sub.add_parser("rpc-worker", help="serve this machine's device to another machine's "
+                                            "app (llama.cpp's rpc-server; loopback unless --allow-remote)"))
     args = parser.parse_args(argv)
     configure_logging()
     if args.command == "device":
@@ -185,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print_device()
         return 0
+    if args.command == "rpc-worker":
+        return rpc_worker.main(args)
     return serve(args) if args.command == "serve" else chat(args)
 
 

@@ -1,7 +1,7 @@
 """The thread-safe handle on one conversation: turns, edits and read-only views of its memory.
 
-Invariants: a handle holds only the engine and an id (any thread may use it); engine-thread state is
-read or changed through `engine.thread` and `engine.lifecycle`, never handed out (copies and summaries only).
+Invariants: a handle holds only the engine and an id (any thread may use it) and calls only the Engine's public
+methods, which hand out copies and summaries, never engine-thread state.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING
 
 from .stats import ConversationStats
 from .turn import Attachment
-from .versions import undelete, versions_of
-from .worker import FOREGROUND
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -29,8 +27,7 @@ class Conversation:
 
     @property
     def title(self) -> str:
-        row = self.engine.history.get_conversation(self.id)
-        return row.title if row else ""
+        return self.engine.conversation_title(self.id)
 
     def submit(self, text: str, attachments: Sequence[Attachment] = (), *,
                on_token: Callable[[str], None] | None = None, role: str = "user", extra: dict | None = None,
@@ -57,13 +54,11 @@ class Conversation:
 
     def undelete(self, message_ids: Sequence[int]) -> list[int]:
         """Undo a delete: the deleted rows come back and the KV is rebuilt from SQLite (evoke_engine/versions.py)."""
-        engine = self.engine
-        return engine.thread.call(lambda: undelete(engine.history, engine.lifecycle, self.id, list(message_ids)),
-                                  priority=FOREGROUND)
+        return self.engine.undelete(self.id, message_ids)
 
     def versions(self) -> dict[int, list[dict]]:
         """{live message id: its versions, oldest first} for messages that were regenerated or edited (read-only)."""
-        return versions_of(self.engine.history, self.id)
+        return self.engine.versions(self.id)
 
     def export(self, format: str = "markdown") -> str:
         return self.engine.export(self.id, format)
@@ -90,58 +85,35 @@ class Conversation:
 
     def stats(self) -> ConversationStats:
         """The latest memory snapshot (zeros before the conversation is first opened); never waits."""
-        return self.engine.lifecycle.latest_stats(self.id) or ConversationStats(self.id)
+        return self.engine.stats(self.id)
 
     def template_history(self) -> list[dict]:
         """A copy of the template messages (system excluded) the KV was built from (benches, tests)."""
-        return self.engine.thread.call(lambda: [dict(m) for m in self.engine.lifecycle.open(self.id).history])
+        return self.engine.template_history(self.id)
 
     def blocks(self, *, with_text: bool = False) -> list[dict]:
         """One summary per block (as in `stats().blocks`), with each block's text when asked."""
-        def read() -> list[dict]:
-            table = self.engine.lifecycle.open(self.id).memory.table
-            return [{**b.summary(), **({"text": b.text} if with_text else {})} for b in table.blocks]
-        return self.engine.thread.call(read)
+        return self.engine.blocks(self.id, with_text=with_text)
 
     def vector_dims(self) -> tuple[set[int], int | None]:
         """Dimensions of the block embeddings (computed where missing) and of the task focus (diagnostics)."""
-        def read() -> tuple[set[int], int | None]:
-            memory = self.engine.lifecycle.open(self.id).memory
-            memory.ensure_embeddings(memory.table.blocks)
-            dims = {b.embedding.shape[0] for b in memory.table.blocks if b.embedding is not None}
-            return dims, None if memory.focus.vector is None else memory.focus.vector.shape[0]
-        return self.engine.thread.call(read)
+        return self.engine.vector_dims(self.id)
 
     def messages(self) -> list[dict]:
         """Live messages; "interrupted" marks a reply still streaming or cut short (the app was killed)."""
-        return [{"role": m.role, "text": m.text, "attachments": m.attachments, "created_at": m.created_at,
-                 "id": m.id, "extra": m.extra, "interrupted": m.interrupted}
-                for m in self.engine.history.messages(self.id)]
+        return self.engine.messages(self.id)
 
     def set_budget(self, tokens: int) -> None:
-        def apply() -> None:
-            state = self.engine.lifecycle.open(self.id)
-            state.memory.set_budget(tokens)
-            self.engine.lifecycle.refresh(state)
-
-        self.engine.thread.call(apply, priority=FOREGROUND)
+        self.engine.set_budget(self.id, tokens)
 
     def reset_focus(self) -> None:
         """A task boundary: the task focus forgets the earlier messages (EVOKE's `task_boundary`)."""
-        def apply() -> None:
-            self.engine.lifecycle.open(self.id).memory.focus.vector = None
-
-        self.engine.thread.call(apply, priority=FOREGROUND)
+        self.engine.reset_focus(self.id)
 
     def pin_block(self, name: str, pinned: bool = True, priority: float | None = None) -> None:
         """Pin a block (never evicted) or change its priority multiplier (the harness knows best)."""
-        def apply() -> None:
-            state = self.engine.lifecycle.open(self.id)
-            state.memory.table.pin(name, pinned, priority)
-            self.engine.lifecycle.refresh(state)
-
-        self.engine.thread.call(apply, priority=FOREGROUND)
+        self.engine.pin_block(self.id, name, pinned, priority)
 
     def check(self) -> None:
         """Assert the block table mirrors llama.cpp's sequence (tests)."""
-        self.engine.thread.call(lambda: self.engine.lifecycle.open(self.id).memory.check())
+        self.engine.check(self.id)

@@ -1,4 +1,5 @@
-"""Which device llama.cpp computes on: loads run-time backends, picks CUDA or the CPU, says why.
+"""Which device llama.cpp computes on: loads run-time backends, picks CUDA or the CPU, says why (remote devices:
+rpc.py, rpc_placement.py).
 
 Invariants: backends are loaded once per process, before the first model load; a CUDA build on a
 machine without a GPU or driver falls back to the CPU with a notice and never raises at import; the automatic
@@ -100,21 +101,26 @@ def cuda_build() -> bool:
     return any(LLAMA_LIB_DIR.glob("libggml-cuda.so*"))
 
 
-def _preload_nvidia_runtime() -> None:
-    """Load the CUDA runtime and cuBLAS that PyPI's NVIDIA packages put in site-packages, so the
-    CUDA backend finds them without LD_LIBRARY_PATH (as torch does). Missing ones are skipped."""
+def nvidia_library_dirs() -> list[Path]:
+    """The library folders of PyPI's NVIDIA packages (CUDA runtime, cuBLAS) in site-packages or the bundle."""
     roots = [Path(getattr(sys, "_MEIPASS", "")) / "nvidia"] if getattr(sys, "frozen", False) else []
     try:
         import nvidia
         roots += [Path(p) for p in getattr(nvidia, "__path__", [])]
     except ImportError:
         pass
-    for root in roots:
-        for lib_dir in sorted(Path(root).glob("cu*/lib")) + sorted(Path(root).glob("*/lib")):
-            for stem in _NVIDIA_LIBS:
-                for path in sorted(lib_dir.glob(stem + ".*")):
-                    with contextlib.suppress(OSError):
-                        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    return [lib_dir for root in roots
+            for lib_dir in sorted(Path(root).glob("cu*/lib")) + sorted(Path(root).glob("*/lib"))]
+
+
+def _preload_nvidia_runtime() -> None:
+    """Load the CUDA runtime and cuBLAS that PyPI's NVIDIA packages put in site-packages, so the
+    CUDA backend finds them without LD_LIBRARY_PATH (as torch does). Missing ones are skipped."""
+    for lib_dir in nvidia_library_dirs():
+        for stem in _NVIDIA_LIBS:
+            for path in sorted(lib_dir.glob(stem + ".*")):
+                with contextlib.suppress(OSError):
+                    ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
 
 
 @functools.lru_cache(maxsize=1)
@@ -166,6 +172,24 @@ def detect() -> DeviceInfo:
 
 
 def main() -> None:
-    """`python -m evoke_engine device`: what this process would run on, as JSON."""
+    """`python -m evoke_engine device`: what this process would run on, as JSON; with remote devices set
+    (Settings → Model → Remote devices), every device the configured model would use, its memory and layers."""
     info = detect()
-    print(json.dumps({**asdict(info), "gpu_offload": bool(ll.llama_supports_gpu_offload())}, indent=2))
+    report = {**asdict(info), "gpu_offload": bool(ll.llama_supports_gpu_offload()),
+              "rpc_backend": bool(ll.llama_supports_rpc())}
+    from . import rpc_placement
+    from .errors import EvokeError
+    from .runtime import Runtime, default_model_path
+    from .settings import Settings
+
+    settings = Settings.load()
+    if settings.rpc_servers:
+        try:
+            path = Path(settings.model_path) if settings.model_path else default_model_path()
+            placement = rpc_placement.plan(settings, info, path, Runtime.gpu_layers_requested(settings, info))
+            report["model"] = str(path)
+            report["devices"] = [share.as_dict() for share in placement.shares]
+            report["notices"] = placement.notices
+        except (EvokeError, ValueError) as exc:
+            report["devices_error"] = str(exc)
+    print(json.dumps(report, indent=2))

@@ -4,6 +4,8 @@ Invariants: an open conversation is in `states` exactly while its memory may hol
 SQLite is the source of truth (a KV file is adopted only whole and checked, its history equal to or a
 prefix of SQLite's, the rest then decoded from history; else rebuilt from history, with `kv_rebuilding`
 progress); `latest_stats` is the only state read from other threads (a frozen snapshot, replaced, never mutated).
+Its collaborators are values: the history store, the loaded model (`attach`ed at load, `detach`ed at unload after
+every conversation left it) and the KV files (which outlive the model); it never refers to the Engine.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,15 +22,17 @@ from .events import EngineEvent, EventKind
 from .memory import ConversationMemory, min_budget_tokens
 from .prefixes import Prefix, system_message
 from .recovery import backend as recovery_backend
+from .rpc import RemoteDeviceLost
 from .snapshot import SnapshotError, decode_payload, encode_payload
 from .snapshot_fit import fit_snapshot
 from .stats import ConversationStats
 from .store.errors import StoreError
-from .store.history import MessageRow
+from .store.history import HistoryDB, MessageRow
 from .turn import number_turns, render_user_content, replay_input, replay_reply
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .loaded_model import LoadedModel
+    from .store.kvfiles import KVFileStore
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +63,26 @@ class ConversationState:
 class ConversationLifecycle:
     """The open conversations of one engine; every method but `latest_stats` runs on the engine thread."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, history: HistoryDB, *, emit: Callable[[EngineEvent], None], clock: Callable[[], float],
+                 ensure_model: Callable[[], LoadedModel]) -> None:
+        self.history = history
+        self.emit, self.clock = emit, clock
+        self._ensure_model = ensure_model         # loads the model back after an idle unload (stamps activity)
+        self.model: LoadedModel | None = None     # set exactly while the model is loaded
+        self.files: KVFileStore | None = None     # the last loaded model's KV files (on disk: they outlive it)
         self._states: dict[str, ConversationState] = {}
         self._stats: dict[str, ConversationStats] = {}
         self._rebuilds: dict[str, tuple[int, float]] = {}    # tokens and seconds decoded from history, until taken
+
+    # -- the model ---------------------------------------------------------------------------
+    def attach(self, model: LoadedModel) -> None:
+        """The model was loaded: conversations open in it from now on."""
+        self.model, self.files = model, model.files
+
+    def detach(self) -> None:
+        """Every open conversation leaves the model (persisted), which is about to be closed."""
+        self.release_all()
+        self.model = None
 
     # -- lookup -----------------------------------------------------------------------------
     def open_states(self) -> list[ConversationState]:
@@ -84,13 +103,26 @@ class ConversationLifecycle:
         """(tokens, seconds) decoded from history for the conversation since the last call (a turn's cost)."""
         return self._rebuilds.pop(conversation_id, (0, 0.0))
 
+    def rename(self, conversation_id: str, title: str) -> None:
+        self.history.rename(conversation_id, title)
+        state = self._states.get(conversation_id)
+        if state is not None:
+            state.title = title
+
+    def set_pinned(self, conversation_id: str, pinned: bool) -> None:
+        """Pin or unpin (a pinned conversation's KV file has the extended TTL from its next write)."""
+        self.history.set_pinned(conversation_id, pinned)
+        state = self._states.get(conversation_id)
+        if state is not None:
+            state.pinned = pinned
+
     # -- opening ----------------------------------------------------------------------------
     def fresh_state(self, conversation_id: str, title: str, system_prompt: str, tools: list[dict],
                     pinned: bool = False) -> ConversationState:
         """A state with an empty memory, not yet open (no blocks, no slot)."""
-        eng = self.engine
-        memory = ConversationMemory(conversation_id, settings=eng.settings, runtime=eng.rt, kv=eng.kv,
-                                    pool=eng.pool, embedder=eng.embedder, emit=eng.emit)
+        model = self.model
+        memory = ConversationMemory(conversation_id, settings=model.settings, runtime=model.rt, kv=model.kv,
+                                    pool=model.pool, embedder=model.embedder, emit=self.emit)
         return ConversationState(id=conversation_id, title=title, system_prompt=system_prompt, tools=tools,
                                  memory=memory, pinned=pinned)
 
@@ -103,75 +135,73 @@ class ConversationLifecycle:
     def create(self, conversation_id: str, title: str, system_prompt: str, tools: list[dict],
                source: str | None = None) -> ConversationState:
         """A new conversation: its SQLite row, its prefix shared into a slot."""
-        eng = self.engine
-        eng.ensure_model()
+        model = self._ensure_model()
         state = self.fresh_state(conversation_id, title, system_prompt, tools)
-        prefix = eng.prefixes.for_conversation(system_prompt, tools)
-        smallest = min_budget_tokens(len(prefix.tokens), eng.settings)
-        if eng.settings.budget_tokens < smallest and recovery_backend(eng.settings.recovery).evicts:
-            raise BudgetError(f"the budget ({eng.settings.budget_tokens} tokens) leaves too little room after the "
+        prefix = model.prefixes.for_conversation(system_prompt, tools)
+        smallest = min_budget_tokens(len(prefix.tokens), model.settings)
+        if model.settings.budget_tokens < smallest and recovery_backend(model.settings.recovery).evicts:
+            raise BudgetError(f"the budget ({model.settings.budget_tokens} tokens) leaves too little room after the "
                               f"system prompt and tools ({len(prefix.tokens)} tokens) for a reply: the smallest "
                               f"budget that works is {smallest} tokens")
-        eng.history.create_conversation(conversation_id, title, system_prompt,
+        self.history.create_conversation(conversation_id, title, system_prompt,
                                         settings={"tools": tools, **({"source": source} if source else {})})
         self.adopt(state, prefix)
         self.ensure_slot(state)
-        state.last_used = eng.clock()
+        state.last_used = self.clock()
         self.refresh(state)
         return state
 
     def open(self, conversation_id: str) -> ConversationState:
         """The open state of a conversation: in memory, else from its KV file, else rebuilt from history."""
-        eng = self.engine
-        eng.ensure_model()
+        model = self._ensure_model()
         state = self._states.get(conversation_id)
         if state is not None:
             return state
-        row = eng.history.get_conversation(conversation_id)
+        row = self.history.get_conversation(conversation_id)
         if row is None:
             raise KeyError(f"no conversation {conversation_id}")
         tools = row.settings.get("tools", []) if isinstance(row.settings, dict) else []
         state = self.fresh_state(row.id, row.title, row.system_prompt, tools, row.pinned)
-        prefix = eng.prefixes.for_conversation(state.system_prompt, state.tools)
+        prefix = model.prefixes.for_conversation(state.system_prompt, state.tools)
         if not self._restore_from_file(state, prefix):
             self._rebuild_from_history(state, prefix)
-        state.last_used = eng.clock()
+        state.last_used = self.clock()
         self.refresh(state)
         return state
 
     # -- slots ------------------------------------------------------------------------------
     def ensure_slot(self, state: ConversationState, keep: str | None = None) -> None:
         """Put the conversation in a slot, parking the least recently used other one (never `keep`)."""
-        eng = self.engine
+        model = self.model
         memory = state.memory
         if memory.seq is not None:
-            eng.slots.touch(state.id)
+            model.slots.touch(state.id)
             return
-        slot = eng.slots.free_slot()
+        slot = model.slots.free_slot()
         if slot is None:
-            oldest = eng.slots.least_recent(exclude=keep)
+            oldest = model.slots.least_recent(exclude=keep)
             self._states[oldest].memory.park()
-            slot = eng.slots.release(oldest)
-            eng.emit(EngineEvent(EventKind.PARKED, f"conversation left slot {slot}", conversation_id=oldest))
+            slot = model.slots.release(oldest)
+            self.emit(EngineEvent(EventKind.PARKED, f"conversation left slot {slot}", conversation_id=oldest))
             self.refresh(self._states[oldest])
-        eng.slots.pin(state.id, slot)
-        prefix = eng.prefixes.for_conversation(state.system_prompt, state.tools)
+        model.slots.pin(state.id, slot)
+        prefix = model.prefixes.for_conversation(state.system_prompt, state.tools)
         state.prefix = prefix
-        eng.kv.drop(slot)
-        eng.prefixes.share_into(prefix, slot)
+        model.kv.drop(slot)
+        model.prefixes.share_into(prefix, slot)
         try:
             memory.unpark(slot)
         except RestoreError as exc:                 # its parked bytes are gone (a spill file deleted)
             self._rebuild_lost(state, exc)
             return
-        if not eng.kv.ahead_tokens(slot) and all(b.shared for b in memory.table.resident):
-            eng.prefixes.hold_opening(prefix, slot)      # a new (or emptied) conversation: its first opening
+        if not model.kv.ahead_tokens(slot) and all(b.shared for b in memory.table.resident):
+            model.prefixes.hold_opening(prefix, slot)      # a new (or emptied) conversation: its first opening
 
     def _reset(self, state: ConversationState) -> None:
         """Out of its slot and the pool, with a fresh empty memory and no history (not open)."""
         self._states.pop(state.id, None)
-        if self.engine.slots.slot_of(state.id) is not None:
-            self.engine.slots.release(state.id)
+        if self.model.slots.slot_of(state.id) is not None:
+            self.model.slots.release(state.id)
         state.memory.release()
         state.memory = self.fresh_state(state.id, state.title, state.system_prompt, state.tools,
                                         state.pinned).memory
@@ -181,9 +211,9 @@ class ConversationLifecycle:
         """The conversation's saved K/V could not come back: drop it and re-prefill from SQLite, in place."""
         log.warning("KV of %s lost (%s): rebuilt from history", state.id, error)
         self._reset(state)
-        self.engine.emit(EngineEvent(EventKind.KV_REBUILT, f"saved K/V lost ({error}): rebuilt from history",
+        self.emit(EngineEvent(EventKind.KV_REBUILT, f"saved K/V lost ({error}): rebuilt from history",
                                      conversation_id=state.id))
-        self._rebuild_from_history(state, self.engine.prefixes.for_conversation(state.system_prompt, state.tools))
+        self._rebuild_from_history(state, self.model.prefixes.for_conversation(state.system_prompt, state.tools))
 
     # -- restore and rebuild ----------------------------------------------------------------
     def _restore_from_file(self, state: ConversationState, prefix: Prefix) -> bool:
@@ -192,15 +222,15 @@ class ConversationLifecycle:
         messages, e.g. before a crash): those later messages are then decoded from history. Else remove the
         file, say why in one `kv_rebuilt` event and return False. Only a restore that worked refreshes the
         file's time, so an unusable file still expires."""
-        eng = self.engine
-        had_file = eng.kvfiles.has(state.id)
-        payload = eng.kvfiles.read(state.id, refresh=False)
+        model = self.model
+        had_file = self.files.has(state.id)
+        payload = self.files.read(state.id, refresh=False)
         if payload is None:
             if had_file:
-                eng.emit(EngineEvent(EventKind.KV_REBUILT, "cache file unusable (corrupt, expired or of another "
+                self.emit(EngineEvent(EventKind.KV_REBUILT, "cache file unusable (corrupt, expired or of another "
                                      "model): rebuilt from history", conversation_id=state.id))
             return False
-        messages = eng.history.messages(state.id)
+        messages = self.history.messages(state.id)
         try:
             snapshot = decode_payload(payload)
             known = len(snapshot.history)
@@ -208,8 +238,8 @@ class ConversationLifecycle:
                 raise SnapshotError(f"it holds {known} messages, the saved chat {len(messages)}")
             notes = fit_snapshot(snapshot, conversation_id=state.id, prefix_key=prefix.key,
                                  prefix_tokens=prefix.tokens, messages=messages[:known],
-                                 n_layer=eng.loaded_model.n_layer, n_vocab=eng.rt.n_vocab,
-                                 geometry=eng.kv.geometry, embedder=eng.embedder, settings=eng.settings)
+                                 n_layer=model.info.n_layer, n_vocab=model.rt.n_vocab,
+                                 geometry=model.kv.geometry, embedder=model.embedder, settings=model.settings)
         except SnapshotError as exc:
             return self._reject_file(state, f"cache file rejected ({exc})")
         try:
@@ -234,23 +264,23 @@ class ConversationLifecycle:
                 self._reset(state)
                 return self._reject_file(state, f"the messages after the cache file did not replay ({exc})")
             notes = [*notes, f"{len(tail)} later messages decoded from history"]
-        eng.kvfiles.touch(state.id)
+        self.files.touch(state.id)
         extra = f" ({'; '.join(notes)})" if notes else ""
-        eng.emit(EngineEvent(EventKind.KV_RESTORED, f"restored {restored} tokens from disk{extra}",
+        self.emit(EngineEvent(EventKind.KV_RESTORED, f"restored {restored} tokens from disk{extra}",
                              conversation_id=state.id, tokens=restored))
         return True
 
     def _reject_file(self, state: ConversationState, reason: str) -> bool:
         log.warning("KV file of %s: %s", state.id, reason)
-        self.engine.kvfiles.remove(state.id)
-        self.engine.emit(EngineEvent(EventKind.KV_REBUILT, f"{reason}: rebuilt from history", conversation_id=state.id))
+        self.files.remove(state.id)
+        self.emit(EngineEvent(EventKind.KV_REBUILT, f"{reason}: rebuilt from history", conversation_id=state.id))
         return False
 
     def _rebuild_from_history(self, state: ConversationState, prefix: Prefix) -> None:
         """Re-prefill the conversation from SQLite (the source of truth)."""
         self.adopt(state, prefix)
         self.ensure_slot(state)
-        messages = self.engine.history.messages(state.id)
+        messages = self.history.messages(state.id)
         if messages:
             self._replay(state, messages, "the conversation")
 
@@ -258,17 +288,17 @@ class ConversationLifecycle:
         """Decode `messages` (SQLite rows) at the end of the open conversation's KV, emitting `kv_rebuilding`
         progress (done/total tokens; total is an estimate until the last event, where done == total) and
         refreshing its stats as blocks land. The tokens and seconds are kept for `take_rebuild`."""
-        eng = self.engine
+        model = self.model
         memory, system = state.memory, state.system_message
         texts = [m.text if m.role == "assistant" else render_user_content(m.text, m.attachments) for m in messages]
-        total = sum(len(eng.rt.tokenize(text)) + 5 for text in texts)    # + the template's few tokens around each
+        total = sum(len(model.rt.tokenize(text)) + 5 for text in texts)    # + the template's few tokens around each
         first = memory.counters.prefill_tokens
         started = time.perf_counter()
 
         def progress(done: int, final: bool = False) -> None:
             self.refresh(state)
             shown = done if final else max(total, done)
-            eng.emit(EngineEvent(EventKind.KV_REBUILDING, f"rebuilding {what} from history: {done}/{shown} tokens",
+            self.emit(EngineEvent(EventKind.KV_REBUILDING, f"rebuilding {what} from history: {done}/{shown} tokens",
                                  conversation_id=state.id, tokens=done,
                                  detail={"done": done, "total": shown, "messages": len(messages)}))
 
@@ -278,10 +308,10 @@ class ConversationLifecycle:
         progress(0)
         for message in messages:
             if message.role == "assistant":
-                replay_reply(memory, eng.rt, eng.template, state.history, message.text, system=system,
+                replay_reply(memory, model.rt, model.template, state.history, message.text, system=system,
                              on_block=on_block)
             else:
-                replay_input(memory, eng.rt, eng.template, state.history, message.text, message.attachments,
+                replay_input(memory, model.rt, model.template, state.history, message.text, message.attachments,
                              system=system, role=message.role, extra=message.extra, on_block=on_block)
         if state.history and state.history[-1]["role"] != "assistant":
             memory.end_turn()
@@ -294,31 +324,30 @@ class ConversationLifecycle:
     # -- persist and release ----------------------------------------------------------------
     def persist(self, state: ConversationState, ttl_class: str | None = None) -> bool:
         """Write the conversation's KV file; a failure is reported and loses nothing (SQLite has the text)."""
-        eng = self.engine
         if not state.history:
             return False
         try:
             payload = encode_payload(state.memory.snapshot(state.prefix.key, state.history))
-            eng.kvfiles.write(state.id, ttl_class or state.ttl_class, payload)
-        except StoreError as exc:
-            eng.emit(EngineEvent(EventKind.ERROR, f"could not save the KV cache: {exc}", conversation_id=state.id))
+            self.files.write(state.id, ttl_class or state.ttl_class, payload)
+        except (StoreError, RemoteDeviceLost) as exc:       # a lost worker's K/V cannot be read: SQLite has the text
+            self.emit(EngineEvent(EventKind.ERROR, f"could not save the KV cache: {exc}", conversation_id=state.id))
             return False
-        eng.emit(EngineEvent(EventKind.KV_PERSISTED, f"saved {len(payload) >> 20} MiB ({ttl_class or state.ttl_class})",
-                             conversation_id=state.id, tokens=state.memory.active_tokens))
+        said = f"saved {len(payload) >> 20} MiB ({ttl_class or state.ttl_class})"
+        self.emit(EngineEvent(EventKind.KV_PERSISTED, said, conversation_id=state.id,
+                              tokens=state.memory.active_tokens))
         return True
 
     def release(self, state: ConversationState, persist: bool = True) -> None:
         """Persist (optionally) and drop a conversation from the context, the pool and memory."""
-        eng = self.engine
         if persist:
             self.persist(state)
         if state.memory.seq is not None:
-            eng.slots.release(state.id)
+            self.model.slots.release(state.id)
         state.memory.release()
         self._states.pop(state.id, None)
         stats = self._stats.get(state.id)
         if stats is not None:
-            self._stats[state.id] = dataclasses.replace(stats, memory="disk" if eng.kvfiles.has(state.id) else "none")
+            self._stats[state.id] = dataclasses.replace(stats, memory="disk" if self.files.has(state.id) else "none")
 
     def release_all(self) -> None:
         for state in self.open_states():
@@ -331,13 +360,13 @@ class ConversationLifecycle:
             self.release(state, persist=False)
         self._stats.pop(conversation_id, None)
         self._rebuilds.pop(conversation_id, None)
-        if self.engine.kvfiles is not None:
-            self.engine.kvfiles.remove(conversation_id)
+        if self.files is not None:
+            self.files.remove(conversation_id)
 
     def discard(self, state: ConversationState, reason: str) -> None:
         """Forget the conversation's KV (slot, pool, file): the next use rebuilds it from SQLite."""
         self.release(state, persist=False)
-        if self.engine.kvfiles is not None:
-            self.engine.kvfiles.remove(state.id)
-        self.engine.emit(EngineEvent(EventKind.KV_REBUILT, f"cache dropped ({reason}): it is rebuilt from history",
-                                     conversation_id=state.id))
+        if self.files is not None:
+            self.files.remove(state.id)
+        self.emit(EngineEvent(EventKind.KV_REBUILT, f"cache dropped ({reason}): it is rebuilt from history",
+                              conversation_id=state.id))

@@ -96,6 +96,7 @@ class ConversationMemory:
         self._query_text = ""
         self._query: np.ndarray | None = None
         self._query_ready = True
+        self.last_decide_s = 0.0                 # the last recovery decision: embedding, signals, choosing
 
     # -- accounting -------------------------------------------------------------------------
     @property
@@ -195,6 +196,7 @@ class ConversationMemory:
         self.attention.refresh(self.seq, self.table.resident, self.settings.attention_aggregation)
         victims = choose_victims(self.table, target_tokens=target_tokens, protected=protected,
                                  score=self.score)
+        prepare_lines(self.embedder, self.settings.recall_signal, victims)   # now, not in a later decision
         keep_bytes = self.recovery.keeps_bytes
         saved: dict[int, SavedKV] = {}
         if keep_bytes:                                   # save every victim before any compaction
@@ -307,6 +309,8 @@ class ConversationMemory:
     def recover(self, message: str, *, message_tokens: int, reply_reserve: int,
                 identity_hashes: set[str] = frozenset()) -> list[Block]:
         """Bring back saved blocks this message needs, at the tail, before its tokens decode."""
+        started = time.perf_counter()
+        self.last_decide_s = 0.0
         saved = self.candidates()
         if not saved or self.settings.recovery_top_k == 0 and not identity_hashes:
             return []
@@ -323,7 +327,9 @@ class ConversationMemory:
         picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
                                   resident_best=signal.resident_best, top_k=self.settings.recovery_top_k,
                                   room_tokens=max(0, room), identity_hashes=identity_hashes,
-                                  tie_break=self.attention.last if self.attention.enabled else None)
+                                  tie_break=self.attention.last if self.attention.enabled else None,
+                                  margin=self.settings.recovery_margin)
+        self.last_decide_s = time.perf_counter() - started
         recovered: list[Block] = []
         backend = self.recovery
         for pick in picks:

@@ -61,7 +61,8 @@ def named_in(message: str, block: Block) -> bool:
 def choose_recoveries(saved: list[Block], *, message: str, similarity: Callable[[Block], float],
                       resident_best: dict[str, float], top_k: int, room_tokens: int,
                       identity_hashes: set[str] = frozenset(),
-                      tie_break: Callable[[Block], float] | None = None) -> list[RecoveryPick]:
+                      tie_break: Callable[[Block], float] | None = None,
+                      margin: float | None = None) -> list[RecoveryPick]:
     """Identity hits and named blocks first, then similarity top-K past the resident gate.
     Equal similarities go to the higher `tie_break` (a saved block's last-known attention).
 
@@ -69,6 +70,10 @@ def choose_recoveries(saved: list[Block], *, message: str, similarity: Callable[
     the message than every resident block of its role (`resident_best[role]`). Measured here:
     against all roles, the user's own earlier wording ("read this document") outranks the
     document chunk that holds the answer, and the gate then blocks every useful recovery.
+
+    With `margin` (adaptive width) the gate is instead: a saved block comes back when its score is within
+    `margin` of the best score of any block, saved or resident (`resident_best` over every role), so one block
+    comes back when the top is clearly ahead and several when the scores are close; still at most `top_k`.
     """
     picks: list[RecoveryPick] = []
     for block in saved:
@@ -79,9 +84,14 @@ def choose_recoveries(saved: list[Block], *, message: str, similarity: Callable[
     chosen = {id(p.block) for p in picks}
     tie = tie_break or (lambda _block: 0.0)
     ranked = sorted((b for b in saved if id(b) not in chosen), key=lambda b: (similarity(b), tie(b)), reverse=True)
+    best = max([similarity(b) for b in ranked[:1]] + list(resident_best.values()), default=-1.0)
     for block in ranked[:top_k]:
         sim = similarity(block)
-        if sim > resident_best.get(block.role, -1.0):
+        if margin is not None and margin >= 0:
+            passes = sim >= best - margin
+        else:
+            passes = sim > resident_best.get(block.role, -1.0)
+        if passes:
             picks.append(RecoveryPick(block, "similar", sim))
     picks.sort(key=lambda p: ({"identity": 0, "named": 1, "similar": 2}[p.reason], -p.similarity, -tie(p.block)))
     planned, used = [], 0

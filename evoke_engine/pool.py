@@ -123,6 +123,16 @@ def remove_orphan_spill_dirs(spill_root: Path) -> list[Path]:
     return removed
 
 
+def _read_into_bytearray(path: Path) -> bytearray:
+    """A spill file's bytes in one writable buffer (no intermediate `bytes` copy of a block's K/V)."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        data = bytearray(size)
+        if fh.readinto(data) != size:
+            raise OSError(f"short read of {path}")
+    return data
+
+
 class SavedPool:
     def __init__(self, ram_budget_bytes: int, spill_root: Path,
                  on_spill: Callable[[Block], None] | None = None, *, spill_budget_bytes: int | None = None,
@@ -240,7 +250,7 @@ class SavedPool:
             raise RestoreError(f"the pool holds no saved bytes of {block.name}")
         _, path, origin, n_tokens = self._disk.pop(key)
         try:
-            data = bytearray(path.read_bytes())
+            data = _read_into_bytearray(path)
         except OSError as exc:
             block.state = BlockState.DROPPED
             raise RestoreError(f"the spill file of {block.name} is unreadable: {exc}") from exc
@@ -345,7 +355,8 @@ class SavedPool:
             if key is None:
                 return
             block, saved = self._ram[key]
-            holders = [k for k, (_, s) in self._ram.items() if s is saved]   # a fork's blocks spill together
+            holders = ([k for k, (_, s) in self._ram.items() if s is saved]   # a fork's blocks spill together
+                       if self._holders[id(saved)] > 1 else [key])
             if not self._make_room(saved.nbytes):
                 if block.role in NEVER_DROPPED:
                     self._warn_once("image", "no room to spill %s (spill cap %s bytes, disk reserve %d bytes); "

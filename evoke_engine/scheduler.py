@@ -2,13 +2,14 @@
 
 Invariants: a job never touches llama.cpp itself; it only queues work on the engine thread at
 background priority, so sweeps never run beside a decode. Works headless (BackgroundScheduler)
-or in the Qt event loop (the app passes a QtScheduler; this module imports no Qt).
+or in the Qt event loop (the app passes a QtScheduler; this module imports no Qt). The sweeps see the
+engine only as a `SweepHost`: the few things they read and call.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -16,14 +17,36 @@ from .events import EngineEvent, EventKind
 from .worker import BACKGROUND
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .lifecycle import ConversationLifecycle
+    from .settings import Settings
+    from .store.kvfiles import KVFileStore
+    from .worker import EngineThread
 
 log = logging.getLogger(__name__)
 KEEPALIVE_STALE_FRACTION = 0.8
 
 
+class SweepHost(Protocol):
+    """What the sweeps use of the engine. `thread` and `settings` are read from the scheduler's thread (to queue
+    a sweep and to size the jobs); everything else only inside a sweep, on the engine thread."""
+
+    settings: Settings
+    thread: EngineThread
+    lifecycle: ConversationLifecycle      # the open conversations: `open_states`, `release`
+    kvfiles: KVFileStore | None           # the KV files (they outlive the model)
+    focused: str | None
+    last_activity: float
+
+    @property
+    def model_loaded(self) -> bool: ...
+    def clock(self) -> float: ...
+    def warm_default_prefix(self) -> object: ...
+    def unload_model(self, reason: str = "idle") -> None: ...
+    def emit(self, event: EngineEvent) -> None: ...
+
+
 class Sweeps:
-    def __init__(self, engine: Engine, scheduler=None) -> None:
+    def __init__(self, engine: SweepHost, scheduler=None) -> None:
         self.engine = engine
         self.scheduler = scheduler if scheduler is not None else BackgroundScheduler(daemon=True)
         self.runs: dict[str, int] = {"keepalive": 0, "eviction": 0, "model_idle": 0}

@@ -16,6 +16,7 @@ from typing import Any
 
 import platformdirs
 
+from .rpc_split import check_settings as check_rpc_settings
 from .store.private import private_file, private_mkdir, private_write_text
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,15 @@ class Settings:
     slot_contexts: bool = _setting(True, "One llama.cpp context per slot: a turn attends over its own "
                                    "conversation only (the prefix is copied into each). Off: one context "
                                    "for all, every decode scans every slot.", group="Model", applies=RELOAD)
+    rpc_servers: str = _setting("", "Remote devices (RPC): host:port of each worker (`evoke-desk rpc-worker` on that "
+                                "machine), comma-separated; llama.cpp places some layers (weights and their KV cache) "
+                                "there. Its RPC protocol has no authentication or encryption: trusted networks or SSH "
+                                "tunnels only.", group="Model", applies=RELOAD)
+    rpc_layer_split: str = _setting("", "Layer share per device with remote devices, comma-separated: this machine "
+                                    "first, then each worker in order (e.g. 1,1,2); empty splits by free memory.",
+                                    group="Model", applies=RELOAD)
+    rpc_skip_unreachable: bool = _setting(False, "Load without remote devices that do not answer (a notice names "
+                                          "them) instead of failing the load.", group="Model", applies=RELOAD)
 
     # Memory
     budget_tokens: int = _setting(2048, "Active KV tokens per conversation (prefix included).",
@@ -87,6 +97,9 @@ class Settings:
                                   group="Memory", choices=RECALL_SIGNALS)
     recall_user_margin: float = _setting(0.0, "A saved user message is recovered only as the best match by this "
                                          "similarity margin (0 off).", group="Memory", low=0.0, high=1.0)
+    recovery_margin: float = _setting(-1.0, "Adaptive recovery width: saved blocks scoring within this margin of "
+                                      "the best block (saved or resident) come back, up to recovery_top_k; -1 "
+                                      "keeps the per-role resident gate.", group="Memory", low=-1.0, high=1.0)
     ram_budget_bytes: int = _setting(2 << 30, "Host RAM for saved K/V blocks before they spill to disk.",
                                      group="Memory", low=0, high=1 << 40)
     pool_bits: int = _setting(16, "Bits per saved K/V value in host RAM and spill files, for blocks evicted from now "
@@ -198,6 +211,7 @@ class Settings:
             low, high = meta.get("low"), meta.get("high")
             if low is not None and not (low <= value <= high):
                 raise ValueError(f"{f.name}={value!r}: must lie in [{low}, {high}]")
+        check_rpc_settings(self.rpc_servers, self.rpc_layer_split)
         if self.pool_bits not in POOL_BITS:
             raise ValueError(f"pool_bits={self.pool_bits!r}: choose one of {', '.join(map(str, POOL_BITS))}")
         if self.low_watermark >= self.high_watermark:

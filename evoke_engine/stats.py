@@ -6,7 +6,7 @@ is a new object (`dataclasses.replace`); a conversation not measured yet reads a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 
@@ -32,6 +32,8 @@ class ConversationStats:
     recovery_decisions: tuple[dict[str, Any], ...] = ()   # per recovered block, the signal values that chose it
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain data (lists, not tuples) for JSON and Qt signals."""
-        return {**asdict(self), "blocks": [dict(b) for b in self.blocks], "events": [dict(e) for e in self.events],
+        """Plain data (lists, not tuples) for JSON and Qt signals: a copy of each row, not a deep copy (the window
+        converts a snapshot of hundreds of blocks at every refresh on its GUI thread)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "blocks": [dict(b) for b in self.blocks],
+                "events": [dict(e) for e in self.events],
                 "recovery_decisions": [dict(d) for d in self.recovery_decisions]}

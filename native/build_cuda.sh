@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds llama-cpp-python with CUDA (backends loaded at run time, so one build runs with or without a
-# GPU) into build/wheels/cuda-*/ and installs it into .venv; a wheel already built is reused.
+# Builds llama-cpp-python with CUDA and llama.cpp's RPC backend (backends loaded at run time, so one build runs
+# with or without a GPU) into build/wheels/cuda-*/ and installs it into .venv; a wheel already built is reused.
+# EVOKE_CUDA_BUILD_ONLY=1 stops before installing it, EVOKE_WHEEL_ONLY=1 right after (packaging/install.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -23,10 +24,10 @@ echo "nvcc $CUDA_MM at $NVCC"
 $PY -m pip install -q "nvidia-cublas==$CUDA_MM.*" "nvidia-cuda-runtime==$CUDA_MM.*"
 CU_DIR=$($PY -c "import nvidia, pathlib; print(next(pathlib.Path(nvidia.__path__[0]).glob('cu*/lib')).parent)")
 
-TAG="$VERSION-cuda$CUDA_MM-$(echo "$ARCHS" | tr ';' '_')"
+TAG="$VERSION-cuda$CUDA_MM-rpc-$(echo "$ARCHS" | tr ';' '_')"        # the flags that vary, in the name
 WHEEL_DIR=build/wheels/cuda-$TAG
 if ! ls "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-  ARGS="-DGGML_CUDA=on -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCHS"
+  ARGS="-DGGML_CUDA=on -DGGML_RPC=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCHS"
   ARGS="$ARGS -DCMAKE_CUDA_COMPILER=$NVCC -DCUDAToolkit_ROOT=$CUDA_ROOT"
   ARGS="$ARGS -DCUDA_cublas_LIBRARY=$CU_DIR/lib/libcublas.so.${CUDA_MM%%.*}"
   ARGS="$ARGS -DCUDA_cublasLt_LIBRARY=$CU_DIR/lib/libcublasLt.so.${CUDA_MM%%.*}"
@@ -63,6 +64,9 @@ if ! ls "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "built in $(( $(date +%s) - start )) s: $(du -h "$WHEEL_DIR"/*.whl | cut -f1) $(ls "$WHEEL_DIR"/*.whl)"
 fi
 [ -n "${EVOKE_CUDA_BUILD_ONLY:-}" ] && exit 0
-$PY -m pip install -q --force-reinstall --no-deps "$WHEEL_DIR"/llama_cpp_python-*.whl
+source native/llama_wheel.sh
+llama_wheel_install "$WHEEL_DIR"
+[ -n "${EVOKE_WHEEL_ONLY:-}" ] && exit 0
 bash native/build.sh
+bash native/build_rpc_server.sh
 $PY -m evoke_engine device

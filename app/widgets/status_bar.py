@@ -18,7 +18,11 @@ def _gib(n: int) -> str:
 
 
 def device_summary(info: Any) -> str:
-    """One line for the status bar: the device, the GPU layers and what the model holds in VRAM."""
+    """One line for the status bar: the device, the GPU layers and what the model holds in VRAM; with remote
+    devices (RPC), the layers on each device."""
+    shares = getattr(info, "devices", ()) or ()
+    if shares:
+        return "Layers: " + " · ".join(f"{d.name} {d.layers}" for d in shares)
     if getattr(info, "device_kind", "cpu") != "cuda":
         return "CPU (GPU not used)" if getattr(info, "device_notice", "") else "CPU"
     name = getattr(info, "device", "GPU").split(" (")[0]
@@ -35,6 +39,10 @@ def device_details(info: Any) -> str:
                   f"KV cache {_gib(getattr(info, 'vram_kv_bytes', 0))}; "
                   f"{_gib(getattr(info, 'vram_free_bytes', 0))} free of "
                   f"{_gib(getattr(info, 'vram_total_bytes', 0))}"]
+    for share in getattr(info, "devices", ()) or ():
+        where = f"remote {share.endpoint}" if share.endpoint else "this machine"
+        lines.append(f"{share.name} ({where}): {share.layers} layers; {_gib(share.free_bytes)} free of "
+                     f"{_gib(share.total_bytes)}")
     if getattr(info, "device_notice", ""):
         lines.append(info.device_notice)
     return "\n".join(lines)

@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--n-gpu-layers", type=int, default=-1)
+    p.add_argument("--rpc", help="also split the model across RPC workers: auto (two on 127.0.0.1) or host:port,...")
     p = sub.add_parser("pool", help="host pool at 16 and 8 bits: bytes, pack/unpack time, logits after a splice")
     p.add_argument("--docs", type=int, default=6)
     p.add_argument("--trials", type=int, default=9)
@@ -70,6 +71,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="a Settings override for every run (repeatable), e.g. --set recovery_top_k=2")
     p.add_argument("--decoys", type=int, default=2, help="with --suite: look-alike facts per fact (difficulty)")
     p.add_argument("--no-raw", action="store_true", help="with --suite: leave per-session rows out")
+    p.add_argument("--no-model", action="store_true", help="with --suite: the model-free retrieval bench "
+                   "(= bench retrieval)")
+    p.add_argument("--families", default="suite,heldout", help="with --no-model: workload families")
+    p = sub.add_parser("retrieval", help="fact block in context at probe, model-free: the memory manager over a "
+                                         "simulated KV cache, two workload families")
+    p.add_argument("--families", default="suite,heldout")
+    p.add_argument("--seeds", type=int, default=16)
+    p.add_argument("--seed-start", type=int, default=100, help="seeds 0-15 of the suite are the dev split")
+    p.add_argument("--budgets", default="256,512,1024")
+    p.add_argument("--backends", default="kv_restore")
+    p.add_argument("--decoys", type=int, default=2)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--raw", action="store_true", help="keep per-session rows (recovery decisions included)")
     p = sub.add_parser("endpoint", help="14-turn session: our endpoint against llama_cpp.server")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--budget", type=int, default=512)
@@ -107,6 +121,22 @@ def main(argv: list[str] | None = None) -> int:
                                     "skipped without one")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for every system (0 = all cores)")
     p.add_argument("--no-reprefill", action="store_true", help="skip the slow llama-cpp-python re-prefill row")
+    p.add_argument("--rpc", help="add Evoke rows with the model split across RPC workers: auto (two on 127.0.0.1) "
+                                 "or host:port,...")
+    p = sub.add_parser("long", help="one coding session to 32K tokens: first token, decode speed, RAM and disk per "
+                                    "turn, Evoke against llama-server and llama-cpp-python side by side")
+    p.add_argument("--quick", action="store_true", help="about 8K tokens (a slow test)")
+    p.add_argument("--tokens", type=int, default=None, help="the session's target length (default 32768)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--systems", default=None, help="comma-separated (default: evoke_2048, evoke_4096, "
+                   "evoke_2048_ram64m, llama_server_full, llama_server_shift; also llama_cpp_python_full, "
+                   "evoke_4096_ram64m, evoke_2048_pool8, evoke_2048_q8_0)")
+    p.add_argument("--server", help="a llama-server binary; its rows are skipped without one")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for every system (0 = all cores)")
+    p.add_argument("--ram-mib", type=int, default=64, help="the small RAM budget of the *_ram64m systems")
+    p.add_argument("--shift-ctx", type=int, default=4096, help="the context of llama_server_shift")
+    p.add_argument("--csv", help="write one row per turn and system here")
+    p.add_argument("--plots", help="write long-chat-{ttft,decode,rss}.png into this folder")
     for name in ("reopen", "prewarm"):
         p = sub.add_parser(name)
         p.add_argument("--tokens", type=int, default=None)
@@ -123,11 +153,20 @@ def main(argv: list[str] | None = None) -> int:
         from .restore import run
 
         result = run(tuple(int(s) for s in args.sizes.split(",")), trials=args.trials, n_ctx=args.n_ctx,
-                     model_path=args.model, n_gpu_layers=args.n_gpu_layers)
+                     model_path=args.model, n_gpu_layers=args.n_gpu_layers, rpc=args.rpc)
     elif args.name == "pool":
         from .pool import run
 
         result = run(docs=args.docs, trials=args.trials, n_ctx=args.n_ctx, model_path=args.model)
+    elif args.name == "retrieval" or args.name == "recall" and args.suite and args.no_model:
+        from .recall_suite import parse_overrides
+        from .retrieval import run
+
+        result = run(families=tuple(args.families.split(",")), seeds=args.seeds,
+                     seed_start=args.seed_start if args.name == "retrieval" else 100 + args.seed_start,
+                     budgets=tuple(int(b) for b in args.budgets.split(",")),
+                     backends=tuple((args.backends or "kv_restore").split(",")), overrides=parse_overrides(args.set),
+                     decoys=args.decoys, keep_sessions=getattr(args, "raw", False))
     elif args.name == "recall" and args.suite:
         from .recall_suite import parse_overrides, run
 
@@ -162,12 +201,20 @@ def main(argv: list[str] | None = None) -> int:
         from .switch import run
 
         result = run(tokens=args.tokens, trials=args.trials, server=check_binary(args.server),
-                     threads=args.threads, reprefill=not args.no_reprefill)
+                     threads=args.threads, reprefill=not args.no_reprefill, rpc=args.rpc)
     elif args.name == "paste":
         from .paste import run
 
         result = run(budgets=tuple(int(b) for b in args.budgets.split(",")), kb=args.kb, trials=args.trials,
                      threads=args.threads)
+    elif args.name == "long":
+        from .llama_server import check_binary
+        from .long import DEFAULT_SYSTEMS, run
+
+        systems = tuple(args.systems.split(",")) if args.systems else DEFAULT_SYSTEMS
+        result = run(seed=args.seed, tokens=args.tokens, quick=args.quick, systems=systems,
+                     server=check_binary(args.server), threads=args.threads, ram_mib=args.ram_mib,
+                     shift_ctx=args.shift_ctx)
     elif args.name == "edit":
         from .edit import run
 
@@ -179,6 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         result = getattr(conversations, f"run_{args.name}")(tokens=args.tokens, trials=args.trials,
                                                             server=check_binary(args.server))
     result["machine"] = {**machine(), "busy_at_start": busy}
+    if args.name == "long":
+        from .long import write_csv
+        from .long_plots import plot
+
+        if args.csv:
+            write_csv(args.csv, result)
+        if args.plots:
+            result["plots"] = plot(result, args.plots)
     json.dump(result, sys.stdout, indent=2)
     print()
     return 0

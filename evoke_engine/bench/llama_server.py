@@ -1,7 +1,8 @@
 """A llama-server process as a bench comparator: start on 127.0.0.1, time the first streamed token, stop.
 
 Invariants: the bench builds nothing (the binary comes from `--server PATH`, see
-native/build_llama_server.sh); the process is always stopped, and binds to loopback only.
+native/build_llama_server.sh); the process is always stopped (on Linux also when the bench is killed), and binds
+to loopback only.
 """
 
 from __future__ import annotations
@@ -9,13 +10,23 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from ..runtime import cpu_has_amx, default_model_path
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the bench that started it dies, even killed -9."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
@@ -43,7 +54,7 @@ class LlamaServer:
             cmd.append("--no-repack")          # the same AMX guard as the engine (llama.cpp issue 20824)
         if self.slot_save_path:
             cmd += ["--slot-save-path", self.slot_save_path]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

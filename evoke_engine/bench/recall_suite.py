@@ -41,8 +41,23 @@ def _recovered_since(stats: dict, since: float) -> list[tuple[str, int]]:
     return out
 
 
-def _fact_blocks(blocks: list[dict], value: str) -> set[str]:
-    return {b["name"] for b in blocks if b["role"] in ("file", "user") and value in b["text"]}
+def _fact_blocks(blocks: list[dict], line: str) -> set[str]:
+    """Input blocks (birth order, one message's blocks consecutive) holding any part of the fact's `line`:
+    the fact is in context only when every one of them is resident."""
+    line = line.strip()
+    by_message: dict[int, list[dict]] = {}
+    for block in blocks:
+        if block["role"] in ("file", "user"):
+            by_message.setdefault(block["turn"], []).append(block)
+    for message in by_message.values():
+        text, spans = "", []
+        for block in message:
+            spans.append((len(text), len(text) + len(block["text"]), block["name"]))
+            text += block["text"]
+        at = text.find(line)
+        if at >= 0:
+            return {name for start, stop, name in spans if start < at + len(line) and stop > at}
+    return set()
 
 
 def run_session(engine: Engine, session: Session) -> dict:
@@ -68,12 +83,12 @@ def run_session(engine: Engine, session: Session) -> dict:
     engine.delete_conversation(conv.id)
     probed_blocks: set[str] = set()
     for fact in session.probed:
-        probed_blocks |= _fact_blocks(blocks, fact.value)
+        probed_blocks |= _fact_blocks(blocks, fact.statement)
     for fact, row in zip(session.probed, probes, strict=True):
-        own = _fact_blocks(blocks, fact.value)
+        own = _fact_blocks(blocks, fact.statement)
         row.update({"type": fact.kind, "where": "chat" if fact.where == "chat" else "file", "value": fact.value,
                     "question": fact.question, "overlap": round(overlap(fact), 2), "fact_blocks": sorted(own),
-                    "fact_block_in_context": any(row["blocks"].get(name) == "resident" for name in own),
+                    "fact_block_in_context": bool(own) and all(row["blocks"].get(name) == "resident" for name in own),
                     "recovered_tokens": sum(t for _, t in row["recovered"]),
                     "recovered_fact_tokens": sum(t for name, t in row["recovered"] if name in probed_blocks)})
         del row["blocks"]
@@ -101,12 +116,16 @@ def summarize(sessions: list[dict]) -> dict:
     on_fact = sum(p["recovered_fact_tokens"] for p in probes)
     per_turn = [n for s in sessions for n in s["recovered_tokens_per_turn"]]
     seconds = [x for s in sessions for x in s["turn_seconds"]]
-    return {"pooled": {"passed": k, "n": len(probes), "rate": round(k / len(probes), 3) if probes else None,
+    in_context = sum(p["fact_block_in_context"] for p in probes)
+    return {"fact_block_in_context_at_probe": round(in_context / max(1, len(probes)), 3),
+            "fact_block_in_context_wilson95": wilson(in_context, len(probes)),
+            "fact_block_in_context_per_type": {
+                kind: wilson(sum(p["fact_block_in_context"] for p in probes if p["type"] == kind),
+                             sum(p["type"] == kind for p in probes)) for kind in FACT_TYPES},
+            "recovery_precision": round(on_fact / recovered, 3) if recovered else None,
+            "pooled": {"passed": k, "n": len(probes), "rate": round(k / len(probes), 3) if probes else None,
                        "wilson95": wilson(k, len(probes))},
             "per_type": per_type, "by_location": by_where,
-            "fact_block_in_context_at_probe": round(sum(p["fact_block_in_context"] for p in probes)
-                                                    / max(1, len(probes)), 3),
-            "recovery_precision": round(on_fact / recovered, 3) if recovered else None,
             "recovered_tokens_at_probes": recovered,
             "tokens_recovered_per_turn": round(statistics.mean(per_turn), 1) if per_turn else 0.0,
             "evictions": sum(s["evictions"] for s in sessions), "recoveries": sum(s["recoveries"] for s in sessions),

@@ -197,6 +197,7 @@ class Turn:
     max_tokens: int
     attachments: list[tuple[str, str]] = field(default_factory=list)
     fact: Fact | None = None
+    reply: str = ""            # a canned reply (the model-free retrieval bench); empty: the bench picks one
 
 
 @dataclass

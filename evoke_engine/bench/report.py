@@ -79,6 +79,28 @@ def recall_suite(r: dict) -> str:
     return "\n".join(lines)
 
 
+def retrieval(r: dict) -> str:
+    """One row per (family, backend, budget): fact block in context at probe (Wilson 95%), per type, precision,
+    tokens recovered per turn, deciding cost."""
+    def cell(row: dict) -> str:
+        return f"{row['in_context']}/{row['n']} [{row['wilson95'][0]:.2f}, {row['wilson95'][1]:.2f}]"
+
+    over = " ".join(f"--set {k}={v}" for k, v in r.get("overrides", {}).items())
+    lines = [f"`bench retrieval --families {','.join(r['families'])} --seeds {r['seeds'][1] - r['seeds'][0]} "
+             f"--seed-start {r['seeds'][0]} --budgets {','.join(map(str, r['budgets']))}"
+             f"{' ' + over if over else ''}`. {_machine(r)}", "",
+             "| family | backend@budget | fact block in context | per type | precision | tokens recovered / turn "
+             "| deciding ms p50 / p95 | facts cut |", "|---|---|---:|---|---:|---:|---:|---:|"]
+    for key, row in r["results"].items():
+        family, config = key.split("/", 1)
+        types = ", ".join(f"{t} {v['in_context']}/{v['n']}" for t, v in row["per_type"].items())
+        lines.append(f"| {family} | {config} | **{cell(row['fact_block_in_context'])}** | {types} | "
+                     f"{row['recovery_precision']} | {row['tokens_recovered_per_turn']} | "
+                     f"{row['decide_ms']['p50']} / {row['decide_ms']['p95']} | "
+                     f"{row['facts_cut_between_blocks']}/{row['facts']} |")
+    return "\n".join(lines)
+
+
 def ablation(r: dict) -> str:
     """One row per (workload, budget, arm): probes passed with a Wilson 95% interval, evictions, recoveries."""
     lines = [f"`bench ablation --seeds {r['seeds']} --budgets {','.join(map(str, r['budgets']))} "
@@ -125,7 +147,7 @@ def main(paths: list[str]) -> None:
         with open(path) as fh:
             result = json.load(fh)
         render = {"restore": restore, "recall": recall, "recall_suite": recall_suite, "endpoint": endpoint,
-                  "edit": edit, "ablation": ablation}.get(result["bench"], simple)
+                  "edit": edit, "ablation": ablation, "retrieval": retrieval}.get(result["bench"], simple)
         print(render(result))
         print()
 

@@ -99,9 +99,7 @@ def measure(rt: Runtime, kv: KVCache, n: int, trials: int, context_tokens: int) 
             "speedup_with_llama_shift": round(med["reprefill"] / (med["save"] + med["llama_shift_restore"]), 1)}
 
 
-def run(sizes: tuple[int, ...] = SIZES, trials: int = 5, n_ctx: int = 4096, model_path: str | None = None,
-        context_tokens: int = 1536, n_gpu_layers: int = -1) -> dict:
-    settings = Settings(model_path=model_path, n_ctx=n_ctx, slots=2, n_gpu_layers=n_gpu_layers)
+def _run_one(settings: Settings, sizes: tuple[int, ...], trials: int, context_tokens: int) -> dict:
     rt = Runtime(settings)
     try:
         kv = KVCache(rt)
@@ -110,6 +108,27 @@ def run(sizes: tuple[int, ...] = SIZES, trials: int = 5, n_ctx: int = 4096, mode
         return {"bench": "restore", "model": info.name, "model_desc": info.description, "device": info.device,
                 "n_ctx": rt.n_ctx, "kv_cache_type": settings.kv_cache_type, "trials": trials,
                 "native_reanchor": kv.geometry is not None, "reanchor_note": kv.reanchor_note,
-                "rows": rows}
+                "devices": [d.as_dict() for d in info.devices], "rows": rows}
     finally:
         rt.close()
+
+
+def run(sizes: tuple[int, ...] = SIZES, trials: int = 5, n_ctx: int = 4096, model_path: str | None = None,
+        context_tokens: int = 1536, n_gpu_layers: int = -1, rpc: str | None = None) -> dict:
+    """`rpc`: also measure the model split evenly across this machine and RPC workers (`auto`: two started on
+    127.0.0.1), after the local model in the same run, with the split/local ratios per size."""
+    settings = Settings(model_path=model_path, n_ctx=n_ctx, slots=2, n_gpu_layers=n_gpu_layers)
+    result = _run_one(settings, sizes, trials, context_tokens)
+    if not rpc:
+        return result
+    from ..rpc_worker import bench_workers, even_split
+
+    with bench_workers(rpc) as (endpoints,):
+        split = _run_one(settings.replace(rpc_servers=endpoints, rpc_layer_split=even_split(endpoints)),
+                         sizes, trials, context_tokens)
+    keys = ("save_ms", "restore_ms", "restore_call_ms", "reprefill_ms")
+    result["rpc"] = {"workers": rpc, "endpoints": endpoints, "devices": split["devices"], "rows": split["rows"],
+                     "split_over_local": [{"tokens": local["tokens"],
+                                           **{k: round(remote[k] / local[k], 2) if local[k] else None for k in keys}}
+                                          for local, remote in zip(result["rows"], split["rows"], strict=True)]}
+    return result

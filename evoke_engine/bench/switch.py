@@ -20,6 +20,7 @@ import llama_cpp as ll
 import numpy as np
 
 from ..engine import Engine
+from ..rpc_worker import bench_workers, even_split
 from ..runtime import Runtime
 from ..settings import Settings
 from ..template import ChatTemplate
@@ -33,10 +34,11 @@ WARM = ["Reply OK if you can read this.", "Please reply OK once more."]
 class EvokeSystem:
     """Evoke Desk: each conversation in its slot; at `budget` both fit, or part of each is in RAM."""
 
-    def __init__(self, docs: dict[str, str], budget: int, threads: int) -> None:
+    def __init__(self, docs: dict[str, str], budget: int, threads: int, rpc_servers: str = "") -> None:
         settings = Settings(home=tempfile.mkdtemp(prefix="evoke-bench-"), budget_tokens=budget, n_ctx=4 * budget,
                             slots=2, n_threads=threads, recovery="kv_restore", system_prompt=SYSTEM,
-                            tools_enabled=False)
+                            tools_enabled=False, rpc_servers=rpc_servers,
+                            rpc_layer_split=even_split(rpc_servers) if rpc_servers else "")
         self.engine = Engine(settings, scheduler=False)
         self.engine.wait_idle()
         self.convs = {}
@@ -140,7 +142,9 @@ def _closing(stack: contextlib.ExitStack, system):
 
 
 def run(tokens: int | None = None, trials: int = 7, server: str | None = None, threads: int = 0,
-        reprefill: bool = True) -> dict:
+        reprefill: bool = True, rpc: str | None = None) -> dict:
+    """`rpc`: add evoke_rpc rows, the model split evenly across this machine and RPC workers (`auto`: two
+    started on 127.0.0.1 for the run), taking turns with the others."""
     tokens = tokens or 2000
     threads = threads or os.cpu_count() or 1
     resident_budget, evicting_budget = 2 * tokens + 1024, tokens + 1024
@@ -149,11 +153,15 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
     order = (["A", "B"] * trials)[:trials]
     questions = [SHORT[i % len(SHORT)] + ("" if i < len(SHORT) else f" ({i + 1})") for i in range(trials)]
     with contextlib.ExitStack() as stack:
+        endpoint_sets = stack.enter_context(bench_workers(rpc, sets=2))      # stopped last, after every system
         evoke = _closing(stack, IsolatedSystem(EvokeSystem, docs, resident_budget, threads))
         histories = evoke.call("histories")
         systems = {"evoke": evoke,
                    "evoke_evicting": _closing(stack, IsolatedSystem(EvokeSystem, docs, evicting_budget, threads)),
                    "floor": _closing(stack, IsolatedSystem(FloorSystem, histories, n_ctx, threads))}
+        for label, budget, endpoints in zip(("evoke_rpc", "evoke_rpc_evicting"), (resident_budget, evicting_budget),
+                                            endpoint_sets, strict=False):   # a given endpoint list: evoke_rpc only
+            systems[label] = _closing(stack, IsolatedSystem(EvokeSystem, docs, budget, threads, endpoints))
         if server:
             n_server = 2 * n_ctx                        # llama-server splits -c between its slots
             two_slots = ["-np", "2", "--cache-ram", "0"]
@@ -202,4 +210,10 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
             "evoke_evicting_vs_best_llama_server": (round(medians["evoke_evicting"] / best_server, 2)
                                                     if servers else None),
             "speedup_vs_reprefill": (round(medians["llama_cpp_python_reprefill"] / medians["evoke"], 1)
-                                     if reprefill else None)}
+                                     if reprefill else None),
+            "rpc": ({"workers": rpc, "endpoints": endpoint_sets,
+                     "evoke_rpc_over_evoke": round(medians["evoke_rpc"] / medians["evoke"], 2),
+                     "evoke_rpc_evicting_over_evoke_evicting": (round(medians["evoke_rpc_evicting"]
+                                                                      / medians["evoke_evicting"], 2)
+                                                                if "evoke_rpc_evicting" in medians else None)}
+                    if endpoint_sets else None)}

@@ -1,0 +1,107 @@
+"""One loaded model as one value: its runtime, KV primitives, chat template, shared prefixes, host pool, slots,
+KV files, attention capture and embedder.
+
+Invariants: a `LoadedModel` exists exactly while the model is loaded (the Engine holds one or None); `load`
+either returns a whole value or frees what it made and raises; `close` frees everything in one place, in
+dependency order (pool, prefixes, contexts, then the capture they called into), and a second call does
+nothing. The KV files are on disk and outlive the value (the store holds no context).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .attention import AttentionCapture, attach_capture
+from .embedder import Embedder
+from .errors import EvokeError
+from .events import EngineEvent, EventKind
+from .kv import KVCache
+from .live_settings import ttl_seconds
+from .pool import SavedPool
+from .prefixes import SharedPrefixes
+from .runtime import ModelInfo, Runtime
+from .settings import Settings
+from .slots import SlotRegistry
+from .store.kvfiles import KVFileStore, model_hash
+from .template import ChatTemplate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    settings: Settings              # the engine's own settings object (applies-now fields change in place)
+    rt: Runtime
+    kv: KVCache
+    template: ChatTemplate
+    prefixes: SharedPrefixes
+    pool: SavedPool
+    slots: SlotRegistry
+    files: KVFileStore
+    attention: AttentionCapture | None
+    embedder: Embedder              # replaced by `Engine.switch_embedder` only
+    info: ModelInfo
+    closed: bool = False
+
+    @classmethod
+    def load(cls, settings: Settings, emit: Callable[[EngineEvent], None], clock: Callable[[], float]) -> LoadedModel:
+        """Load the model `settings` names and build its resources (engine thread). A failure after the
+        runtime exists frees it before the error goes up: nothing is left holding a context."""
+        capture = AttentionCapture.create(gqa=settings.attention_gqa) if settings.attention_capture else None
+        try:
+            rt = Runtime(settings, eval_callback=capture)
+        except EvokeError as exc:
+            emit(EngineEvent(EventKind.LOAD_FAILED, str(exc)))
+            raise
+        attention = pool = None
+        try:
+            attention = attach_capture(capture, rt, settings, emit)
+            kv = KVCache(rt, mirror=attention)
+            template = ChatTemplate(rt.meta("tokenizer.chat_template"), bos_token=rt.token_text("bos"),
+                                    eos_token=rt.token_text("eos"))
+            pool = SavedPool(settings.ram_budget_bytes, settings.cache_dir / "spill",
+                             spill_budget_bytes=settings.spill_budget_bytes,
+                             reserve_bytes=settings.disk_reserve_bytes, bits=settings.pool_bits,
+                             on_spill=lambda b: emit(EngineEvent(EventKind.SPILLED, f"{b.name} spilled to disk",
+                                                                 block=b.name, tokens=b.n_tokens)))
+            files = KVFileStore(settings.cache_dir, model_hash(rt.model_path, settings.kv_cache_type, rt.n_ctx,
+                                                               settings.slots, rt.flash_attention),
+                                ttl_seconds(settings), clock=clock)
+            files.check(fix=True)
+            return cls(settings=settings, rt=rt, kv=kv, template=template,
+                       prefixes=SharedPrefixes(rt, kv, template), pool=pool, slots=SlotRegistry(settings.slots),
+                       files=files, attention=attention, embedder=Embedder(settings.embedder), info=rt.info())
+        except BaseException:
+            if pool is not None:
+                pool.close()
+            rt.close()
+            if attention is not None:
+                attention.close()
+            raise
+
+    def fit_warning(self, shared_tokens: int) -> str | None:
+        """Why the slots' budgets may not fit in the context (an error event's text), or None when they fit."""
+        s, rt = self.settings, self.rt
+        if rt.n_contexts > 1:                       # each slot in its own context, with a copy of the prefix
+            cells, room = s.budget_tokens + 2 * s.block_tokens, rt.n_ctx_per_context
+        else:
+            cells = shared_tokens + s.slots * max(0, s.budget_tokens - shared_tokens) + 2 * s.block_tokens
+            room = rt.n_ctx
+        if cells > room:
+            return (f"{s.slots} slots of {s.budget_tokens} tokens may not fit in a context of {room}; "
+                    f"raise n_ctx or lower slots or budget")
+        return None
+
+    def close(self) -> None:
+        """Free the host pool, the prefixes, the contexts and the model, then the attention capture (after the
+        contexts that called into it). Open conversations must have been released first."""
+        if self.closed:
+            return
+        self.closed = True
+        self.pool.close()
+        self.prefixes.clear()
+        self.rt.close()
+        if self.attention is not None:
+            self.attention.close()
