@@ -4,6 +4,8 @@ Invariants: resident blocks occupy contiguous positions [0, active_tokens) in ta
 (`BlockTable.check`); a block is in exactly one state; a shared (prefix) block is never
 moved or evicted; content hashes are set once, from the block's token ids; a block whose cells a
 forked sibling conversation may also hold (`sibling_shared`) is copied out before its cells move.
+Blocks compare and hash by identity (dict keys and set members as they are). Only `resident.ResidentSequence`
+calls the table's mutators (positions and states), keeping the table equal to the slot's cells.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def content_hash(tokens: list[int]) -> str:
     return hashlib.sha256(np.asarray(tokens, dtype=np.int32).tobytes()).hexdigest()[:16]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False)                 # identity equality and hash: a block is a dict key itself
 class Block:
     name: str                 # system, tools, user#3, user#3.1, assistant#3, file:notes.txt#2
     role: str                 # system | tools | user | assistant | file | breadcrumb
@@ -80,7 +82,8 @@ class Block:
 class BlockTable:
     """All blocks of a conversation (birth order) and the resident ones (position order).
 
-    The one place that moves blocks between lists, positions and states (the pool records RAM/DISK).
+    The one place that moves blocks between lists, positions and states, at its owner's
+    (`ResidentSequence`) command: RAM/DISK/DROPPED as the pool reports where the bytes are.
     """
 
     def __init__(self) -> None:
@@ -149,11 +152,12 @@ class BlockTable:
         block.state = BlockState.DROPPED
         self.blocks.remove(block)
 
-    def mark_dropped(self, block: Block) -> None:
-        """A block out of the context whose K/V bytes are gone (only its text remains)."""
-        if block.state is BlockState.RESIDENT:
-            raise InvariantError(f"{block.name} is resident: take it out of the context first")
-        block.state = BlockState.DROPPED
+    def mark_bytes(self, block: Block, where: BlockState) -> None:
+        """A block out of the context whose K/V bytes are now `where`: RAM, DISK, or DROPPED (gone; only
+        its text remains)."""
+        if block.state is BlockState.RESIDENT or where is BlockState.RESIDENT:
+            raise InvariantError(f"{block.name}: only a block out of the context has its bytes elsewhere")
+        block.state = where
 
     def mark_private(self, from_pos: int = 0) -> None:
         """Resident blocks at and after `from_pos` hold cells no forked sibling shares any more."""

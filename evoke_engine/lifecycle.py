@@ -128,8 +128,7 @@ class ConversationLifecycle:
 
     def adopt(self, state: ConversationState, prefix: Prefix) -> None:
         """Open a fresh state: its memory gets the prefix blocks and it joins the open conversations."""
-        for block in prefix.blocks():
-            state.memory.table.append(block)
+        state.memory.sequence.adopt_prefix(prefix.blocks())
         self._states[state.id] = state
 
     def create(self, conversation_id: str, title: str, system_prompt: str, tools: list[dict],

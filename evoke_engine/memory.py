@@ -1,12 +1,10 @@
-"""One conversation's KV memory: its slot's resident blocks, eviction, recovery, parking.
+"""One conversation's KV memory policy: watermarks, making room, what to evict and recover, turn ends.
 
-Invariants (engine thread only): the block table mirrors the slot sequence exactly (resident
-blocks at contiguous positions, `pos_max == active_tokens - 1`, plus the next message's opening
-when it was decoded ahead: `KVCache.hold_ahead`); victims are saved before any
-compaction; at every turn end `active_tokens <= budget_tokens` unless protected blocks alone
-exceed it (reported, never silent). A budget is at least `min_budget_tokens` of its prefix: then
-a reply of any length fits (`evict_within` gives up the turn's protections one by one, never the
-recent tail) and the budget never cuts it.
+Invariants (engine thread only): it decides and `ResidentSequence` (resident.py) acts: every change to
+positions, states and cells goes through `self.sequence`, which keeps the table equal to the slot; at every
+turn end `active_tokens <= budget_tokens` unless protected blocks alone exceed it (reported, never silent).
+A budget is at least `min_budget_tokens` of its prefix: then a reply of any length fits (`evict_within`
+gives up the turn's protections one by one, never the recent tail) and the budget never cuts it.
 """
 
 from __future__ import annotations
@@ -25,13 +23,14 @@ from .blocks import Block, BlockState, BlockTable
 from .embedder import Embedder
 from .errors import BudgetError, InvariantError, RestoreError
 from .events import EngineEvent, EventKind
-from .kv import KVPrimitives, SavedKV
-from .policy import choose_recoveries, choose_victims, protected_blocks
+from .kv import KVPrimitives
+from .policy import RecoveryPick, choose_recoveries, choose_victims, protected_blocks
 from .pool import SavedPool
 from .recall_signals import RecallSignal
 from .recall_signals import prepare as prepare_lines
-from .recovery import RecoveryBackend
+from .recovery import Breadcrumb, RecoveryBackend
 from .recovery import backend as recovery_backend
+from .resident import ResidentSequence
 from .runtime import Runtime
 from .scorer import Scorer, TaskFocus
 from .settings import Settings
@@ -67,13 +66,6 @@ def min_budget_tokens(prefix_tokens: int, settings: Settings) -> int:
     return budget
 
 
-def _writable(data) -> bytearray | memoryview:
-    """A buffer llama.cpp can read from without a copy (copies only read-only input)."""
-    if isinstance(data, memoryview) and not data.readonly or isinstance(data, bytearray):
-        return data
-    return bytearray(data)
-
-
 class ConversationMemory:
     def __init__(self, conversation_id: str, *, settings: Settings, runtime: Runtime, kv: KVPrimitives,
                  pool: SavedPool, embedder: Embedder, emit: Callable[[EngineEvent], None]) -> None:
@@ -82,12 +74,9 @@ class ConversationMemory:
         self.budget_tokens = settings.budget_tokens
         self.rt, self.kv, self.pool, self.embedder = runtime, kv, pool, embedder
         self.emit = emit
-        self.table = BlockTable()
-        self.seq: int | None = None
-        self.image: Block | None = None          # the slot's bytes while parked
-        self.image_ahead: list[int] = []         # the opening held ahead, the image's last cells
+        self.sequence = ResidentSequence(runtime=runtime, kv=kv, pool=pool)   # the only writer of the table
         self.scorer = Scorer(settings)
-        self.attention = AttentionSignal(getattr(kv, "mirror", None))   # inert unless the capture is on
+        self.attention = AttentionSignal(kv.mirror)      # inert unless the capture is on
         self.focus = TaskFocus(ema=settings.focus_ema, snap_cosine=settings.focus_snap_cosine)
         self.turn = 0
         self.counters = Counters()
@@ -98,14 +87,27 @@ class ConversationMemory:
         self._query_ready = True
         self.last_decide_s = 0.0                 # the last recovery decision: embedding, signals, choosing
 
-    # -- accounting -------------------------------------------------------------------------
+    # -- accounting (read only: `sequence` writes) --------------------------------------------
+    @property
+    def table(self) -> BlockTable:
+        return self.sequence.table
+
+    @property
+    def seq(self) -> int | None:
+        """The slot (llama.cpp sequence) the conversation is in; None while parked."""
+        return self.sequence.seq
+
+    @property
+    def image(self) -> Block | None:
+        return self.sequence.image
+
     @property
     def active_tokens(self) -> int:
-        return self.table.active_tokens
+        return self.sequence.active_tokens
 
     @property
     def prefix_tokens(self) -> int:
-        return sum(b.n_tokens for b in self.table.resident if b.shared)
+        return self.sequence.prefix_tokens
 
     @property
     def recovery(self) -> RecoveryBackend:
@@ -140,29 +142,10 @@ class ConversationMemory:
         return self._query
 
     # -- decoding new blocks ----------------------------------------------------------------
-    def decode_at_tail(self, tokens: list[int], *, ahead: list[int] = (), logits_last: bool = True,
-                       cancel=None) -> None:
-        """Decode `tokens` after the last block (the caller then adds them to the table). Leading tokens
-        already decoded there ahead of time are not decoded again; `ahead` (the opening the next message
-        will start with) goes into the same llama_decode after them and is held outside the table, its
-        few cells outside the budget, until a decode claims it or any other operation drops it."""
-        if ahead and logits_last:
-            raise ValueError("tokens decoded ahead come after the last logits wanted")
-        start = self.active_tokens
-        done = self.kv.claim_ahead(self.seq, start, tokens, whole=not logits_last)
-        self.rt.decode([*tokens[done:], *ahead], self.seq, start + done, logits_last=logits_last, cancel=cancel)
-        if ahead:
-            self.kv.hold_ahead(self.seq, start + len(tokens), list(ahead))
-
     def append_decoded(self, block: Block, *, current: Iterable[Block] = (), cancel=None) -> None:
         """Make room for `block`, decode its tokens at the tail and add it to the table."""
         self.make_room(block.n_tokens, current=current)
-        try:
-            self.decode_at_tail(block.tokens, cancel=cancel)
-        except BaseException:
-            self.kv.drop(self.seq, self.active_tokens, -1)   # chunks decoded before a cancel leave with it
-            raise
-        self.table.append(block)
+        self.sequence.append([block], cancel=cancel)
         self.counters.prefill_tokens += block.n_tokens
 
     def make_room(self, needed: int, *, current: Iterable[Block] = ()) -> None:
@@ -192,24 +175,12 @@ class ConversationMemory:
             return []
         tail = int(self.budget_tokens * self.settings.tail_fraction)
         protected = protected_blocks(self.table, tail_tokens=tail, current=current)
-        self.ensure_embeddings(b for b in self.table.resident if id(b) not in protected)
+        self.ensure_embeddings(b for b in self.table.resident if b not in protected)
         self.attention.refresh(self.seq, self.table.resident, self.settings.attention_aggregation)
         victims = choose_victims(self.table, target_tokens=target_tokens, protected=protected,
                                  score=self.score)
         prepare_lines(self.embedder, self.settings.recall_signal, victims)   # now, not in a later decision
-        keep_bytes = self.recovery.keeps_bytes
-        saved: dict[int, SavedKV] = {}
-        if keep_bytes:                                   # save every victim before any compaction
-            for block in victims:
-                saved[id(block)] = self.kv.save(self.seq, block.pos, block.end)
-        if victims:
-            self._unshare_from(min(b.pos for b in victims), leaving=victims)
-        for block in sorted(victims, key=lambda b: b.pos, reverse=True):
-            p0, p1 = block.pos, block.end
-            self.kv.evict(self.seq, p0, p1)
-            self.table.remove_resident(block, BlockState.DROPPED)
-            if keep_bytes:
-                self.pool.put(block, saved[id(block)])
+        for block in self.sequence.evict(victims, keep_bytes=self.recovery.keeps_bytes):
             self.counters.evictions += 1
             self.counters.evicted_tokens += block.n_tokens
             self.record_event(EventKind.EVICTED, f"evicted {block.name} ({block.n_tokens} tokens)", block)
@@ -243,68 +214,22 @@ class ConversationMemory:
             self.ensure_embeddings(b for b in self.table.resident if not b.shared)
             prepare_lines(self.embedder, self.settings.recall_signal, (b for b in self.table.resident if not b.shared))
 
-    # -- blocks that leave for good (edits) and cells a fork shares --------------------------
-    def _unshare_from(self, pos: int, *, leaving: Iterable[Block] = ()) -> None:
-        """Give this sequence private copies of the cells at and after `pos` that a forked sibling may
-        share, before they move: a cell has one position, so shifting a shared one moves it for both."""
-        leaving_ids = {id(b) for b in leaving}
-        shared = [b for b in self.table.resident if b.sibling_shared and b.pos >= pos and id(b) not in leaving_ids]
-        if not shared:
-            return
-        start = min(b.pos for b in shared)
-        copy = self.kv.save(self.seq, start, self.active_tokens)
-        self.kv.drop(self.seq, start, -1)                # the sibling keeps its cells
-        self.kv.restore(copy, self.seq, start)
-        self.table.mark_private(from_pos=start)
-
+    # -- blocks that leave for good (edits) and forks -----------------------------------------
     def remove_blocks(self, doomed: Iterable[Block]) -> None:
-        """Take blocks out of the conversation for good (their message was edited away or deleted):
-        resident ones leave the sequence (later ones move down), saved ones leave the pool."""
-        doomed = list(doomed)
-        if any(b.shared for b in doomed):
-            raise ValueError("the shared prefix cannot be removed from a conversation")
-        resident = sorted((b for b in doomed if b.state is BlockState.RESIDENT), key=lambda b: b.pos)
-        if resident and self.seq is None:
-            raise ValueError("a parked conversation's blocks are removed after it is back in its slot")
-        if resident:
-            doomed_ids = {id(b) for b in resident}
-            first = resident[0].pos
-            if all(id(b) in doomed_ids for b in self.table.resident if b.pos >= first):
-                self.kv.drop(self.seq, first, -1)        # the tail: no cell moves
-                for block in reversed(resident):
-                    self.table.remove_resident(block, BlockState.DROPPED)
-            else:
-                self._unshare_from(first, leaving=resident)
-                for block in reversed(resident):
-                    self.kv.evict(self.seq, block.pos, block.end)
-                    self.table.remove_resident(block, BlockState.DROPPED)
-        for block in doomed:
-            self.pool.discard(block)
-            self.table.forget(block)
+        """Take blocks out of the conversation for good (their message was edited away or deleted)."""
+        self.sequence.remove(doomed)
 
     def share_into(self, child: ConversationMemory) -> None:
-        """Make `child` (fresh, in its slot, prefix shared) hold this conversation's blocks: resident
-        cells shared with this sequence (no decode, no copy), saved bytes shared in the pool."""
-        if self.seq is None or child.seq is None or child.table.blocks != child.table.resident:
-            raise ValueError("both conversations must be in slots, the child holding only its prefix")
-        start = self.prefix_tokens
-        if self.active_tokens > start:
-            self.kv.share(self.seq, child.seq, start, self.active_tokens)
-        self.table.mark_sibling_shared()
-        copies = []
-        for block in self.table.blocks:
-            copy = block.clone()
-            copies.append(copy)
-            if block.state is not BlockState.RESIDENT and block in self.pool:
-                self.pool.share(block, copy)
-        child.table = BlockTable.from_blocks(copies)
+        """Make `child` (fresh, in its slot, prefix shared) hold this conversation's blocks (no decode, no
+        copy: `ResidentSequence.share_into`), its turn, budget and task focus."""
+        self.sequence.share_into(child.sequence)
         child.turn = self.turn
         child.budget_tokens = self.budget_tokens
         child.focus.vector = None if self.focus.vector is None else self.focus.vector.copy()
 
     # -- recovery ---------------------------------------------------------------------------
     def candidates(self) -> list[Block]:
-        return self.recovery.candidates(self)
+        return self.recovery.candidates(self.table.blocks)
 
     def recover(self, message: str, *, message_tokens: int, reply_reserve: int,
                 identity_hashes: set[str] = frozenset()) -> list[Block]:
@@ -331,10 +256,9 @@ class ConversationMemory:
                                   margin=self.settings.recovery_margin)
         self.last_decide_s = time.perf_counter() - started
         recovered: list[Block] = []
-        backend = self.recovery
         for pick in picks:
             self.make_room(pick.block.n_tokens, current=recovered)
-            block = backend.bring_back(self, pick, self._explain(pick, signal))
+            block = self._bring_back(pick, self._explain(pick, signal))
             if block is None:
                 continue
             recovered.append(block)
@@ -349,26 +273,36 @@ class ConversationMemory:
         self.decisions.append(detail)
         return detail
 
+    def _bring_back(self, pick: RecoveryPick, detail: dict) -> Block | None:
+        """Bring the picked block's content back at the tail the way the recovery backend says; the block now
+        resident, or None when it could not come back. `detail` goes into the recovery event."""
+        backend = self.recovery
+        if backend.brings_back == "bytes":
+            try:
+                self.restore_block(pick.block)
+            except RestoreError as exc:
+                self.record_event(EventKind.ERROR, f"could not restore {pick.block.name}: {exc}", pick.block)
+                return None
+            self.record_event(EventKind.RECOVERED, f"recovered {pick.block.name} ({pick.reason}, "
+                                                   f"similarity {pick.similarity:.2f})", pick.block, detail=detail)
+            return pick.block
+        if backend.brings_back == "marker":
+            return self.add_breadcrumb(pick.block, detail)
+        raise NotImplementedError(f"recovery {backend.name!r} brings nothing back")
+
     def restore_block(self, block: Block) -> None:
-        """Splice a saved block's K/V back at the tail (RestoreError leaves it saved)."""
-        saved = self.pool.take(block)
-        try:
-            self.kv.restore(saved, self.seq, self.active_tokens)
-        except RestoreError:
-            self.pool.put(block, saved)                   # still saved; nothing is lost
-            raise
-        self.table.place_at_tail(block)
+        """Splice a saved block's K/V back at the tail (RestoreError: still saved, or DROPPED if its bytes are
+        gone)."""
+        self.sequence.restore(block)
         block.recoveries += 1
         self.counters.recoveries += 1
         self.counters.recovered_tokens += block.n_tokens
 
     def add_breadcrumb(self, block: Block, detail: dict | None = None) -> Block:
         """Decode a short marker of a dropped block's text at the tail; returns the marker block."""
-        words = block.text.split()
-        marker = f"[earlier {block.name}: {' '.join(words[:16])}{' …' if len(words) > 16 else ''}]\n"
+        marker = Breadcrumb.marker(block)
         crumb = Block(name=f"breadcrumb:{block.name}", role="breadcrumb", turn=self.turn,
                       tokens=self.rt.tokenize(marker, parse_special=False), text=marker)
-        self.table.mark_dropped(block)
         self.append_decoded(crumb)
         self.counters.breadcrumbs += 1
         self.counters.recoveries += 1
@@ -393,44 +327,21 @@ class ConversationMemory:
         """Leave the slot: the slot's own tokens are saved as one image; shared cells stay shared."""
         if self.seq is None:
             raise InvariantError(f"conversation {self.id} is not in a slot: nothing to park")
-        start = self.prefix_tokens
-        ahead = self.kv.held_ahead(self.seq)
-        if self.active_tokens > start:
-            image = Block(name="slot-image", role="image", turn=self.turn,
-                          tokens=[t for b in self.table.resident if not b.shared for t in b.tokens], text="")
-            self.pool.put(image, self.kv.save(self.seq, start, self.active_tokens + len(ahead)))
-            self.image, self.image_ahead = image, ahead
-        self.kv.drop(self.seq)
-        self.seq = None
-        self.table.mark_private()                        # the image comes back into private cells
+        self.sequence.park(self.turn)
 
     def unpark(self, seq: int) -> None:
         """Back into a slot whose prefix cells were already shared in: restore the image in place.
         Raises RestoreError when the image is lost (the caller rebuilds the conversation)."""
-        self.seq = seq
-        if self.image is not None:
-            image, self.image = self.image, None
-            ahead, self.image_ahead = self.image_ahead, []
-            self.kv.restore(self.pool.take(image), seq, self.prefix_tokens)
-            self.kv.hold_ahead(seq, self.active_tokens, ahead)
+        self.sequence.unpark(seq)
 
     # -- persistence ------------------------------------------------------------------------
     def snapshot(self, prefix_key: str, history: list[dict]) -> Snapshot:
         """Everything needed to bring this conversation back without a forward pass."""
-        image, ahead = None, []
-        if self.seq is not None:
-            start = self.prefix_tokens
-            if self.active_tokens > start:
-                ahead = self.kv.held_ahead(self.seq)
-                saved = self.kv.save(self.seq, start, self.active_tokens + len(ahead))
-                image = (bytes(saved.data), saved.origin_pos, saved.n_tokens)
-        elif self.image is not None:
-            image, ahead = self.pool.peek_bytes(self.image), self.image_ahead
-        saved_blocks = {i: self.pool.peek_bytes(b) for i, b in enumerate(self.table.blocks) if b in self.pool}
+        image, ahead = self.sequence.image_bytes()
         focus = None if self.focus.vector is None else [float(x) for x in self.focus.vector]
         return Snapshot(conversation_id=self.id, prefix_key=prefix_key, turn=self.turn,
                         budget_tokens=self.budget_tokens, history=history, blocks=self.table.blocks,
-                        image=image, saved=saved_blocks, counters=asdict(self.counters), focus=focus,
+                        image=image, saved=self.sequence.saved_bytes(), counters=asdict(self.counters), focus=focus,
                         embedder=self.embedder.identity, ahead=ahead)
 
     def load_snapshot(self, snapshot: Snapshot, prefix_tokens: int) -> None:
@@ -446,21 +357,7 @@ class ConversationMemory:
         mismatch = total - shared + len(snapshot.ahead) != image_tokens
         if mismatch or (snapshot.image and snapshot.image[1] != prefix_tokens):
             raise SnapshotError("snapshot image does not match its block table")
-        self.table = BlockTable.from_blocks(snapshot.blocks)
-        for index, block in enumerate(self.table.blocks):
-            if block.state is BlockState.RESIDENT:
-                continue
-            if index in snapshot.saved:
-                data, origin, n_tokens = snapshot.saved[index]
-                self.pool.put(block, SavedKV(_writable(data), origin, n_tokens))
-            else:
-                self.table.mark_dropped(block)
-        self.table.check()
-        if snapshot.image is not None:
-            data, origin, n_tokens = snapshot.image
-            image = Block(name="slot-image", role="image", turn=snapshot.turn, tokens=[], text="")
-            self.pool.put(image, SavedKV(_writable(data), origin, n_tokens))
-            self.image, self.image_ahead = image, list(snapshot.ahead)
+        self.sequence.load(snapshot.blocks, snapshot.saved, snapshot.image, snapshot.ahead, snapshot.turn)
         self.turn = snapshot.turn
         self.budget_tokens = max(snapshot.budget_tokens, min_budget_tokens(prefix_tokens, self.settings))  # old files
         for key, value in snapshot.counters.items():
@@ -479,28 +376,13 @@ class ConversationMemory:
 
     def release(self) -> None:
         """Forget every byte this conversation holds (slot cells and pool entries)."""
-        if self.seq is not None:
-            self.kv.drop(self.seq)
-            self.seq = None
-        for block in [*self.table.blocks, *([self.image] if self.image else [])]:
-            self.pool.discard(block)
-        self.image, self.image_ahead = None, []
+        self.sequence.release()
 
     def memory_location(self) -> str:
-        if self.seq is not None:
-            return "slot"
-        if self.image is None:
-            return "none"
-        return "disk" if self.image.state is BlockState.DISK else "ram"
+        return self.sequence.location()
 
     def check(self) -> None:
-        self.table.check()
-        if self.seq is None:
-            return
-        ahead = self.kv.ahead_tokens(self.seq)
-        if self.kv.pos_max(self.seq) != self.active_tokens + ahead - 1:
-            raise InvariantError(f"pos_max {self.kv.pos_max(self.seq)} != active {self.active_tokens} "
-                                 f"+ {ahead} held ahead - 1")
+        self.sequence.check()
 
     def _block_summaries(self) -> Iterator[dict]:
         """`Block.summary()` of every block, with its attention share when the capture is on: current for

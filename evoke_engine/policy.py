@@ -14,25 +14,25 @@ from dataclasses import dataclass
 from .blocks import Block, BlockTable
 
 
-def protected_blocks(table: BlockTable, *, tail_tokens: int, current: Iterable[Block] = ()) -> set[int]:
-    """ids of resident blocks that must stay: prefix, sink, pinned, current, recent tail."""
-    keep = {id(b) for b in current}
+def protected_blocks(table: BlockTable, *, tail_tokens: int, current: Iterable[Block] = ()) -> set[Block]:
+    """Resident blocks that must stay: prefix, sink, pinned, current, recent tail."""
+    keep = set(current)
     if table.blocks:
-        keep.add(id(table.blocks[0]))                       # the sink
+        keep.add(table.blocks[0])                           # the sink
     active = table.active_tokens
     for block in table.resident:
         if block.shared or block.pinned or block.end > active - tail_tokens:
-            keep.add(id(block))
+            keep.add(block)
     return keep
 
 
-def choose_victims(table: BlockTable, *, target_tokens: int, protected: set[int],
+def choose_victims(table: BlockTable, *, target_tokens: int, protected: set[Block],
                    score: Callable[[Block], float]) -> list[Block]:
     """Lowest-scored evictable blocks until active tokens would be <= target (older first on ties)."""
     excess = table.active_tokens - target_tokens
     if excess <= 0:
         return []
-    candidates = [b for b in table.resident if id(b) not in protected]
+    candidates = [b for b in table.resident if b not in protected]
     candidates.sort(key=lambda b: (score(b), b.pos))
     victims, freed = [], 0
     for block in candidates:
@@ -81,9 +81,9 @@ def choose_recoveries(saved: list[Block], *, message: str, similarity: Callable[
             picks.append(RecoveryPick(block, "identity", similarity(block)))
         elif named_in(message, block):
             picks.append(RecoveryPick(block, "named", similarity(block)))
-    chosen = {id(p.block) for p in picks}
+    chosen = {p.block for p in picks}
     tie = tie_break or (lambda _block: 0.0)
-    ranked = sorted((b for b in saved if id(b) not in chosen), key=lambda b: (similarity(b), tie(b)), reverse=True)
+    ranked = sorted((b for b in saved if b not in chosen), key=lambda b: (similarity(b), tie(b)), reverse=True)
     best = max([similarity(b) for b in ranked[:1]] + list(resident_best.values()), default=-1.0)
     for block in ranked[:top_k]:
         sim = similarity(block)

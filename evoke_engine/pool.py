@@ -1,14 +1,15 @@
 """Host pool for saved K/V bytes: RAM up to a byte budget, then spill files that come back on use.
 
 Invariants: `ram_bytes` equals the bytes held in RAM and `spill_bytes` the bytes in this pool's spill
-files; least recently used entries spill first; a block's state mirrors where its bytes are (RAM or DISK)
-while the pool holds them, and a block the pool lets go of for want of room is DROPPED (its text still
-rebuilds it); spill never takes `spill_bytes` past `spill_budget_bytes` nor the disk's free space under
+files; least recently used entries spill first; the pool never writes a block's state: it says where the
+bytes are (`put`/`share` return the tier, `where` tells it) and tells an entry's owner when they move
+(`BytesOwner`: spilled to DISK, or let go for want of room, DROPPED: the block's text still rebuilds it);
+spill never takes `spill_bytes` past `spill_budget_bytes` nor the disk's free space under
 `reserve_bytes` (room the chat history needs); a parked conversation's slot image is never dropped (it
 stays in RAM instead); bytes shared by two blocks (a forked conversation) are counted once and freed when
 the last holder lets go. With `bits` 8, blocks are held packed (kvquant: RAM and `.kvq` spill files, counted
 at their packed size) and unpacked on take; blocks kvquant does not cover (a q8_0 cache) and slot images are
-held as they are; packed bytes that do not unpack are a RestoreError (block DROPPED). Spill files live
+held as they are; packed bytes that do not unpack are a RestoreError (the entry is gone). Spill files live
 under one 0700 folder of this process, locked (flock) while the pool lives and removed by `close`; a new pool
 removes the folders of pools whose process is gone.
 """
@@ -24,6 +25,7 @@ import tempfile
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from . import kvquant
 from .blocks import Block, BlockState
@@ -133,6 +135,13 @@ def _read_into_bytearray(path: Path) -> bytearray:
     return data
 
 
+class BytesOwner(Protocol):
+    """Who holds a pool entry's block (its resident sequence): told when the pool moves the bytes on its own."""
+
+    def bytes_moved(self, block: Block, where: BlockState) -> None:
+        """The bytes of `block` are now `where`: DISK (spilled) or DROPPED (let go for room)."""
+
+
 class SavedPool:
     def __init__(self, ram_budget_bytes: int, spill_root: Path,
                  on_spill: Callable[[Block], None] | None = None, *, spill_budget_bytes: int | None = None,
@@ -152,10 +161,11 @@ class SavedPool:
             log.warning("cannot lock the spill folder %s (%s): a later start may remove it early",
                         self.spill_dir, exc)
             self._lock_fd = None
-        self._ram: OrderedDict[int, tuple[Block, SavedKV | PackedKV]] = OrderedDict()
-        self._disk: dict[int, tuple[Block, Path, int, int]] = {}
+        self._ram: OrderedDict[Block, tuple[SavedKV | PackedKV, BytesOwner | None]] = OrderedDict()
+        self._disk: dict[Block, tuple[Path, int, int, BytesOwner | None]] = {}   # path, origin_pos, n_tokens
         self._holders: Counter = Counter()        # id(SavedKV) or spill path -> entries holding it
         self._file_bytes: dict[str, int] = {}     # spill path -> its size
+        self._files_made = 0                      # spill files are named by this serial
         self.ram_bytes = 0
         self.spill_bytes = 0
         self.spills = 0
@@ -166,12 +176,21 @@ class SavedPool:
         self._warned: set[str] = set()
 
     def __contains__(self, block: Block) -> bool:
-        return id(block) in self._ram or id(block) in self._disk
+        return block in self._ram or block in self._disk
 
-    def put(self, block: Block, saved: SavedKV) -> None:
+    def where(self, block: Block) -> BlockState | None:
+        """RAM or DISK while the pool holds the bytes of `block`; None when it does not."""
+        if block in self._ram:
+            return BlockState.RAM
+        return BlockState.DISK if block in self._disk else None
+
+    def put(self, block: Block, saved: SavedKV, owner: BytesOwner | None = None) -> BlockState:
+        """Hold the bytes of `block` (`owner` is told when they move later); returns where they are now: RAM,
+        DISK (spilled at once) or DROPPED (no room for them anywhere)."""
         self.discard(block)
-        self._hold_ram(block, self._packed(block, saved))
+        self._hold_ram(block, self._packed(block, saved), owner)
         self._spill_past_budget()
+        return self.where(block) or BlockState.DROPPED
 
     def set_bits(self, bits: int) -> None:
         """Hold blocks put from now on at `bits` (16 as they are, 8 packed); blocks held stay as they are."""
@@ -187,21 +206,19 @@ class SavedPool:
 
     @staticmethod
     def _unpacked(block: Block, held: SavedKV | PackedKV) -> SavedKV:
-        """The SavedKV of what the pool held; RestoreError (block DROPPED) for packed bytes that do not fit."""
+        """The SavedKV of what the pool held; RestoreError for packed bytes that do not fit."""
         if isinstance(held, SavedKV):
             return held
         try:
             return SavedKV(data=kvquant.unpack(held.data), origin_pos=held.origin_pos, n_tokens=held.n_tokens)
         except kvquant.UnfitPacked as exc:
-            block.state = BlockState.DROPPED
             raise RestoreError(f"the packed bytes of {block.name} do not fit: {exc}") from exc
 
-    def _hold_ram(self, block: Block, saved: SavedKV | PackedKV) -> None:
-        self._ram[id(block)] = (block, saved)
+    def _hold_ram(self, block: Block, saved: SavedKV | PackedKV, owner: BytesOwner | None) -> None:
+        self._ram[block] = (saved, owner)
         self._holders[id(saved)] += 1
         if self._holders[id(saved)] == 1:
             self.ram_bytes += saved.nbytes
-        block.state = BlockState.RAM
 
     def _let_go(self, holder_key, nbytes: int = 0, path: Path | None = None) -> bool:
         """One entry fewer holds these bytes; True when it was the last (bytes freed)."""
@@ -216,17 +233,17 @@ class SavedPool:
                 path.unlink(missing_ok=True)
         return True
 
-    def share(self, source: Block, target: Block) -> None:
-        """`target` holds the same saved bytes as `source` (a fork): no copy, counted once."""
+    def share(self, source: Block, target: Block, owner: BytesOwner | None = None) -> BlockState:
+        """`target` holds the same saved bytes as `source` (a fork): no copy, counted once. Returns where
+        they are (RAM or DISK)."""
         self.discard(target)
-        key = id(source)
-        if key in self._ram:
-            self._hold_ram(target, self._ram[key][1])
-        else:
-            _, path, origin, n_tokens = self._disk[key]
-            self._disk[id(target)] = (target, path, origin, n_tokens)
-            self._holders[str(path)] += 1
-            target.state = BlockState.DISK
+        if source in self._ram:
+            self._hold_ram(target, self._ram[source][0], owner)
+            return BlockState.RAM
+        path, origin, n_tokens, _ = self._disk[source]
+        self._disk[target] = (path, origin, n_tokens, owner)
+        self._holders[str(path)] += 1
+        return BlockState.DISK
 
     def set_budget(self, ram_budget_bytes: int) -> None:
         """Adopt a new RAM budget now: past it, the least recently used entries spill at once."""
@@ -238,21 +255,18 @@ class SavedPool:
     def take(self, block: Block) -> SavedKV:
         """Remove and return the bytes of `block` (from RAM or its spill file). Bytes a fork still
         holds are handed out too: a restore re-anchors them in place and updates `origin_pos` for both.
-        Raises RestoreError when the pool does not hold the block or its spill file cannot be read;
-        the entry is gone then and the block DROPPED (its text still rebuilds it)."""
-        key = id(block)
-        if key in self._ram:
-            _, saved = self._ram.pop(key)
+        Raises RestoreError when the pool does not hold the block, its spill file cannot be read or its
+        packed bytes do not unpack; the entry is gone then (the bytes are lost: its text still rebuilds it)."""
+        if block in self._ram:
+            saved, _ = self._ram.pop(block)
             self._let_go(id(saved), saved.nbytes)
             return self._unpacked(block, saved)
-        if key not in self._disk:
-            block.state = BlockState.DROPPED
+        if block not in self._disk:
             raise RestoreError(f"the pool holds no saved bytes of {block.name}")
-        _, path, origin, n_tokens = self._disk.pop(key)
+        path, origin, n_tokens, _ = self._disk.pop(block)
         try:
             data = _read_into_bytearray(path)
         except OSError as exc:
-            block.state = BlockState.DROPPED
             raise RestoreError(f"the spill file of {block.name} is unreadable: {exc}") from exc
         finally:
             self._let_go(str(path), path=path)
@@ -263,13 +277,12 @@ class SavedPool:
     def peek_bytes(self, block: Block) -> tuple[bytes, int, int]:
         """(bytes, origin_pos, n_tokens) without removing them (persistence: packed bytes are unpacked, and
         RestoreError, with the entry kept, where they do not fit)."""
-        key = id(block)
-        if key in self._ram:
-            saved = self._ram[key][1]
+        if block in self._ram:
+            saved = self._ram[block][0]
             data, origin, n_tokens = saved.data, saved.origin_pos, saved.n_tokens
             packed = isinstance(saved, PackedKV)
         else:
-            _, path, origin, n_tokens = self._disk[key]
+            path, origin, n_tokens, _ = self._disk[block]
             data, packed = path.read_bytes(), path.suffix == ".kvq"
         if packed:
             try:
@@ -279,24 +292,22 @@ class SavedPool:
         return bytes(data), origin, n_tokens
 
     def discard(self, block: Block) -> None:
-        key = id(block)
-        if key in self._ram:
-            saved = self._ram.pop(key)[1]
+        if block in self._ram:
+            saved = self._ram.pop(block)[0]
             self._let_go(id(saved), saved.nbytes)
-        elif key in self._disk:
-            path = self._disk.pop(key)[1]
+        elif block in self._disk:
+            path = self._disk.pop(block)[0]
             self._let_go(str(path), path=path)
 
     def nbytes(self, block: Block) -> int:
-        key = id(block)
-        if key in self._ram:
-            return self._ram[key][1].nbytes
-        if key in self._disk:
-            return self._disk[key][1].stat().st_size
+        if block in self._ram:
+            return self._ram[block][0].nbytes
+        if block in self._disk:
+            return self._disk[block][0].stat().st_size
         return 0
 
     def disk_bytes(self) -> int:
-        paths = {path for _, path, _, _ in self._disk.values()}
+        paths = {path for path, _, _, _ in self._disk.values()}
         return sum(path.stat().st_size for path in paths if path.exists())
 
     # -- spill, within the cap and the disk's reserve --------------------------------------------
@@ -313,8 +324,8 @@ class SavedPool:
 
     def _droppable_files(self) -> list[str]:
         """Spill files the pool may delete for room, least recently spilled first (no slot images)."""
-        blocked = {str(path) for block, path, _, _ in self._disk.values() if block.role in NEVER_DROPPED}
-        order = dict.fromkeys(str(path) for _, path, _, _ in self._disk.values())
+        blocked = {str(path) for block, (path, _, _, _) in self._disk.items() if block.role in NEVER_DROPPED}
+        order = dict.fromkeys(str(path) for path, _, _, _ in self._disk.values())
         return [path for path in order if path not in blocked]
 
     def _make_room(self, nbytes: int) -> bool:
@@ -331,17 +342,18 @@ class SavedPool:
                 return True
         return False
 
-    def _dropped(self, block: Block) -> None:
-        block.state = BlockState.DROPPED
+    def _dropped(self, block: Block, owner: BytesOwner | None) -> None:
         self.drops += 1
+        if owner is not None:
+            owner.bytes_moved(block, BlockState.DROPPED)
         if self.on_drop is not None:
             self.on_drop(block)
 
     def _drop_file(self, path: Path) -> None:
-        for key in [k for k, (_, p, _, _) in self._disk.items() if p == path]:
-            block = self._disk.pop(key)[0]
+        for block in [b for b, (p, _, _, _) in self._disk.items() if p == path]:
+            owner = self._disk.pop(block)[3]
             self._let_go(str(path), path=path)
-            self._dropped(block)
+            self._dropped(block, owner)
             log.info("dropped the spilled bytes of %s for room on disk", block.name)
 
     def _warn_once(self, what: str, message: str, *args) -> None:
@@ -349,14 +361,14 @@ class SavedPool:
         self._warned.add(what)
 
     def _spill_past_budget(self) -> None:
-        kept: set[int] = set()                 # slot images with no room on disk: they stay in RAM
+        kept: set[Block] = set()               # slot images with no room on disk: they stay in RAM
         while self.ram_bytes > self.ram_budget_bytes:
-            key = next((k for k in self._ram if k not in kept), None)
-            if key is None:
+            block = next((b for b in self._ram if b not in kept), None)
+            if block is None:
                 return
-            block, saved = self._ram[key]
-            holders = ([k for k, (_, s) in self._ram.items() if s is saved]   # a fork's blocks spill together
-                       if self._holders[id(saved)] > 1 else [key])
+            saved = self._ram[block][0]
+            holders = ([b for b, (s, _) in self._ram.items() if s is saved]   # a fork's blocks spill together
+                       if self._holders[id(saved)] > 1 else [block])
             if not self._make_room(saved.nbytes):
                 if block.role in NEVER_DROPPED:
                     self._warn_once("image", "no room to spill %s (spill cap %s bytes, disk reserve %d bytes); "
@@ -367,11 +379,12 @@ class SavedPool:
                                 "used saved blocks are dropped, their text rebuilds them",
                                 self.spill_budget_bytes, self.reserve_bytes)
                 for holder in holders:
-                    held, _ = self._ram.pop(holder)
+                    owner = self._ram.pop(holder)[1]
                     self._let_go(id(saved), saved.nbytes)
-                    self._dropped(held)
+                    self._dropped(holder, owner)
                 continue
-            path = self.spill_dir / f"{key}.{'kvq' if isinstance(saved, PackedKV) else 'kv'}"
+            self._files_made += 1
+            path = self.spill_dir / f"{self._files_made}.{'kvq' if isinstance(saved, PackedKV) else 'kv'}"
             try:
                 self._write(path, saved.data)
             except OSError as exc:          # full disk: keep it in RAM rather than lose it
@@ -380,14 +393,15 @@ class SavedPool:
             self._file_bytes[str(path)] = saved.nbytes
             self.spill_bytes += saved.nbytes
             for holder in holders:
-                held, _ = self._ram.pop(holder)
+                owner = self._ram.pop(holder)[1]
                 self._let_go(id(saved), saved.nbytes)
-                self._disk[holder] = (held, path, saved.origin_pos, saved.n_tokens)
+                self._disk[holder] = (path, saved.origin_pos, saved.n_tokens, owner)
                 self._holders[str(path)] += 1
-                held.state = BlockState.DISK
                 self.spills += 1
+                if owner is not None:
+                    owner.bytes_moved(holder, BlockState.DISK)
                 if self.on_spill is not None:
-                    self.on_spill(held)
+                    self.on_spill(holder)
 
     @staticmethod
     def _write(path: Path, data: bytearray | memoryview) -> None:

@@ -1,20 +1,15 @@
 """Recovery backends as strategies: what an eviction keeps of a block, and how a needed block comes back.
 
-Invariants: one stateless strategy per name of `Settings.recovery` (`BACKENDS`, the same names as
-`settings.RECOVERY_BACKENDS`); `backend(name)` lists the valid names for a wrong one; only these classes decide.
+Invariants: one stateless, pure strategy per name of `Settings.recovery` (`BACKENDS`, the same names as
+`settings.RECOVERY_BACKENDS`): it reads blocks and answers, never calls into memory (`ConversationMemory` acts
+on its answers through its resident sequence); `backend(name)` lists the valid names for a wrong one.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from .blocks import Block, BlockState
-from .errors import RestoreError
-from .events import EventKind
-from .policy import RecoveryPick
-
-if TYPE_CHECKING:
-    from .memory import ConversationMemory
 
 
 class RecoveryBackend:
@@ -23,15 +18,11 @@ class RecoveryBackend:
     name = ""
     evicts = True               # False: the conversation grows to the context (no eviction at all)
     keeps_bytes = False         # True: victims' K/V go to the pool before they leave the context
+    brings_back = ""            # "bytes": splice the saved K/V back; "marker": decode a marker of the text
 
-    def candidates(self, memory: ConversationMemory) -> list[Block]:
-        """Blocks out of the context that this backend could bring back now."""
+    def candidates(self, blocks: Sequence[Block]) -> list[Block]:
+        """Of a conversation's `blocks` (birth order), those out of the context this backend could bring back."""
         return []
-
-    def bring_back(self, memory: ConversationMemory, pick: RecoveryPick, detail: dict | None = None) -> Block | None:
-        """Put the picked block's content back at the tail; the block now resident, or None if it failed.
-        `detail` (the signal values that chose it) goes into the recovery event."""
-        raise NotImplementedError(f"recovery {self.name!r} brings nothing back")
 
 
 class Discard(RecoveryBackend):
@@ -45,33 +36,29 @@ class KVRestore(RecoveryBackend):
 
     name = "kv_restore"
     keeps_bytes = True
+    brings_back = "bytes"
 
-    def candidates(self, memory: ConversationMemory) -> list[Block]:
-        return [b for b in memory.table.saved() if b in memory.pool]
-
-    def bring_back(self, memory: ConversationMemory, pick: RecoveryPick, detail: dict | None = None) -> Block | None:
-        try:
-            memory.restore_block(pick.block)
-        except RestoreError as exc:
-            memory.record_event(EventKind.ERROR, f"could not restore {pick.block.name}: {exc}", pick.block)
-            return None
-        memory.record_event(EventKind.RECOVERED, f"recovered {pick.block.name} ({pick.reason}, "
-                                                 f"similarity {pick.similarity:.2f})", pick.block, detail=detail)
-        return pick.block
+    def candidates(self, blocks: Sequence[Block]) -> list[Block]:
+        return [b for b in blocks if b.state in (BlockState.RAM, BlockState.DISK)]
 
 
 class Breadcrumb(RecoveryBackend):
     """Victims are dropped; a needed one comes back as a short decoded marker of its text."""
 
     name = "breadcrumb"
+    brings_back = "marker"
 
-    def candidates(self, memory: ConversationMemory) -> list[Block]:
-        marked = {b.name.removeprefix("breadcrumb:") for b in memory.table.resident if b.role == "breadcrumb"}
-        return [b for b in memory.table.blocks if b.state is BlockState.DROPPED and b.role != "breadcrumb"
+    def candidates(self, blocks: Sequence[Block]) -> list[Block]:
+        marked = {b.name.removeprefix("breadcrumb:") for b in blocks
+                  if b.role == "breadcrumb" and b.state is BlockState.RESIDENT}
+        return [b for b in blocks if b.state is BlockState.DROPPED and b.role != "breadcrumb"
                 and b.name not in marked]        # dropped blocks whose marker is not in the context now
 
-    def bring_back(self, memory: ConversationMemory, pick: RecoveryPick, detail: dict | None = None) -> Block | None:
-        return memory.add_breadcrumb(pick.block, detail)
+    @staticmethod
+    def marker(block: Block) -> str:
+        """The text decoded in place of `block`: its name and first words."""
+        words = block.text.split()
+        return f"[earlier {block.name}: {' '.join(words[:16])}{' …' if len(words) > 16 else ''}]\n"
 
 
 class NoEviction(RecoveryBackend):

@@ -213,7 +213,7 @@ def _finish_older_part(memory: ConversationMemory, rt: Runtime, reply_block: Blo
                     text=rt.detokenize(chunk)) for k, chunk in enumerate(chunks[:-1])]
     part += len(pieces)
     growing = Block(name=_reply_name(turn, part), role="assistant", turn=turn, tokens=list(chunks[-1]), text="")
-    memory.table.split(reply_block, [*pieces, growing])
+    memory.sequence.split(reply_block, [*pieces, growing])
     return growing, part
 
 
@@ -231,12 +231,10 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     question = list(question)
     pending = last_block.tokens if last_block is not None else []
     memory.make_room(len(pending) + len(opening) + 1, current=[*current, *question])
-    memory.decode_at_tail([*pending, *opening])
-    if last_block is not None:
-        memory.table.append(last_block)
-        memory.counters.prefill_tokens += last_block.n_tokens
     reply_block.tokens = list(opening)
-    memory.table.append(reply_block)
+    memory.sequence.append([*([last_block] if last_block is not None else []), reply_block])
+    if last_block is not None:
+        memory.counters.prefill_tokens += last_block.n_tokens
 
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     generated: list[int] = []
@@ -276,8 +274,7 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
                     stopped = "budget"
                     memory.record_event(EventKind.ERROR, "reply stopped: the budget is full of protected blocks")
                     break
-            memory.decode_at_tail([token])
-            reply_block.tokens.append(token)
+            memory.sequence.extend_tail(reply_block, [token])
             generated.append(token)
     text += decoder.decode(b"", final=True)
     decode_s = time.perf_counter() - first_at if first_at else 0.0
@@ -299,23 +296,19 @@ def _close_reply(memory: ConversationMemory, rt: Runtime, turn: int, opening: li
     the next user message (`next_opening`) is decoded in the same call and held ahead: the next turn's
     first token then waits for the message's own tokens only. `first_part`: the part number of
     `reply_block` (parts before it were finished while the reply grew)."""
-    table = memory.table
     if reply_block is None:
         reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=[], text="")
         memory.make_room(len(opening) + len(closing), current=current)
-        memory.decode_at_tail(opening, logits_last=False)
         reply_block.tokens = list(opening)
-        table.append(reply_block)
+        memory.sequence.append([reply_block], logits_last=False)
     memory.make_room(len(closing) + len(next_opening), current=[*current, reply_block])
-    if closing or next_opening:
-        memory.decode_at_tail(closing, ahead=next_opening, logits_last=False)
-        reply_block.tokens.extend(closing)
+    memory.sequence.extend_tail(reply_block, closing, ahead=next_opening, logits_last=False)
     chunks = split_tokens(rt, reply_block.tokens, memory.settings.block_tokens)
     pieces = []
     for k, chunk in enumerate(chunks):
         name = _reply_name(turn, first_part + k)
         pieces.append(Block(name=name, role="assistant", turn=turn, tokens=chunk, text=rt.detokenize(chunk)))
-    table.split(reply_block, pieces)
+    memory.sequence.split(reply_block, pieces)
 
 
 def replay_input(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],

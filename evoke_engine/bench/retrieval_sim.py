@@ -94,9 +94,9 @@ class SimConversation:
         prefix_seq = 1
         self.rt.decode(tokens, prefix_seq, 0, logits_last=False)
         self.kv.share(prefix_seq, 0, 0, len(tokens))
-        self.memory.table.append(Block(name="system", role="system", turn=0, tokens=tokens, text=segment.text,
-                                       shared=True))
-        self.memory.seq = 0
+        self.memory.sequence.adopt_prefix([Block(name="system", role="system", turn=0, tokens=tokens,
+                                                 text=segment.text, shared=True)])
+        self.memory.unpark(0)
         self.decide_ms: list[float] = []
         self.turn_end_ms: list[float] = []
         self.recovered_per_turn: list[int] = []
@@ -151,10 +151,9 @@ class SimConversation:
             memory.append_decoded(block, current=current)
         question = [b for b in blocks if b.role == "user"][-1:]
         memory.make_room(len(opening) + 1, current=[*current, *question])
-        memory.decode_at_tail(opening)
         resident = {b.name for b in memory.table.resident}
         reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=list(opening), text="")
-        memory.table.append(reply_block)
+        memory.sequence.append([reply_block])
         self._grow_reply(reply_block, rt.tokenize(reply, parse_special=False)[:max_tokens], closing, turn,
                          [*current, *question])
         self.history.append({"role": "assistant", "content": reply, "evoke_turn": turn})
@@ -177,16 +176,14 @@ class SimConversation:
                 reply_block, part = self._finish_older_part(reply_block, turn, part)
                 keeps = ([*protect, reply_block], [reply_block])
                 memory.evict_within(budget - len(chunk), low, keeps)
-            memory.decode_at_tail(chunk)
-            reply_block.tokens.extend(chunk)
+            memory.sequence.extend_tail(reply_block, chunk)
         if closing:
             memory.make_room(len(closing), current=[*protect, reply_block])
-            memory.decode_at_tail(closing, logits_last=False)
-            reply_block.tokens.extend(closing)
+            memory.sequence.extend_tail(reply_block, closing, logits_last=False)
         pieces = [Block(name=f"assistant#{turn}" + (f".{part + k}" if part + k else ""), role="assistant",
                         turn=turn, tokens=chunk, text=self.rt.detokenize(chunk))
                   for k, chunk in enumerate(split_tokens(self.rt, reply_block.tokens, self.settings.block_tokens))]
-        memory.table.split(reply_block, pieces)
+        memory.sequence.split(reply_block, pieces)
 
     def _finish_older_part(self, reply_block: Block, turn: int, part: int) -> tuple[Block, int]:
         chunks = split_tokens(self.rt, reply_block.tokens, self.settings.block_tokens)
@@ -197,5 +194,5 @@ class SimConversation:
         part += len(pieces)
         growing = Block(name=f"assistant#{turn}.{part}", role="assistant", turn=turn, tokens=list(chunks[-1]),
                         text="")
-        self.memory.table.split(reply_block, [*pieces, growing])
+        self.memory.sequence.split(reply_block, [*pieces, growing])
         return growing, part

@@ -54,10 +54,10 @@ class Rig:
         """A fresh conversation in slot `seq`, holding only the shared prefix (lifecycle's create)."""
         memory = ConversationMemory(conversation_id, settings=self.settings, runtime=self.rt, kv=self.kv,
                                     pool=self.pool, embedder=self.embedder, emit=self.events.append)
-        for name, tokens in self.prefix:
-            memory.table.append(Block(name=name, role=name, turn=0, tokens=list(tokens), text="", shared=True))
+        memory.sequence.adopt_prefix(Block(name=name, role=name, turn=0, tokens=list(tokens), text="", shared=True)
+                                     for name, tokens in self.prefix)
         self.share_prefix(seq)
-        memory.seq = seq
+        memory.unpark(seq)
         return memory
 
     def share_prefix(self, seq: int) -> None:

@@ -34,9 +34,9 @@ def test_spills_least_recently_used_past_the_budget_and_reads_back(tmp_path):
     a, b, c = block("a"), block("b"), block("c")
     pool.put(a, saved(1000, 1))
     pool.put(b, saved(1000, 2))
-    assert pool.ram_bytes == 2000 and a.state is BlockState.RAM
+    assert pool.ram_bytes == 2000 and pool.where(a) is BlockState.RAM
     pool.put(c, saved(1000, 3))
-    assert spilled == [a] and a.state is BlockState.DISK and pool.ram_bytes == 2000
+    assert spilled == [a] and pool.where(a) is BlockState.DISK and pool.ram_bytes == 2000
     assert pool.disk_bytes() == 1000
     back = pool.take(a)
     assert bytes(back.data) == bytes([1]) * 1000 and back.origin_pos == 10 and back.n_tokens == 4
@@ -70,7 +70,7 @@ def test_full_disk_keeps_the_bytes_in_ram_and_leaves_no_partial_file(tmp_path, m
     a, b = block("a"), block("b")
     pool.put(a, saved(400, 1))
     pool.put(b, saved(400, 2))
-    assert a.state is BlockState.RAM and b.state is BlockState.RAM and pool.ram_bytes == 800
+    assert pool.where(a) is BlockState.RAM and pool.where(b) is BlockState.RAM and pool.ram_bytes == 800
     assert list(pool.spill_dir.glob("*.kv")) == [] and pool.spill_bytes == 0
     assert bytes(pool.take(a).data) == bytes([1]) * 400
 
@@ -89,12 +89,12 @@ def test_a_deleted_spill_file_is_a_restore_error_and_the_block_is_dropped(tmp_pa
     pool = SavedPool(0, tmp_path)
     a = block("a")
     pool.put(a, saved(100, 1))
-    assert a.state is BlockState.DISK
+    assert pool.where(a) is BlockState.DISK
     for path in pool.spill_dir.glob("*.kv"):
         path.unlink()
     with pytest.raises(RestoreError, match="spill file"):
         pool.take(a)
-    assert a not in pool and a.state is BlockState.DROPPED and pool.disk_bytes() == 0
+    assert a not in pool and pool.where(a) is None and pool.disk_bytes() == 0
     with pytest.raises(RestoreError, match="holds no saved bytes"):
         pool.take(a)
 
@@ -105,7 +105,7 @@ def test_a_lower_ram_budget_spills_at_once(tmp_path):
     pool.put(a, saved(400, 1))
     pool.put(b, saved(400, 2))
     pool.set_budget(500)
-    assert pool.ram_budget_bytes == 500 and a.state is BlockState.DISK and b.state is BlockState.RAM
+    assert pool.ram_budget_bytes == 500 and pool.where(a) is BlockState.DISK and pool.where(b) is BlockState.RAM
 
 
 # -- spill folders of processes that are gone ---------------------------------------------------------
@@ -161,10 +161,10 @@ def test_spill_folders_of_killed_and_dead_processes_are_removed_live_ones_kept(t
 # -- the spill cap and the disk's reserve --------------------------------------------------------------
 def pool_state_is_consistent(pool: SavedPool, blocks: list[Block]) -> None:
     for b in blocks:
-        assert (b.state in (BlockState.RAM, BlockState.DISK)) == (b in pool), b.name
+        assert (pool.where(b) in (BlockState.RAM, BlockState.DISK)) == (b in pool), b.name
     on_disk = {p for p in pool.spill_dir.glob("*.kv")}
     assert pool.spill_bytes == sum(p.stat().st_size for p in on_disk) == pool.disk_bytes()
-    assert pool.ram_bytes == sum(pool.nbytes(b) for b in blocks if b.state is BlockState.RAM)
+    assert pool.ram_bytes == sum(pool.nbytes(b) for b in blocks if pool.where(b) is BlockState.RAM)
 
 
 def test_spill_stops_at_its_cap_and_drops_the_least_recently_used(tmp_path):
@@ -173,20 +173,20 @@ def test_spill_stops_at_its_cap_and_drops_the_least_recently_used(tmp_path):
     blocks = [block(f"b{i}") for i in range(6)]
     for i, b in enumerate(blocks[:3]):
         pool.put(b, saved(1000, i))
-    assert [b.state for b in blocks[:3]] == [BlockState.DISK, BlockState.DISK, BlockState.RAM]
+    assert [pool.where(b) for b in blocks[:3]] == [BlockState.DISK, BlockState.DISK, BlockState.RAM]
     assert pool.spill_bytes == 2000
     pool.put(blocks[3], saved(1000, 3))                        # b2 spills: b0, the oldest on disk, makes room
-    assert dropped == [blocks[0]] and blocks[0].state is BlockState.DROPPED and blocks[0] not in pool
-    assert [b.state for b in blocks[1:4]] == [BlockState.DISK, BlockState.DISK, BlockState.RAM]
+    assert dropped == [blocks[0]] and pool.where(blocks[0]) is None and blocks[0] not in pool
+    assert [pool.where(b) for b in blocks[1:4]] == [BlockState.DISK, BlockState.DISK, BlockState.RAM]
     assert pool.spill_bytes == 2000 and pool.drops == 1
     pool_state_is_consistent(pool, blocks)
     with pytest.raises(RestoreError, match="holds no saved bytes"):
         pool.take(blocks[0])                                   # recovery treats it as dropped: text only
     assert bytes(pool.take(blocks[1]).data) == bytes([1]) * 1000 and pool.spill_bytes == 1000
-    blocks[1].state = BlockState.RESIDENT                      # what the caller does with taken bytes
     pool.put(blocks[4], saved(3000, 4))                        # b3 spills; b4 is larger than the whole cap:
-    assert blocks[4].state is BlockState.DROPPED and dropped[-1] is blocks[4]   # dropped, and nothing else
-    assert blocks[2].state is blocks[3].state is BlockState.DISK and pool.spill_bytes == 2000 and pool.ram_bytes == 0
+    assert pool.where(blocks[4]) is None and dropped[-1] is blocks[4]   # dropped, and nothing else
+    assert pool.where(blocks[2]) is pool.where(blocks[3]) is BlockState.DISK
+    assert pool.spill_bytes == 2000 and pool.ram_bytes == 0
     pool_state_is_consistent(pool, blocks)
     pool.close()
 
@@ -196,9 +196,9 @@ def test_a_forks_shared_spill_file_is_dropped_for_both_and_counted_once(tmp_path
     a, fork_a, b = block("a"), block("a-fork"), block("b")
     pool.put(a, saved(1000, 1))
     pool.share(a, fork_a)
-    assert pool.spill_bytes == 1000 and fork_a.state is BlockState.DISK
+    assert pool.spill_bytes == 1000 and pool.where(fork_a) is BlockState.DISK
     pool.put(b, saved(1000, 2))
-    assert a.state is fork_a.state is BlockState.DROPPED and b.state is BlockState.DISK
+    assert pool.where(a) is pool.where(fork_a) is None and pool.where(b) is BlockState.DISK
     pool_state_is_consistent(pool, [a, fork_a, b])
 
 
@@ -208,10 +208,10 @@ def test_a_parked_conversations_image_is_never_dropped_it_stays_in_ram(tmp_path)
     pool.put(image, saved(800, 1))
     other = Block(name="slot-image", role="image", turn=1, tokens=[], text="")
     pool.put(other, saved(800, 2))                             # no room, and images are not dropped
-    assert image.state is BlockState.DISK and other.state is BlockState.RAM and pool.ram_bytes == 800
+    assert pool.where(image) is BlockState.DISK and pool.where(other) is BlockState.RAM and pool.ram_bytes == 800
     b = block("b")
     pool.put(b, saved(100, 3))                                 # a block still spills past the kept image
-    assert b.state is BlockState.DISK and pool.spill_bytes == 900
+    assert pool.where(b) is BlockState.DISK and pool.spill_bytes == 900
     pool_state_is_consistent(pool, [image, other, b])
 
 
@@ -224,12 +224,12 @@ def test_spill_never_writes_into_the_disks_reserve(tmp_path):
     pool = SavedPool(0, tmp_path, reserve_bytes=8000, free_bytes=free_bytes)
     a, b, c = block("a"), block("b"), block("c")
     pool.put(a, saved(1500, 1))
-    assert a.state is BlockState.DISK                          # 8500 free after it
+    assert pool.where(a) is BlockState.DISK                          # 8500 free after it
     pool.put(b, saved(1500, 2))                                # would leave 7000 < 8000: a goes for room
-    assert a.state is BlockState.DROPPED and b.state is BlockState.DISK and free_bytes(pool.spill_dir) == 8500
+    assert pool.where(a) is None and pool.where(b) is BlockState.DISK and free_bytes(pool.spill_dir) == 8500
     disk["free"] = 8500                                        # something else filled the disk: 7000 free
     pool.put(c, saved(1000, 3))                                # even without b it would not fit: nothing else goes
-    assert c.state is BlockState.DROPPED and b.state is BlockState.DISK
+    assert pool.where(c) is None and pool.where(b) is BlockState.DISK
     assert free_bytes(pool.spill_dir) >= 0 and pool.spill_bytes == 1500
     pool_state_is_consistent(pool, [a, b, c])
 
@@ -238,4 +238,4 @@ def test_the_real_disks_free_space_is_read(tmp_path):
     pool = SavedPool(0, tmp_path, reserve_bytes=1 << 60)       # no disk has that much free: nothing spills
     a = block("a")
     pool.put(a, saved(100, 1))
-    assert a.state is BlockState.DROPPED and list(pool.spill_dir.glob("*.kv")) == []
+    assert pool.where(a) is None and list(pool.spill_dir.glob("*.kv")) == []

@@ -153,7 +153,7 @@ def test_the_pool_holds_8_bit_blocks_at_about_half_the_bytes_in_ram_and_spill_fi
     assert 0.5 < half.ram_bytes / full.ram_bytes < 0.6            # 32 channels: scales weigh more than at 192
     assert half.nbytes(blocks[0]) == half.ram_bytes // 3
     half.set_budget(half.nbytes(blocks[0]))                        # two spill as packed files
-    assert [b.state for b in blocks] == [BlockState.DISK, BlockState.DISK, BlockState.RAM]
+    assert [half.where(b) for b in blocks] == [BlockState.DISK, BlockState.DISK, BlockState.RAM]
     assert half.spill_bytes == 2 * half.nbytes(blocks[2]) == half.disk_bytes()
     assert sorted(p.suffix for p in half.spill_dir.glob("*.kv*")) == [".kvq", ".kvq"]
     for b, blob in zip(blocks, blobs, strict=True):
@@ -180,7 +180,7 @@ def test_the_pool_keeps_what_8_bits_does_not_cover_as_it_is(tmp_path):
     pool.close()
 
 
-def test_a_packed_spill_file_that_does_not_fit_is_a_restore_error_and_the_block_is_dropped(tmp_path):
+def test_a_packed_spill_file_that_does_not_fit_is_a_restore_error_and_the_entry_is_gone(tmp_path):
     pool = SavedPool(0, tmp_path, bits=8)
     b = block("a")
     pool.put(b, SavedKV(state_blob(32, v_trans=False), 0, 32))
@@ -188,5 +188,5 @@ def test_a_packed_spill_file_that_does_not_fit_is_a_restore_error_and_the_block_
     path.write_bytes(path.read_bytes()[:-5])
     with pytest.raises(RestoreError, match="do not fit"):
         pool.take(b)
-    assert b.state is BlockState.DROPPED and b not in pool and pool.spill_bytes == 0
+    assert pool.where(b) is None and b not in pool and pool.spill_bytes == 0
     pool.close()
