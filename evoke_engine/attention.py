@@ -276,7 +276,7 @@ class AttentionSignal:
 
     def __init__(self, capture: AttentionCapture | None) -> None:
         self.capture = capture if capture is not None and capture.active else None
-        self.current: dict[int, float] = {}       # id(block) -> share, resident blocks at the last refresh
+        self.current: dict[Block, float] = {}     # block -> share, resident blocks at the last refresh
         self.last_known: dict[str, float] = {}    # block name -> share when it was last resident
 
     @property
@@ -292,18 +292,18 @@ class AttentionSignal:
         view = self.capture.view(seq)
         mass = view.mass_adakv if aggregation == "adakv" else view.mass_mean
         blocks = [b for b in resident if not b.shared and b.pos is not None]
-        sums = {id(b): float(mass[b.pos:b.end].sum()) for b in blocks}
+        sums = {b: float(mass[b.pos:b.end].sum()) for b in blocks}
         top = max(sums.values(), default=0.0)
         if top <= 0.0:
             return
         for block in blocks:
-            share = sums[id(block)] / top
-            self.current[id(block)] = share
+            share = sums[block] / top
+            self.current[block] = share
             self.last_known[block.name] = share
 
     def value(self, block: Block) -> float | None:
         """The share of a resident block at the last refresh (None when unknown)."""
-        return self.current.get(id(block))
+        return self.current.get(block)
 
     def last(self, block: Block) -> float:
         """Last-known share of a block (0.0 if never measured): a tie-breaker for recovery."""

@@ -49,7 +49,7 @@ def truncate_state(conversations: ConversationLifecycle, state: ConversationStat
     state.memory.remove_blocks(doomed)
     del state.history[n_messages:]
     state.memory.turn = max((m["evoke_turn"] for m in state.history), default=0)
-    state.memory.kv.flush_pending_shifts()
+    state.memory.sequence.flush_pending_shifts()
 
 
 def truncate(conversations: ConversationLifecycle, conversation_id: str, n_messages: int) -> None:
@@ -142,7 +142,7 @@ def delete_message(conversations: ConversationLifecycle, conversation_id: str, i
         key = message_key(old[index])
         state.memory.remove_blocks(b for b in state.memory.table.blocks if not b.shared and b.message_key() == key)
         state.history = new
-        state.memory.kv.flush_pending_shifts()
+        state.memory.sequence.flush_pending_shifts()
     except Exception as exc:  # noqa: BLE001
         conversations.discard(state, f"removing the message's blocks failed: {exc}")
         return

@@ -72,7 +72,7 @@ class ConversationMemory:
         self.id = conversation_id
         self.settings = settings
         self.budget_tokens = settings.budget_tokens
-        self.rt, self.kv, self.pool, self.embedder = runtime, kv, pool, embedder
+        self.rt, self.embedder = runtime, embedder
         self.emit = emit
         self.sequence = ResidentSequence(runtime=runtime, kv=kv, pool=pool)   # the only writer of the table
         self.scorer = Scorer(settings)
@@ -209,7 +209,7 @@ class ConversationMemory:
             self.record_event(EventKind.ERROR, f"protected blocks hold {self.active_tokens} tokens, over the budget "
                               f"of {self.budget_tokens}")
         self.counters.max_active_at_turn_end = max(self.counters.max_active_at_turn_end, self.active_tokens)
-        self.kv.flush_pending_shifts()       # pay the K-shift now, after the reply, not before the next one
+        self.sequence.flush_pending_shifts()     # pay the K-shift now, after the reply, not before the next one
         if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
             self.ensure_embeddings(b for b in self.table.resident if not b.shared)
             prepare_lines(self.embedder, self.settings.recall_signal, (b for b in self.table.resident if not b.shared))
@@ -320,7 +320,7 @@ class ConversationMemory:
         self.budget_tokens = tokens
         if self.seq is not None and self.active_tokens > tokens:
             self.evict_to(int(tokens * self.settings.low_watermark))
-            self.kv.flush_pending_shifts()
+            self.sequence.flush_pending_shifts()
 
     # -- slot parking -----------------------------------------------------------------------
     def park(self) -> None:

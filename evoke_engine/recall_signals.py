@@ -114,7 +114,7 @@ def bm25_by_block(lines: dict[str, list[str]], query: str) -> dict[str, float]:
         db.close()
 
 
-def _ranks(values: dict[int, float]) -> dict[int, int]:
+def _ranks(values: dict[Block, float]) -> dict[Block, int]:
     order = sorted(values, key=lambda k: values[k], reverse=True)
     return {key: i + 1 for i, key in enumerate(order)}
 
@@ -127,11 +127,11 @@ class RecallSignal:
         if mode not in SIGNALS:
             raise ValueError(f"recall signal {mode!r}: choose one of {', '.join(SIGNALS)}")
         self.mode = mode
-        self.details: dict[int, dict] = {}
+        self.details: dict[Block, dict] = {}
         pool = [*saved, *residents]
-        block_cos = {id(b): _cos(b.embedding, query) for b in pool}
+        block_cos = {b: _cos(b.embedding, query) for b in pool}
         dense = dict(block_cos)
-        best_line: dict[int, str] = {}
+        best_line: dict[Block, str] = {}
         if mode.startswith("lines") and query is not None and embedder.enabled:
             vectors = line_vectors(embedder, pool)
             for block in pool:
@@ -139,12 +139,12 @@ class RecallSignal:
                 if matrix is not None and len(lines):
                     sims = matrix @ query
                     i = int(np.argmax(sims))
-                    dense[id(block)] = float(sims[i])
-                    best_line[id(block)] = lines[i]
-        lexical: dict[int, float] = {}
+                    dense[block] = float(sims[i])
+                    best_line[block] = lines[i]
+        lexical: dict[Block, float] = {}
         if mode.endswith("+lexical"):
             by_hash = bm25_by_block({b.hash: block_lines(b.text) for b in pool}, query_text)
-            lexical = {id(b): by_hash[b.hash] for b in pool if b.hash in by_hash}
+            lexical = {b: by_hash[b.hash] for b in pool if b.hash in by_hash}
         if lexical:
             dense_rank, lexical_rank = _ranks(dense), _ranks(lexical)
             score = {key: 1 / (RRF_K + dense_rank[key]) + (1 / (RRF_K + lexical_rank[key]) if key in lexical else 0.0)
@@ -153,40 +153,39 @@ class RecallSignal:
             dense_rank, lexical_rank, score = _ranks(dense), {}, dict(dense)
         self.score_of = score
         for block in pool:
-            key = id(block)
-            detail = {"signal": mode, "block_cosine": round(block_cos[key], 3)}
-            if key in best_line:
-                detail.update(line_cosine=round(dense[key], 3), best_line=best_line[key][:100])
+            detail = {"signal": mode, "block_cosine": round(block_cos[block], 3)}
+            if block in best_line:
+                detail.update(line_cosine=round(dense[block], 3), best_line=best_line[block][:100])
             if mode.endswith("+lexical"):
-                detail.update(bm25=round(lexical.get(key, 0.0), 3), dense_rank=dense_rank[key],
-                              lexical_rank=lexical_rank.get(key), fused=round(score[key], 5))
-            self.details[key] = detail
+                detail.update(bm25=round(lexical.get(block, 0.0), 3), dense_rank=dense_rank[block],
+                              lexical_rank=lexical_rank.get(block), fused=round(score[block], 5))
+            self.details[block] = detail
         self._gate_user(saved, dense, score, user_margin)
         self.resident_best: dict[str, float] = {}
         for block in residents:
-            self.resident_best[block.role] = max(score[id(block)], self.resident_best.get(block.role, -1.0))
+            self.resident_best[block.role] = max(score[block], self.resident_best.get(block.role, -1.0))
 
-    def _gate_user(self, saved: list[Block], dense: dict[int, float], score: dict[int, float],
+    def _gate_user(self, saved: list[Block], dense: dict[Block, float], score: dict[Block, float],
                    margin: float) -> None:
         """A saved user message competes only as the best saved match by `margin` (dense similarity):
         the user's own wording ('here are my files') otherwise outranks the chunk that holds the fact."""
         if margin <= 0 or not saved:
             return
-        top = max(saved, key=lambda b: score[id(b)])
+        top = max(saved, key=lambda b: score[b])
         for block in saved:
             if block.role != "user":
                 continue
-            rivals = [dense[id(b)] for b in saved if b is not block and b.role != "user"]
-            ok = block is top and (not rivals or dense[id(block)] >= max(rivals) + margin)
+            rivals = [dense[b] for b in saved if b is not block and b.role != "user"]
+            ok = block is top and (not rivals or dense[block] >= max(rivals) + margin)
             if not ok:
-                score[id(block)] = -1.0
-                self.details[id(block)]["user_margin_blocked"] = True
+                score[block] = -1.0
+                self.details[block]["user_margin_blocked"] = True
 
     def similarity(self, block: Block) -> float:
-        return self.score_of.get(id(block), -1.0)
+        return self.score_of.get(block, -1.0)
 
     def explain(self, block: Block) -> dict:
-        return dict(self.details.get(id(block), {}))
+        return dict(self.details.get(block, {}))
 
 
 def _cos(a: np.ndarray | None, b: np.ndarray | None) -> float:

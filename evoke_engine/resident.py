@@ -143,6 +143,10 @@ class ResidentSequence:
         """Replace resident `block` by `pieces` holding its tokens in order (no cell changes)."""
         self.table.split(block, pieces)
 
+    def flush_pending_shifts(self) -> None:
+        """Apply the K-shifts that evictions queued (positions do not change; the next decode pays less)."""
+        self.kv.flush_pending_shifts()
+
     # -- taking blocks out -------------------------------------------------------------------
     def evict(self, victims: Iterable[Block], *, keep_bytes: bool) -> list[Block]:
         """Take resident `victims` out of the context, later blocks moving down; with `keep_bytes` their K/V go
