@@ -179,8 +179,7 @@ class ConversationLifecycle:
         slot = model.slots.free_slot()
         if slot is None:
             oldest = model.slots.least_recent(exclude=keep)
-            self._states[oldest].memory.park()
-            slot = model.slots.release(oldest)
+            slot = self._leave_slot(self._states[oldest], park=True)
             self.emit(EngineEvent(EventKind.PARKED, f"conversation left slot {slot}", conversation_id=oldest))
             self.refresh(self._states[oldest])
         model.slots.pin(state.id, slot)
@@ -196,12 +195,23 @@ class ConversationLifecycle:
         if not model.kv.ahead_tokens(slot) and all(b.shared for b in memory.table.resident):
             model.prefixes.hold_opening(prefix, slot)      # a new (or emptied) conversation: its first opening
 
+    def _leave_slot(self, state: ConversationState, *, park: bool) -> int | None:
+        """The conversation leaves its slot, in the registry and its memory together (the one place that
+        does both): parked (its cells saved as an image) or released (every byte forgotten, the pool's too).
+        Returns the slot it left (None: it held none)."""
+        slot = self.model.slots.slot_of(state.id)
+        if park:
+            state.memory.park()
+        else:
+            state.memory.release()
+        if slot is not None:
+            self.model.slots.release(state.id)
+        return slot
+
     def _reset(self, state: ConversationState) -> None:
         """Out of its slot and the pool, with a fresh empty memory and no history (not open)."""
         self._states.pop(state.id, None)
-        if self.model.slots.slot_of(state.id) is not None:
-            self.model.slots.release(state.id)
-        state.memory.release()
+        self._leave_slot(state, park=False)
         state.memory = self.fresh_state(state.id, state.title, state.system_prompt, state.tools,
                                         state.pinned).memory
         state.history = []
@@ -340,9 +350,7 @@ class ConversationLifecycle:
         """Persist (optionally) and drop a conversation from the context, the pool and memory."""
         if persist:
             self.persist(state)
-        if state.memory.seq is not None:
-            self.model.slots.release(state.id)
-        state.memory.release()
+        self._leave_slot(state, park=False)
         self._states.pop(state.id, None)
         stats = self._stats.get(state.id)
         if stats is not None:

@@ -66,7 +66,7 @@ class ResidentSequence:
     def _hold(self, block: Block, saved: SavedKV) -> None:
         """The pool holds the bytes of `block` (out of the context) for this sequence; its state says where."""
         where = self.pool.put(block, saved, self)
-        if block is self.image or block.role == "image":
+        if block is self.image:
             block.state = where
         else:
             self.table.mark_bytes(block, where)
@@ -284,21 +284,26 @@ class ResidentSequence:
         return {i: self.pool.peek_bytes(b) for i, b in enumerate(self.table.blocks) if b in self.pool}
 
     def release(self) -> None:
-        """Forget every byte this sequence holds (slot cells and pool entries)."""
+        """Forget every byte this sequence holds (slot cells and pool entries): saved blocks are DROPPED."""
         if self.seq is not None:
             self.kv.drop(self.seq)
             self.seq = None
-        for block in [*self.table.blocks, *([self.image] if self.image else [])]:
-            self.pool.discard(block)
+        for block in self.table.blocks:
+            if block in self.pool:
+                self.pool.discard(block)
+                self.table.mark_bytes(block, BlockState.DROPPED)
+        if self.image is not None:
+            self.pool.discard(self.image)
         self.image, self.image_ahead = None, []
 
     def check(self) -> None:
         """The table is well formed, saved states follow the pool, and the slot holds exactly the table."""
         self.table.check()
         for block in self.table.blocks:
-            if block.state is not BlockState.RESIDENT and self.pool.where(block) not in (block.state, None):
-                raise InvariantError(f"{block.name} is {block.state.value} but the pool has it "
-                                     f"{self.pool.where(block).value}")
+            held = self.pool.where(block)
+            if held is not (block.state if block.state in (BlockState.RAM, BlockState.DISK) else None):
+                raise InvariantError(f"{block.name} is {block.state.value} but the pool has its bytes in "
+                                     f"{held.value if held else 'no tier'}")
         if self.seq is None:
             return
         ahead = self.kv.ahead_tokens(self.seq)
