@@ -5,7 +5,7 @@ Invariants: resident blocks occupy contiguous positions [0, active_tokens) in ta
 moved or evicted; content hashes are set once, from the block's token ids; a block whose cells a
 forked sibling conversation may also hold (`sibling_shared`) is copied out before its cells move.
 Blocks compare and hash by identity (dict keys and set members as they are). Only `resident.ResidentSequence`
-calls the table's mutators (positions and states), keeping the table equal to the slot's cells.
+calls the table's mutators of lists, positions and states, keeping the table equal to the slot's cells.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class SequenceMirror(Protocol):
 
 
 class KVPrimitives(Protocol):
-    """The primitives ConversationMemory calls (`KVCache`; tests/helpers/fake_kv.py's `FakeKVCache` for the
+    """The primitives a conversation's `ResidentSequence` calls (`KVCache`; kv_sim's `FakeKVCache` for the
     memory's own logic without a model: tests/unit checks both keep these signatures)."""
 
     mirror: SequenceMirror | None            # the attention capture's K store, when it is on

@@ -9,7 +9,6 @@ gives up the turn's protections one by one, never the recent tail) and the budge
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections import deque
@@ -48,9 +47,6 @@ class Counters:
     breadcrumbs: int = 0
     max_active_at_turn_end: int = 0
     prefill_tokens: int = 0
-
-
-log = logging.getLogger(__name__)
 
 
 def min_budget_tokens(prefix_tokens: int, settings: Settings) -> int:
