@@ -65,11 +65,7 @@ class ResidentSequence:
 
     def _hold(self, block: Block, saved: SavedKV) -> None:
         """The pool holds the bytes of `block` (out of the context) for this sequence; its state says where."""
-        where = self.pool.put(block, saved, self)
-        if block is self.image:
-            block.state = where
-        else:
-            self.table.mark_bytes(block, where)
+        self.bytes_moved(block, self.pool.put(block, saved, self))
 
     # -- building a table out of a slot ------------------------------------------------------
     def adopt_prefix(self, blocks: Iterable[Block]) -> None:
