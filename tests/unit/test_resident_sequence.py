@@ -14,8 +14,10 @@ from evoke_engine import recovery
 from evoke_engine.blocks import Block, BlockState
 from evoke_engine.errors import InvariantError, RestoreError
 from evoke_engine.kv import SavedKV
+from evoke_engine.memory import ConversationMemory
 from evoke_engine.pool import SavedPool
 from evoke_engine.runtime import Cancelled
+from evoke_engine.snapshot import decode_payload, encode_payload
 
 pytestmark = pytest.mark.unit
 
@@ -216,3 +218,29 @@ def test_a_fork_holds_its_own_blocks_and_both_follow_the_pool(rig):
     child.release()
     assert copy.state is BlockState.DROPPED and first.state is BlockState.DISK and first in rig.pool
     holds_exactly_its_table(rig, parent)
+
+
+def test_a_snapshot_loads_into_a_fresh_sequence_with_states_from_the_pool(rig):
+    memory = rig.memory()
+    blocks = [rig.add(memory, "file", 16, priority=p) for p in (0.1, 0.1, 0.9, 0.9, 0.9)]
+    memory.evict_to(memory.active_tokens - 20)
+    assert [b.state for b in blocks[:2]] == [BlockState.RAM] * 2
+    rig.pool.discard(blocks[0])                                         # lost on the way: only its text is left
+    memory.sequence.table.mark_bytes(blocks[0], BlockState.DROPPED)
+    layout = rig.kv.layout(memory.seq)
+    memory.park()
+    payload = encode_payload(memory.snapshot("prefix", [{"role": "user", "content": "x", "evoke_turn": 1}]))
+    memory.release()
+    loaded = ConversationMemory("c2", settings=rig.settings, runtime=rig.rt, kv=rig.kv, pool=rig.pool,
+                                embedder=rig.embedder, emit=rig.events.append)
+    rig.pool.set_budget(0)                                              # what the pool holds spills as it lands
+    loaded.load_snapshot(decode_payload(payload), rig.prefix_tokens)
+    states = {b.name: b.state for b in loaded.table.blocks}
+    assert states[blocks[0].name] is BlockState.DROPPED and states[blocks[1].name] is BlockState.DISK
+    assert loaded.memory_location() == "disk" and loaded.image.state is BlockState.DISK
+    holds_exactly_its_table(rig, loaded)
+    rig.enter_slot(loaded, 1)
+    assert rig.kv.layout(1) == layout
+    holds_exactly_its_table(rig, loaded)
+    loaded.restore_block(loaded.table.by_name(blocks[1].name))
+    holds_exactly_its_table(rig, loaded)
