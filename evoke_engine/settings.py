@@ -1,7 +1,8 @@
 """Typed settings, declared once: type, default, range, description, and when a change applies.
 
-Invariants: every field is validated on construction (`Settings.validate`), unknown keys in a
-saved file are ignored with a warning, and a file that cannot be read falls back to defaults.
+Invariants: a `Settings` is frozen and validated on construction (a change is a new value, `replace`;
+`settings_hub.SettingsHub` swaps the engine's and notifies its consumers); unknown keys in a saved file
+are ignored with a warning, and a file that cannot be read falls back to defaults.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import platformdirs
 
 from .rpc_split import check_settings as check_rpc_settings
+from .store.kvnames import DEFAULT_TTL_SECONDS, TTL_CLASSES
 from .store.private import private_file, private_mkdir, private_write_text
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ ATTENTION_AGGREGATIONS = ("adakv", "mean")     # evoke_engine.attention.AGGREGAT
 ATTENTION_GQA = ("mean", "max")
 NOW, RELOAD = "now", "reload"
 THEMES = ("auto", "dark", "light")            # app/theme.py
+TTL_SETTINGS = {f"ttl_{cls}_s": cls for cls in TTL_CLASSES}   # the setting of each KV file TTL class
 
 
 def _setting(default: Any, description: str, *, group: str, applies: str = NOW,
@@ -40,7 +43,7 @@ def _setting(default: Any, description: str, *, group: str, applies: str = NOW,
     return field(default=default, metadata=meta)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
     # Model
     model_path: str | None = _setting(
@@ -158,11 +161,12 @@ class Settings:
     seed: int = _setting(-1, "Sampling seed (-1 random).", group="Sampling", low=-1, high=2**31 - 1)
 
     # Persistence and keep-alive
-    ttl_short_s: int = _setting(300, "Lifetime of a 'short' KV file.", group="Persistence",
-                                low=10, high=30 * 86400)
-    ttl_long_s: int = _setting(3600, "Lifetime of a 'long' KV file.", group="Persistence",
-                               low=10, high=30 * 86400)
-    ttl_extended_s: int = _setting(86400, "Lifetime of an 'extended' KV file (pinned conversations).",
+    ttl_short_s: int = _setting(int(DEFAULT_TTL_SECONDS["short"]), "Lifetime of a 'short' KV file.",
+                                group="Persistence", low=10, high=30 * 86400)
+    ttl_long_s: int = _setting(int(DEFAULT_TTL_SECONDS["long"]), "Lifetime of a 'long' KV file.",
+                               group="Persistence", low=10, high=30 * 86400)
+    ttl_extended_s: int = _setting(int(DEFAULT_TTL_SECONDS["extended"]),
+                                   "Lifetime of an 'extended' KV file (pinned conversations).",
                                    group="Persistence", low=10, high=365 * 86400)
     disk_budget_bytes: int = _setting(10 << 30, "Disk for KV files; least recently used go first.",
                                       group="Persistence", low=0, high=1 << 44)
@@ -226,6 +230,19 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+    def changed(self, other: Settings) -> list[str]:
+        """Names of the settings whose values differ from `other`."""
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+    def with_now_of(self, new: Settings) -> Settings:
+        """These settings with `new`'s values of the settings that apply now (the rest waits for a reload)."""
+        return dataclasses.replace(self, **{f.name: getattr(new, f.name) for f in dataclasses.fields(self)
+                                            if f.metadata.get("applies") == NOW})
+
+    def ttl_seconds(self) -> dict[str, int]:
+        """Lifetime of each KV file TTL class (`KVFileStore`'s `ttl_seconds`)."""
+        return {cls: getattr(self, name) for name, cls in TTL_SETTINGS.items()}
 
     def needs_reload(self, other: Settings) -> list[str]:
         """Names of settings that differ from `other` and apply only after a model reload."""
