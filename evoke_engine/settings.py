@@ -26,10 +26,10 @@ log = logging.getLogger(__name__)
 APP_NAME = "evoke-desk"
 RECOVERY_BACKENDS = ("kv_restore", "breadcrumb", "discard", "none")
 KV_CACHE_TYPES = ("f16", "q8_0")
-POOL_BITS = (16, 8)                            # evoke_engine.pool.POOL_BITS
+POOL_BITS = (16, 8)                            # declared here only: pool.py takes it from here
 RECALL_SIGNALS = ("block", "lines", "lines+lexical", "block+lexical")   # recall_signals.SIGNALS
-ATTENTION_AGGREGATIONS = ("adakv", "mean")     # evoke_engine.attention.AGGREGATIONS
-ATTENTION_GQA = ("mean", "max")
+ATTENTION_AGGREGATIONS = ("adakv", "mean")     # AttentionSignal.refresh(aggregation=...)
+ATTENTION_GQA = ("mean", "max")               # declared here only: attention.py takes it from here
 NOW, RELOAD = "now", "reload"
 THEMES = ("auto", "dark", "light")            # app/theme.py
 TTL_SETTINGS = {f"ttl_{cls}_s": cls for cls in TTL_CLASSES}   # the setting of each KV file TTL class
