@@ -406,11 +406,11 @@ class Engine:
 
     def _submit_turn(self, conversation_id: str, job: Callable, on_token: Callable[[str], None] | None,
                      sampling: dict, *args, **kwargs) -> Future:
-        params = SamplingParams.from_settings(self.settings, **sampling)
+        params = SamplingParams.from_settings(self.settings, **sampling)     # a frozen snapshot: any thread
         cancel = threading.Event()                   # this turn's own: a later submit never clears it
         with self._cancels_lock:
             self._cancels.setdefault(conversation_id, set()).add(cancel)
-        priority = FOREGROUND if conversation_id == self.focused else NORMAL
+        priority = FOREGROUND if conversation_id == self.focused else NORMAL   # read here, written on the thread
         future = self.thread.submit(job, conversation_id, *args, params=params, on_token=on_token, cancel=cancel,
                                     priority=priority, **kwargs)
         future.add_done_callback(lambda _: self._turn_finished(conversation_id, cancel))

@@ -33,6 +33,9 @@ ATTENTION_GQA = ("mean", "max")               # declared here only: attention.py
 NOW, RELOAD = "now", "reload"
 THEMES = ("auto", "dark", "light")            # app/theme.py
 TTL_SETTINGS = {f"ttl_{cls}_s": cls for cls in TTL_CLASSES}   # the setting of each KV file TTL class
+# The settings a KV file is made for (the parameters of `store.kvfiles.model_hash`): a change of one makes saved
+# files unusable, so each conversation re-reads its history once when opened (the settings dialog says so).
+KV_FILE_SETTINGS = ("model_path", "kv_cache_type", "n_ctx", "slots", "flash_attention")
 
 
 def _setting(default: Any, description: str, *, group: str, applies: str = NOW,
