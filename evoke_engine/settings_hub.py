@@ -2,15 +2,16 @@
 subscriber whose fields changed (qutebrowser's `config.changed` with a `change_filter`).
 
 Invariants: `current` is an immutable `Settings`, replaced whole (any thread may read it; only the engine
-thread calls `apply`); a subscriber runs once per `apply` in which one of its fields changed, with (old, new),
-after the swap, in subscription order; a failing subscriber does not keep the others from running (the first
-error is raised once all ran); a cancelled subscription is never called again.
+thread calls `apply`; any thread may subscribe or cancel); a subscriber runs once per `apply` in which one of its
+fields changed, with (old, new), after the swap, in subscription order; a failing subscriber does not keep the
+others from running (the first error is raised once all ran); a cancelled subscription is never called again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ class SettingsHub:
     def __init__(self, settings: Settings) -> None:
         self._current = settings
         self._subscriptions: list[Subscription] = []
+        self._lock = threading.Lock()                # guards the list: the scheduler subscribes off the thread
 
     @property
     def current(self) -> Settings:
@@ -53,16 +55,22 @@ class SettingsHub:
         if unknown:
             raise ValueError(f"no such settings: {', '.join(unknown)}")
         subscription = Subscription(self, callback, wanted)
-        self._subscriptions.append(subscription)
+        with self._lock:
+            self._subscriptions.append(subscription)
         return subscription
 
     def _cancel(self, subscription: Subscription) -> None:
-        if subscription in self._subscriptions:
-            self._subscriptions.remove(subscription)
+        with self._lock:
+            if subscription in self._subscriptions:
+                self._subscriptions.remove(subscription)
+
+    def _subscribed(self) -> list[Subscription]:
+        with self._lock:
+            return list(self._subscriptions)
 
     def subscribers(self, field: str) -> int:
         """How many subscribers hear of a change of `field` (tests, diagnostics)."""
-        return sum(s.wants((field,)) for s in self._subscriptions)
+        return sum(s.wants((field,)) for s in self._subscribed())
 
     def apply(self, new: Settings) -> list[str]:
         """Make `new` the current settings and notify the subscribers of what changed (engine thread).
@@ -73,8 +81,8 @@ class SettingsHub:
             return []
         self._current = new
         error: BaseException | None = None
-        for subscription in list(self._subscriptions):
-            if subscription not in self._subscriptions or not subscription.wants(changed):
+        for subscription in self._subscribed():
+            if subscription not in self._subscribed() or not subscription.wants(changed):
                 continue                               # cancelled by an earlier subscriber, or not its fields
             try:
                 subscription.callback(old, new)
