@@ -105,10 +105,17 @@ class ConversationLifecycle:
         return self._rebuilds.pop(conversation_id, (0, 0.0))
 
     def adopt_settings(self, old: Settings, new: Settings) -> None:
-        """The settings changed (a `SettingsHub` subscriber): each open conversation's memory adopts them."""
+        """The settings changed (a `SettingsHub` subscriber): each open conversation's memory adopts them; one
+        that refuses (a budget below its own minimum) keeps no other behind, and its error is raised after."""
+        error: BudgetError | None = None
         for state in self.open_states():
-            state.memory.adopt_settings(old, new)
+            try:
+                state.memory.adopt_settings(old, new)
+            except BudgetError as exc:
+                error = error or exc
             self.refresh(state)
+        if error is not None:
+            raise error
 
     def rename(self, conversation_id: str, title: str) -> None:
         self.history.rename(conversation_id, title)
