@@ -127,7 +127,7 @@ class EngineBridge(QObject):
             self.scheduler_attached = True
         else:  # HOOK: the engine does not take scheduler= yet; its sweeps run on its own timer
             log.warning("Engine() takes no scheduler=; the scheduler does not run in the Qt loop")
-        engine = factory(self.settings.replace(), **kwargs)   # a copy: the engine updates its own in place
+        engine = factory(self.settings, **kwargs)   # frozen: the engine and the window share the value
         engine.subscribe(self._on_engine_event)
         return engine
 

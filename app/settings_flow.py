@@ -1,8 +1,8 @@
 """Applying settings from the dialog: what applies now goes to the engine at once, the rest reloads.
 
 Invariants: a reload that fails leaves the previous model and settings in place (and says so);
-settings reach disk only once they took effect; the engine always gets its own copy; every outcome is
-signalled: `settingsApplied` (then `errorResolved("settings")`) or `settingsFailed` with a readable reason.
+settings reach disk only once they took effect; settings are frozen values the window and the engine share; every
+outcome is signalled: `settingsApplied` (then `errorResolved("settings")`) or `settingsFailed` with a readable reason.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class SettingsFlow:
         old, conv = self.settings, self.conv
         if self.model_info is None and self.model_state == "failed":
             self.settings = new                 # no model ever loaded here: start a fresh engine on `new`
-            self.bridge.restart(new.replace())
+            self.bridge.restart(new)
             self._save(new)
             self._applied(new)
             return
@@ -40,7 +40,7 @@ class SettingsFlow:
                 if conv is not None and new.budget_tokens != old.budget_tokens:
                     conv.set_budget(new.budget_tokens)
             else:
-                names = list(apply(new.replace()) or [])   # the engine applies the budget to open convs
+                names = list(apply(new) or [])   # the engine applies the budget to open convs
             return names
 
         def done(names: list[str]) -> None:
@@ -59,7 +59,7 @@ class SettingsFlow:
         def failed(exc: BaseException) -> None:
             self.settings = self.bridge.settings = old
             if hasattr(self.engine, "apply_settings"):
-                self.bridge.call(self.engine.apply_settings, old.replace(), on_error=self._fail)
+                self.bridge.call(self.engine.apply_settings, old, on_error=self._fail)
             self._set_model_state("ready", model_name(self.model_info))
             self._settings_failed(f"The new model settings did not load ({error_text(exc)}); "
                                   f"still using {model_name(self.model_info)}.")
@@ -68,7 +68,7 @@ class SettingsFlow:
             self._save(new)
             self._applied(new)
             self.bridge.call(self.engine.model_info, on_done=self._model_ready, on_error=self._fail)
-        self.bridge.call(self.engine.reload, new.replace(), on_error=failed,
+        self.bridge.call(self.engine.reload, new, on_error=failed,
                          on_done=lambda fut: self.bridge.track(fut, on_done=loaded, on_error=failed))
 
     def _settings_failed(self, error: BaseException | str) -> None:

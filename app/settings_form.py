@@ -10,7 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-NOW, RELOAD = "now", "reload"
+from evoke_engine.settings import KV_FILE_SETTINGS, NOW, RELOAD
+
 GROUP_TITLES = {"Conversation": "System prompt", "Persistence": "Persistence & keep-alive"}
 LABELS = {
     "model_path": "Model file", "n_ctx": "Context length", "n_gpu_layers": "GPU layers",
@@ -31,12 +32,10 @@ LABELS = {
 }
 MIB = 1 << 20
 _REBUILT = "saved KV caches were made for the old {what}: each conversation re-reads its history once when opened"
+_KV_FILE_WHAT = {"model_path": "model", "kv_cache_type": "KV cache type", "n_ctx": "context length",
+                 "slots": "slot count", "flash_attention": "flash attention setting (it decides how V is stored)"}
 SAVED_STATE_EFFECTS = {          # what a change does to conversations saved to disk and open ones
-    "model_path": _REBUILT.format(what="model"),
-    "kv_cache_type": _REBUILT.format(what="KV cache type"),
-    "n_ctx": _REBUILT.format(what="context length"),
-    "slots": _REBUILT.format(what="slot count"),
-    "flash_attention": _REBUILT.format(what="flash attention setting (it decides how V is stored)"),
+    **{name: _REBUILT.format(what=_KV_FILE_WHAT[name]) for name in KV_FILE_SETTINGS},
     "embedder": "similarity vectors are recomputed with the new embedder when needed; the saved K/V is kept "
                 "(no re-read of the history)",
     "block_tokens": "saved blocks keep their size and nothing is recomputed; new messages use the new size",

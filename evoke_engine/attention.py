@@ -22,12 +22,11 @@ import numpy as np
 from . import reanchor
 from .blocks import Block
 from .package_files import native_library, native_missing_note
+from .settings import ATTENTION_GQA as GQA_REDUCTIONS
 
 log = logging.getLogger(__name__)
 
 LIB_NAME = "libevoke_attention.so"
-AGGREGATIONS = ("adakv", "mean")
-GQA_REDUCTIONS = ("mean", "max")
 DECAY = 0.95                # per scored query step: 0.95 ** 64 = 0.04, so about the last 64 steps count
 ADAKV_ALPHA = 0.2           # each head's floor: this share of the uniform per-head budget
 KEEP_FRACTION = 0.5         # Ada-KV per-head budget: this share of the sequence's resident tokens

@@ -3,12 +3,13 @@
 Invariants: every llama.cpp call runs on the engine thread (`EngineThread`); public methods are safe from
 any thread and hand out snapshots and futures only; `model` is a `LoadedModel` exactly while the model is loaded
 (closed in one place, `_unload`); open conversations live in `lifecycle`, turns run in `turns` (`TurnJobs`),
-the sweeps see the engine as a `SweepHost`; nothing below this module refers to the Engine.
+the sweeps see the engine as a `SweepHost`; nothing below this module refers to the Engine. `settings` is the
+`settings_hub`'s frozen current value, swapped on the engine thread, whose consumers subscribe to the fields they
+use; `focused` and `last_activity` are written on the engine thread only (other threads may read them).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -18,14 +19,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from . import editing, live_settings
+from . import editing
 from .conversation import Conversation
 from .embedder import Embedder
 from .errors import BudgetError, EvokeError
 from .events import EngineEvent, EventKind
 from .exchange import parse_json, to_json, to_markdown
 from .lifecycle import ConversationLifecycle, ConversationState
-from .loaded_model import LoadedModel
+from .loaded_model import LoadedModel, follow_ttl_settings
 from .memory import min_budget_tokens
 from .prefixes import Prefix, system_prompt_of, tools_of
 from .recovery import backend as recovery_backend
@@ -33,6 +34,7 @@ from .runtime import ModelInfo
 from .sampling import SamplingParams
 from .scheduler import Sweeps
 from .settings import Settings
+from .settings_hub import SettingsHub
 from .snapshot_fit import focus_from_history
 from .stats import ConversationStats
 from .store.history import HistoryDB
@@ -61,7 +63,7 @@ class ConversationInfo:
 class Engine:
     def __init__(self, settings: Settings | None = None, *, wait: bool = True, scheduler=None,
                  clock: Callable[[], float] = time.time, prewarm: bool = True) -> None:
-        self.settings = dataclasses.replace(settings) if settings is not None else Settings()   # ours to mutate
+        self.settings_hub = SettingsHub(settings if settings is not None else Settings())
         self.prewarm = prewarm
         self.clock = clock
         self._closed = False
@@ -70,8 +72,8 @@ class Engine:
         self._subscribers: list[Callable[[EngineEvent], None]] = []
         self._cancels: dict[str, set[threading.Event]] = {}     # one Event per queued or running turn
         self._cancels_lock = threading.Lock()
-        self.focused: str | None = None
-        self.last_activity = clock()
+        self.focused: str | None = None              # written on the engine thread only (`focus`)
+        self.last_activity = clock()                 # written on the engine thread only (`ensure_model`, turns)
         try:
             self.history = HistoryDB(self.settings.data_dir / "history.sqlite3")
         except BaseException:
@@ -82,7 +84,10 @@ class Engine:
         self.lifecycle = ConversationLifecycle(self.history, emit=self.emit, clock=clock,
                                                ensure_model=self.ensure_model)
         self.turns = TurnJobs(self.lifecycle, emit=self.emit, clock=clock, on_activity=self._stamp_activity)
-        self.ready: Future = self.thread.submit(self._load, self.settings, priority=FOREGROUND)
+        self.settings_hub.subscribe(self.lifecycle.adopt_settings)        # open conversations' memories
+        self.settings_hub.subscribe(self._embedder_changed, fields=("embedder",))
+        follow_ttl_settings(self.settings_hub, lambda: self.kvfiles)       # the files outlive the model
+        self.ready: Future = self.thread.submit(self._load, priority=FOREGROUND)
         self.sweeps = Sweeps(self, scheduler) if scheduler is not False else None
         if wait:
             try:
@@ -90,6 +95,11 @@ class Engine:
             except BaseException:
                 self.close()            # no scheduler, engine thread or database left behind by a failed load
                 raise
+
+    @property
+    def settings(self) -> Settings:
+        """The settings now: an immutable snapshot (any thread); changed by `apply_settings` and `reload`."""
+        return self.settings_hub.current
 
     # -- events -----------------------------------------------------------------------------
     def subscribe(self, callback: Callable[[EngineEvent], None]) -> None:
@@ -104,10 +114,12 @@ class Engine:
                 log.exception("event subscriber failed")
 
     # -- model ------------------------------------------------------------------------------
-    def _load(self, settings: Settings) -> ModelInfo:
-        """Load the model and its resources (`LoadedModel`), open it to conversations, prewarm (engine thread)."""
+    def _load(self) -> ModelInfo:
+        """Load the model the settings name and its resources (`LoadedModel`), open it to conversations, prewarm
+        (engine thread)."""
+        settings = self.settings
         self.emit(EngineEvent(EventKind.MODEL_LOADING, f"loading {settings.model_path or 'embedded model'}"))
-        model = self.model = LoadedModel.load(settings, self.emit, self.clock)
+        model = self.model = LoadedModel.load(self.settings_hub, self.emit, self.clock)
         self.lifecycle.attach(model)
         if not model.rt.eviction_supported:
             self.emit(EngineEvent(EventKind.ERROR, f"{model.rt.eviction_note}; chat works without eviction"))
@@ -152,7 +164,7 @@ class Engine:
         it would be unloaded again by the next idle check (issue 25). Sweeps never call this."""
         self.last_activity = self.clock()
         if self.model is None:
-            self._load(self.settings)
+            self._load()
             self.last_activity = self.clock()          # a slow load is not idle time either
         return self.model
 
@@ -178,21 +190,16 @@ class Engine:
         pending = new.needs_reload(self.settings)
 
         def apply() -> None:
+            adopted = self.settings.with_now_of(new)
             sizing = ("budget_tokens", "block_tokens", "tail_fraction", "recovery")
-            resized = any(getattr(new, n) != getattr(self.settings, n) for n in sizing)
-            if resized and recovery_backend(new.recovery).evicts and self.model is not None:   # unloaded: at creation
-                smallest = self._min_budget(new)
-                if new.budget_tokens < smallest:
-                    raise BudgetError(f"a budget of {new.budget_tokens} tokens leaves too little room after the "
+            resized = any(getattr(adopted, n) != getattr(self.settings, n) for n in sizing)
+            if resized and recovery_backend(adopted.recovery).evicts and self.model is not None:   # unloaded: later
+                smallest = self._min_budget(adopted)
+                if adopted.budget_tokens < smallest:
+                    raise BudgetError(f"a budget of {adopted.budget_tokens} tokens leaves too little room after the "
                                       f"system prompt and tools for a reply: the smallest budget that works is "
                                       f"{smallest} tokens")
-            old = dataclasses.replace(self.settings)
-            for name in live_settings.now_fields():
-                setattr(self.settings, name, getattr(new, name))
-            open_states = self.lifecycle.open_states()
-            live_settings.push(self._live_targets(), old, [state.memory for state in open_states])
-            for state in open_states:
-                self.lifecycle.refresh(state)
+            self.settings_hub.apply(adopted)               # each consumer hears of the fields it uses
 
         self.thread.call(apply, priority=FOREGROUND)
         return pending
@@ -221,30 +228,22 @@ class Engine:
         if embedder.enabled and recovery_backend(self.settings.recovery).evicts:
             self.thread.submit(embedder.warm, priority=BACKGROUND)
 
-    def _live_targets(self) -> live_settings.LiveTargets:
-        return live_settings.LiveTargets(settings=self.settings, model=self.model, files=self.kvfiles,
-                                         sweeps=self.sweeps, switch_embedder=self.switch_embedder)
-
-    def settings_in_use(self, conversation_id: str) -> dict:
-        """Each "applies now" setting as the object that uses it holds it (tests, diagnostics)."""
-        def read() -> dict:
-            return live_settings.in_use(self._live_targets(), self.lifecycle.open(conversation_id).memory)
-        return self.thread.call(read, priority=FOREGROUND)
+    def _embedder_changed(self, old: Settings, new: Settings) -> None:
+        if self.model is not None:                     # unloaded: the next load builds the new one
+            self.switch_embedder()
 
     def reload(self, new: Settings) -> Future:
         """Load the model `new` names; on failure the previous model is loaded back and the error raised."""
-        new = dataclasses.replace(new)
-
         def swap() -> ModelInfo:
             old = self.settings
             self._unload("reload")
             try:
-                self.settings = new
-                return self._load(new)
+                self.settings_hub.apply(new)
+                return self._load()
             except EvokeError:
-                self.settings = old
+                self.settings_hub.apply(old)
                 if self.ready.exception() is None:         # the previous model had loaded: bring it back
-                    self._load(old)
+                    self._load()
                 raise
 
         future = self.thread.submit(swap, priority=FOREGROUND)
@@ -324,9 +323,12 @@ class Engine:
         return self.thread.call(lambda: self.ensure_model().rt.tokenize(text, parse_special=special),
                                 priority=FOREGROUND)
 
-    def focus(self, conversation_id: str | None) -> None:
-        """Requests of the focused conversation are served before the others."""
-        self.focused = conversation_id
+    def focus(self, conversation_id: str | None) -> Future:
+        """Requests of the focused conversation are served before the others, and the eviction sweep keeps it
+        open. Written on the engine thread (a sweep sees one value throughout); the Future says when."""
+        def write() -> None:
+            self.focused = conversation_id
+        return self.thread.submit(write, priority=FOREGROUND)
 
     # -- one conversation: what its handle reads and changes -------------------------------
     def _on_open(self, conversation_id: str, job: Callable[[ConversationState], Any], priority: int = NORMAL) -> Any:
@@ -404,11 +406,11 @@ class Engine:
 
     def _submit_turn(self, conversation_id: str, job: Callable, on_token: Callable[[str], None] | None,
                      sampling: dict, *args, **kwargs) -> Future:
-        params = SamplingParams.from_settings(self.settings, **sampling)
+        params = SamplingParams.from_settings(self.settings, **sampling)     # a frozen snapshot: any thread
         cancel = threading.Event()                   # this turn's own: a later submit never clears it
         with self._cancels_lock:
             self._cancels.setdefault(conversation_id, set()).add(cancel)
-        priority = FOREGROUND if conversation_id == self.focused else NORMAL
+        priority = FOREGROUND if conversation_id == self.focused else NORMAL   # read here, written on the thread
         future = self.thread.submit(job, conversation_id, *args, params=params, on_token=on_token, cancel=cancel,
                                     priority=priority, **kwargs)
         future.add_done_callback(lambda _: self._turn_finished(conversation_id, cancel))

@@ -32,6 +32,7 @@ from .turn import number_turns, render_user_content, replay_input, replay_reply
 
 if TYPE_CHECKING:
     from .loaded_model import LoadedModel
+    from .settings import Settings
     from .store.kvfiles import KVFileStore
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,19 @@ class ConversationLifecycle:
     def take_rebuild(self, conversation_id: str) -> tuple[int, float]:
         """(tokens, seconds) decoded from history for the conversation since the last call (a turn's cost)."""
         return self._rebuilds.pop(conversation_id, (0, 0.0))
+
+    def adopt_settings(self, old: Settings, new: Settings) -> None:
+        """The settings changed (a `SettingsHub` subscriber): each open conversation's memory adopts them; one
+        that refuses (a budget below its own minimum) keeps no other behind, and its error is raised after."""
+        error: BudgetError | None = None
+        for state in self.open_states():
+            try:
+                state.memory.adopt_settings(old, new)
+            except BudgetError as exc:
+                error = error or exc
+            self.refresh(state)
+        if error is not None:
+            raise error
 
     def rename(self, conversation_id: str, title: str) -> None:
         self.history.rename(conversation_id, title)

@@ -4,25 +4,26 @@ KV files, attention capture and embedder.
 Invariants: a `LoadedModel` exists exactly while the model is loaded (the Engine holds one or None); `load`
 either returns a whole value or frees what it made and raises; `close` frees everything in one place, in
 dependency order (pool, prefixes, contexts, then the capture they called into), and a second call does
-nothing. The KV files are on disk and outlive the value (the store holds no context).
+nothing. The KV files are on disk and outlive the value (the store holds no context). Its pool follows the
+settings it uses through `SettingsHub` subscriptions, cancelled by `close`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .attention import AttentionCapture, attach_capture
 from .embedder import Embedder
 from .errors import EvokeError
 from .events import EngineEvent, EventKind
 from .kv import KVCache
-from .live_settings import ttl_seconds
 from .pool import SavedPool
 from .prefixes import SharedPrefixes
 from .runtime import ModelInfo, Runtime
-from .settings import Settings
+from .settings import TTL_SETTINGS, Settings
+from .settings_hub import SettingsHub, Subscription
 from .slots import SlotRegistry
 from .store.kvfiles import KVFileStore, model_hash
 from .template import ChatTemplate
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class LoadedModel:
-    settings: Settings              # the engine's own settings object (applies-now fields change in place)
+    hub: SettingsHub                # the engine's settings: `settings` is its current value
     rt: Runtime
     kv: KVCache
     template: ChatTemplate
@@ -43,12 +44,19 @@ class LoadedModel:
     attention: AttentionCapture | None
     embedder: Embedder              # replaced by `Engine.switch_embedder` only
     info: ModelInfo
+    subscriptions: list[Subscription] = field(default_factory=list)
     closed: bool = False
 
+    @property
+    def settings(self) -> Settings:
+        """The settings now (an immutable snapshot)."""
+        return self.hub.current
+
     @classmethod
-    def load(cls, settings: Settings, emit: Callable[[EngineEvent], None], clock: Callable[[], float]) -> LoadedModel:
-        """Load the model `settings` names and build its resources (engine thread). A failure after the
+    def load(cls, hub: SettingsHub, emit: Callable[[EngineEvent], None], clock: Callable[[], float]) -> LoadedModel:
+        """Load the model `hub.current` names and build its resources (engine thread). A failure after the
         runtime exists frees it before the error goes up: nothing is left holding a context."""
+        settings = hub.current
         capture = AttentionCapture.create(gqa=settings.attention_gqa) if settings.attention_capture else None
         try:
             rt = Runtime(settings, eval_callback=capture)
@@ -68,11 +76,12 @@ class LoadedModel:
                                                                  block=b.name, tokens=b.n_tokens)))
             files = KVFileStore(settings.cache_dir, model_hash(rt.model_path, settings.kv_cache_type, rt.n_ctx,
                                                                settings.slots, rt.flash_attention),
-                                ttl_seconds(settings), clock=clock)
+                                settings.ttl_seconds(), clock=clock)
             files.check(fix=True)
-            return cls(settings=settings, rt=rt, kv=kv, template=template,
+            return cls(hub=hub, rt=rt, kv=kv, template=template,
                        prefixes=SharedPrefixes(rt, kv, template), pool=pool, slots=SlotRegistry(settings.slots),
-                       files=files, attention=attention, embedder=Embedder(settings.embedder), info=rt.info())
+                       files=files, attention=attention, embedder=Embedder(settings.embedder), info=rt.info(),
+                       subscriptions=follow_pool_settings(hub, pool))
         except BaseException:
             if pool is not None:
                 pool.close()
@@ -100,8 +109,33 @@ class LoadedModel:
         if self.closed:
             return
         self.closed = True
+        for subscription in self.subscriptions:
+            subscription.cancel()
         self.pool.close()
         self.prefixes.clear()
         self.rt.close()
         if self.attention is not None:
             self.attention.close()
+
+
+POOL_SETTINGS = ("ram_budget_bytes", "pool_bits")
+
+
+def follow_pool_settings(hub: SettingsHub, pool: SavedPool) -> list[Subscription]:
+    """The pool adopts a new RAM budget (spilling past it) and bit width (for blocks saved from then on)."""
+    def changed(old: Settings, new: Settings) -> None:
+        if new.ram_budget_bytes != old.ram_budget_bytes:
+            pool.set_budget(new.ram_budget_bytes)
+        if new.pool_bits != old.pool_bits:
+            pool.set_bits(new.pool_bits)
+    return [hub.subscribe(changed, fields=POOL_SETTINGS)]
+
+
+def follow_ttl_settings(hub: SettingsHub, files: Callable[[], KVFileStore | None]) -> Subscription:
+    """The KV files `files()` gives (those of the model loaded last: they outlive it) adopt new TTLs, so their
+    expiry is computed with them from the change on."""
+    def changed(old: Settings, new: Settings) -> None:
+        store = files()
+        if store is not None:
+            store.set_ttl_seconds(new.ttl_seconds())
+    return hub.subscribe(changed, fields=TTL_SETTINGS)

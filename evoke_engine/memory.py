@@ -305,6 +305,15 @@ class ConversationMemory:
         self.record_event(EventKind.RECOVERED, f"breadcrumb for {block.name}", crumb, detail=detail)
         return crumb
 
+    # -- settings ---------------------------------------------------------------------------
+    def adopt_settings(self, old: Settings, new: Settings) -> None:
+        """The settings changed (a `SettingsHub` subscriber, engine thread): later decisions read `new`, and a
+        new `budget_tokens` replaces this conversation's budget now (`set_budget`)."""
+        self.settings = self.scorer.s = new
+        self.focus.ema, self.focus.snap_cosine = new.focus_ema, new.focus_snap_cosine
+        if new.budget_tokens != old.budget_tokens:
+            self.set_budget(new.budget_tokens)
+
     # -- budget -----------------------------------------------------------------------------
     def set_budget(self, tokens: int) -> None:
         """Adopt a new budget now (evicting to it); BudgetError, changing nothing, below `min_budget_tokens`."""

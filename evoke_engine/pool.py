@@ -32,6 +32,7 @@ from .blocks import Block, BlockState
 from .errors import RestoreError
 from .kv import SavedKV
 from .kvquant import PackedKV
+from .settings import POOL_BITS  # 16: the bytes as llama.cpp wrote them; 8: kvquant's packed form
 from .store.private import create_private, private_mkdir
 
 try:
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 SPILL_DIR = re.compile(r"spill-(\d+)-")
 LOCK_NAME = "owner.lock"
 NEVER_DROPPED = frozenset({"image"})    # roles whose bytes are a parked conversation, not one block
-POOL_BITS = (16, 8)                     # 16: the bytes as llama.cpp wrote them; 8: kvquant's packed form
 
 
 def disk_free(path: Path) -> int:

@@ -1,7 +1,7 @@
 """Sampling parameters and llama.cpp's own sampler chain built from them.
 
 Invariant: temperature 0 is greedy (deterministic); every chain is freed by its owner
-(`SamplerChain` is a context manager).
+(`SamplerChain` is a context manager); `from_settings` reads a frozen Settings, so any thread may build params.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Invariants: a job never touches llama.cpp itself; it only queues work on the engine thread at
 background priority, so sweeps never run beside a decode. Works headless (BackgroundScheduler)
 or in the Qt event loop (the app passes a QtScheduler; this module imports no Qt). The sweeps see the
-engine only as a `SweepHost`: the few things they read and call.
+engine only as a `SweepHost`: the few things they read and call; the jobs follow their interval settings
+through a `SettingsHub` subscription, cancelled by `shutdown`.
 """
 
 from __future__ import annotations
@@ -19,18 +20,21 @@ from .worker import BACKGROUND
 if TYPE_CHECKING:
     from .lifecycle import ConversationLifecycle
     from .settings import Settings
+    from .settings_hub import SettingsHub
     from .store.kvfiles import KVFileStore
     from .worker import EngineThread
 
 log = logging.getLogger(__name__)
 KEEPALIVE_STALE_FRACTION = 0.8
+SCHEDULE_SETTINGS = ("keepalive_interval_s", "eviction_interval_s", "model_idle_unload_s")   # what `schedule` reads
 
 
 class SweepHost(Protocol):
     """What the sweeps use of the engine. `thread` and `settings` are read from the scheduler's thread (to queue
     a sweep and to size the jobs); everything else only inside a sweep, on the engine thread."""
 
-    settings: Settings
+    settings: Settings                    # the settings now (a frozen snapshot)
+    settings_hub: SettingsHub             # subscribed to for the jobs' intervals
     thread: EngineThread
     lifecycle: ConversationLifecycle      # the open conversations: `open_states`, `release`
     kvfiles: KVFileStore | None           # the KV files (they outlive the model)
@@ -51,6 +55,8 @@ class Sweeps:
         self.scheduler = scheduler if scheduler is not None else BackgroundScheduler(daemon=True)
         self.runs: dict[str, int] = {"keepalive": 0, "eviction": 0, "model_idle": 0}
         self.schedule()
+        self._subscription = engine.settings_hub.subscribe(lambda old, new: self.schedule(),
+                                                           fields=SCHEDULE_SETTINGS)
         if not self.scheduler.running:
             self.scheduler.start()
 
@@ -103,8 +109,9 @@ class Sweeps:
         if eng.model_loaded:
             now = eng.clock()
             ttl = eng.kvfiles.ttl_seconds             # one source of truth with the files' own expiry
+            focused = eng.focused
             for state in eng.lifecycle.open_states():
-                if state.id != eng.focused and now - state.last_used > ttl[state.ttl_class]:
+                if state.id != focused and now - state.last_used > ttl[state.ttl_class]:
                     eng.lifecycle.release(state)
                     released.append(state.id)
                     eng.emit(EngineEvent(EventKind.RELEASED, "idle conversation saved to disk and released",
@@ -125,6 +132,7 @@ class Sweeps:
         return False
 
     def shutdown(self) -> None:
+        self._subscription.cancel()
         try:
             if self.scheduler.running:
                 self.scheduler.shutdown(wait=False)

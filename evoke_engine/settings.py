@@ -1,7 +1,8 @@
 """Typed settings, declared once: type, default, range, description, and when a change applies.
 
-Invariants: every field is validated on construction (`Settings.validate`), unknown keys in a
-saved file are ignored with a warning, and a file that cannot be read falls back to defaults.
+Invariants: a `Settings` is frozen and validated on construction (a change is a new value, `replace`;
+`settings_hub.SettingsHub` swaps the engine's and notifies its consumers); unknown keys in a saved file
+are ignored with a warning, and a file that cannot be read falls back to defaults.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import platformdirs
 
 from .rpc_split import check_settings as check_rpc_settings
+from .store.kvnames import DEFAULT_TTL_SECONDS, TTL_CLASSES
 from .store.private import private_file, private_mkdir, private_write_text
 
 log = logging.getLogger(__name__)
@@ -24,12 +26,16 @@ log = logging.getLogger(__name__)
 APP_NAME = "evoke-desk"
 RECOVERY_BACKENDS = ("kv_restore", "breadcrumb", "discard", "none")
 KV_CACHE_TYPES = ("f16", "q8_0")
-POOL_BITS = (16, 8)                            # evoke_engine.pool.POOL_BITS
+POOL_BITS = (16, 8)                            # declared here only: pool.py takes it from here
 RECALL_SIGNALS = ("block", "lines", "lines+lexical", "block+lexical")   # recall_signals.SIGNALS
-ATTENTION_AGGREGATIONS = ("adakv", "mean")     # evoke_engine.attention.AGGREGATIONS
-ATTENTION_GQA = ("mean", "max")
+ATTENTION_AGGREGATIONS = ("adakv", "mean")     # AttentionSignal.refresh(aggregation=...)
+ATTENTION_GQA = ("mean", "max")               # declared here only: attention.py takes it from here
 NOW, RELOAD = "now", "reload"
 THEMES = ("auto", "dark", "light")            # app/theme.py
+TTL_SETTINGS = {f"ttl_{cls}_s": cls for cls in TTL_CLASSES}   # the setting of each KV file TTL class
+# The settings a KV file is made for (the parameters of `store.kvfiles.model_hash`): a change of one makes saved
+# files unusable, so each conversation re-reads its history once when opened (the settings dialog says so).
+KV_FILE_SETTINGS = ("model_path", "kv_cache_type", "n_ctx", "slots", "flash_attention")
 
 
 def _setting(default: Any, description: str, *, group: str, applies: str = NOW,
@@ -40,7 +46,7 @@ def _setting(default: Any, description: str, *, group: str, applies: str = NOW,
     return field(default=default, metadata=meta)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
     # Model
     model_path: str | None = _setting(
@@ -158,11 +164,12 @@ class Settings:
     seed: int = _setting(-1, "Sampling seed (-1 random).", group="Sampling", low=-1, high=2**31 - 1)
 
     # Persistence and keep-alive
-    ttl_short_s: int = _setting(300, "Lifetime of a 'short' KV file.", group="Persistence",
-                                low=10, high=30 * 86400)
-    ttl_long_s: int = _setting(3600, "Lifetime of a 'long' KV file.", group="Persistence",
-                               low=10, high=30 * 86400)
-    ttl_extended_s: int = _setting(86400, "Lifetime of an 'extended' KV file (pinned conversations).",
+    ttl_short_s: int = _setting(int(DEFAULT_TTL_SECONDS["short"]), "Lifetime of a 'short' KV file.",
+                                group="Persistence", low=10, high=30 * 86400)
+    ttl_long_s: int = _setting(int(DEFAULT_TTL_SECONDS["long"]), "Lifetime of a 'long' KV file.",
+                               group="Persistence", low=10, high=30 * 86400)
+    ttl_extended_s: int = _setting(int(DEFAULT_TTL_SECONDS["extended"]),
+                                   "Lifetime of an 'extended' KV file (pinned conversations).",
                                    group="Persistence", low=10, high=365 * 86400)
     disk_budget_bytes: int = _setting(10 << 30, "Disk for KV files; least recently used go first.",
                                       group="Persistence", low=0, high=1 << 44)
@@ -226,6 +233,19 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+    def changed(self, other: Settings) -> list[str]:
+        """Names of the settings whose values differ from `other`."""
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+    def with_now_of(self, new: Settings) -> Settings:
+        """These settings with `new`'s values of the settings that apply now (the rest waits for a reload)."""
+        return dataclasses.replace(self, **{f.name: getattr(new, f.name) for f in dataclasses.fields(self)
+                                            if f.metadata.get("applies") == NOW})
+
+    def ttl_seconds(self) -> dict[str, int]:
+        """Lifetime of each KV file TTL class (`KVFileStore`'s `ttl_seconds`)."""
+        return {cls: getattr(self, name) for name, cls in TTL_SETTINGS.items()}
 
     def needs_reload(self, other: Settings) -> list[str]:
         """Names of settings that differ from `other` and apply only after a model reload."""

@@ -124,19 +124,27 @@ NEW_VALUES = {
 }
 
 
-def test_every_applies_now_setting_reaches_the_object_that_uses_it(tmp_path):
+def test_every_applies_now_setting_applies_without_a_reload_and_the_conversation_goes_on(tmp_path):
+    """Each consumer's behaviour after a change is unit-tested (tests/unit/test_settings_hub.py); here the real
+    engine takes every "applies now" setting without a reload, its consumers hold the new values, and an open
+    conversation still answers and mirrors llama.cpp afterwards."""
     now_fields = [f.name for f in dataclasses.fields(Settings) if f.metadata.get("applies") == NOW]
     assert sorted(NEW_VALUES) == sorted(now_fields), "give each new 'applies now' setting a value here"
     with Engine(Settings(home=str(tmp_path), budget_tokens=384, n_ctx=4096, slots=2), prewarm=False) as engine:
         conv = engine.new_conversation(**BRIEF)
-        before = engine.settings_in_use(conv.id)
-        assert sorted(before) == sorted(now_fields)
+        conv.send("Hello.", max_tokens=4, temperature=0)
         for name in now_fields:
             new = NEW_VALUES[name]
-            assert before[name] != new, name
-            pending = engine.apply_settings(engine.settings.replace(**{name: new}))
-            assert pending == []
-            assert engine.settings_in_use(conv.id)[name] == new, f"{name} did not reach its user"
+            assert getattr(engine.settings, name) != new, name
+            assert engine.apply_settings(engine.settings.replace(**{name: new})) == []
+            assert getattr(engine.settings, name) == new
+        assert conv.stats().budget_tokens == NEW_VALUES["budget_tokens"]
+        assert engine.pool.ram_budget_bytes == NEW_VALUES["ram_budget_bytes"] and engine.pool.bits == 8
+        assert engine.kvfiles.ttl_seconds == {"short": 111, "long": 222, "extended": 333}
+        assert not engine.embedder.enabled
+        jobs = {job["id"]: job["interval_s"] for job in engine.sweeps.jobs()}
+        assert jobs["keepalive"] == 77 and jobs["eviction"] == 88
+        conv.send("And again.", max_tokens=4)
         conv.check()
 
 

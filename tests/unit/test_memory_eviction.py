@@ -123,7 +123,7 @@ def test_end_turn_evicts_to_the_low_watermark_once_past_the_high_one(rig):
     _fill(rig, memory, [0.5] * 10)
     memory.end_turn()                                             # 176 tokens, under the high watermark
     assert memory.counters.evictions == 0
-    rig.settings.high_watermark = 0.8                             # now 176 > 160: the turn end evicts to 140
+    memory.adopt_settings(rig.settings, rig.settings.replace(high_watermark=0.8))   # 176 > 160: evicts to 140
     memory.end_turn()
     assert memory.active_tokens <= int(200 * 0.70)
 

@@ -57,3 +57,15 @@ def test_reload_needed_only_for_model_settings(tmp_path):
     a = Settings(home=str(tmp_path))
     b = dataclasses.replace(a, budget_tokens=300, n_ctx=1024)
     assert b.needs_reload(a) == ["n_ctx"]
+
+
+def test_the_settings_a_kv_file_is_made_for_are_declared_once():
+    import inspect
+
+    from app.settings_form import SAVED_STATE_EFFECTS
+    from evoke_engine.settings import KV_FILE_SETTINGS
+    from evoke_engine.store.kvfiles import model_hash
+
+    assert tuple(inspect.signature(model_hash).parameters) == KV_FILE_SETTINGS
+    assert all("re-reads its history" in SAVED_STATE_EFFECTS[name] for name in KV_FILE_SETTINGS)
+    assert set(KV_FILE_SETTINGS) <= {f.name for f in dataclasses.fields(Settings)}

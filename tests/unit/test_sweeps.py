@@ -10,9 +10,9 @@ import pytest
 from helpers.clock import FakeClock
 
 from evoke_engine.events import EventKind
-from evoke_engine.live_settings import ttl_seconds
 from evoke_engine.scheduler import SweepHost, Sweeps
 from evoke_engine.settings import Settings
+from evoke_engine.settings_hub import SettingsHub
 from evoke_engine.store.kvfiles import KVFileStore
 from evoke_engine.worker import EngineThread
 
@@ -46,12 +46,15 @@ class OpenConversations:
 
 
 class ManualScheduler:
-    """Never fires: the tests run the sweeps themselves."""
+    """Never fires: the tests run the sweeps themselves. Records each job's interval as last scheduled."""
 
     running = True
 
-    def add_job(self, *args, **kwargs) -> None:
-        return None
+    def __init__(self) -> None:
+        self.intervals: dict[str, float] = {}
+
+    def add_job(self, fn, trigger: str, *, seconds: float, id: str, **kwargs) -> None:
+        self.intervals[id] = seconds
 
     def get_job(self, job_id: str) -> None:
         return None
@@ -67,17 +70,25 @@ class Host:
     """A `SweepHost` of plain fields (what the Engine is to the sweeps)."""
 
     def __init__(self, tmp_path, clock: FakeClock, **settings) -> None:
-        self.settings = Settings(home=str(tmp_path / "home"), **settings)
+        self.settings_hub = SettingsHub(Settings(home=str(tmp_path / "home"), **settings))
         self.thread = EngineThread("sweeps-test")
         self.lifecycle = OpenConversations()
         self.cache_dir = tmp_path / "cache"
-        self.kvfiles = KVFileStore(self.cache_dir, HASH, ttl_seconds(self.settings), clock=clock)
+        self.kvfiles = KVFileStore(self.cache_dir, HASH, self.settings.ttl_seconds(), clock=clock)
         self.focused: str | None = None
         self.clock = clock
         self.last_activity = clock()
         self.model_loaded = True
         self.events: list = []
         self.prefix_warmed = 0
+
+    @property
+    def settings(self) -> Settings:
+        return self.settings_hub.current
+
+    def change(self, **changes) -> None:
+        """Apply changed settings as the Engine does (here on the test's thread)."""
+        self.settings_hub.apply(self.settings.replace(**changes))
 
     def warm_default_prefix(self) -> object:
         self.prefix_warmed += 1
@@ -148,7 +159,7 @@ def test_the_disk_budget_keeps_the_most_recently_written_files(host, clock):
         host.open(name, with_file=True)
         clock.advance(10)
     host.lifecycle.states.clear()
-    host.settings.disk_budget_bytes = host.kvfiles.total_bytes() * 7 // 10
+    host.change(disk_budget_bytes=host.kvfiles.total_bytes() * 7 // 10)
     sweeps.eviction_sweep()
     assert host.kvfiles.total_bytes() <= host.settings.disk_budget_bytes
     assert not host.kvfiles.has("a") and host.kvfiles.has("c")
@@ -161,7 +172,7 @@ def test_the_model_unloads_only_after_a_whole_idle_period(host, clock):
     clock.advance(1)
     assert sweeps.idle_check() is True and not host.model_loaded
     assert sweeps.idle_check() is False                        # nothing left to unload
-    host.settings.model_idle_unload_s = 0                      # 0: never
+    host.change(model_idle_unload_s=0)                         # 0: never
     host.model_loaded = True
     clock.advance(10**6)
     assert sweeps.idle_check() is False and host.model_loaded
@@ -181,3 +192,19 @@ def test_keepalive_rewarms_the_prefix_and_refreshes_only_stale_files(host, clock
     host.model_loaded = False
     sweeps.keepalive_sweep()
     assert host.prefix_warmed == 1                             # unloaded: nothing to keep warm
+
+
+def test_a_changed_interval_reschedules_its_job_and_a_shut_down_sweeper_hears_no_more(host):
+    scheduler = ManualScheduler()
+    sweeps = Sweeps(host, scheduler=scheduler)
+    assert scheduler.intervals == {"keepalive": 240, "eviction": 300, "model_idle": 15}
+    host.change(keepalive_interval_s=30, model_idle_unload_s=400)
+    assert scheduler.intervals == {"keepalive": 30, "eviction": 300, "model_idle": 60}
+    host.change(temperature=0.1)                               # not a field the sweeps read: nothing rescheduled
+    scheduler.intervals.clear()
+    host.change(top_k=7)
+    assert scheduler.intervals == {}
+    sweeps.shutdown()
+    host.change(eviction_interval_s=10)
+    assert scheduler.intervals == {}
+    assert host.settings_hub.subscribers("eviction_interval_s") == 0
