@@ -2,10 +2,10 @@
 
 Owns the one capture of a Runtime (its `cb_eval` callback, the K store it keeps per sequence, which
 `KVCache` keeps in step with every llama.cpp sequence operation through `seq_rm` / `seq_add` /
-`seq_cp` / `load_state`) and, per conversation, the block masses read from it (`AttentionSignal`).
-Invariants: without the library, or on a model or cache it does not cover, `AttentionCapture.create`
-returns None with the reason logged, and the engine runs as before; nothing here touches llama.cpp's
-cells or decodes anything.
+`seq_cp` / `load_state`); the per-conversation block masses read from it are the memory policy's
+(`AttentionSignal`), so nothing here knows blocks. Invariants: without the library, or on a model or cache
+it does not cover, `AttentionCapture.create` returns None with the reason logged, and the engine runs as
+before; nothing here touches llama.cpp's cells or decodes anything.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import llama_cpp as ll
 import numpy as np
 
 from . import reanchor
-from .blocks import Block
 from .package_files import native_library, native_missing_note
 from .settings import ATTENTION_GQA as GQA_REDUCTIONS
 
@@ -268,45 +267,6 @@ class AttentionCapture:
         if n < 0:
             raise ValueError(f"probe row holds {-n} cells, more than {n_kv_cap}")
         return weights[:n * n_head.value].reshape(n_head.value, n), mask[:n]
-
-
-class AttentionSignal:
-    """One conversation's attention per block: current for resident blocks, last known for saved ones."""
-
-    def __init__(self, capture: AttentionCapture | None) -> None:
-        self.capture = capture if capture is not None and capture.active else None
-        self.current: dict[Block, float] = {}     # block -> share, resident blocks at the last refresh
-        self.last_known: dict[str, float] = {}    # block name -> share when it was last resident
-
-    @property
-    def enabled(self) -> bool:
-        return self.capture is not None
-
-    def refresh(self, seq: int | None, resident: Iterable[Block], aggregation: str) -> None:
-        """Read the decaying masses of `seq` and reduce them to its non-shared resident blocks,
-        scaled so that the most attended block scores 1."""
-        self.current = {}
-        if self.capture is None or seq is None:
-            return
-        view = self.capture.view(seq)
-        mass = view.mass_adakv if aggregation == "adakv" else view.mass_mean
-        blocks = [b for b in resident if not b.shared and b.pos is not None]
-        sums = {b: float(mass[b.pos:b.end].sum()) for b in blocks}
-        top = max(sums.values(), default=0.0)
-        if top <= 0.0:
-            return
-        for block in blocks:
-            share = sums[block] / top
-            self.current[block] = share
-            self.last_known[block.name] = share
-
-    def value(self, block: Block) -> float | None:
-        """The share of a resident block at the last refresh (None when unknown)."""
-        return self.current.get(block)
-
-    def last(self, block: Block) -> float:
-        """Last-known share of a block (0.0 if never measured): a tie-breaker for recovery."""
-        return self.last_known.get(block.name, 0.0)
 
 
 def attach_capture(capture: AttentionCapture | None, rt, settings, emit) -> AttentionCapture | None:

@@ -16,7 +16,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from . import editing
@@ -25,6 +24,7 @@ from .embedder import Embedder
 from .errors import BudgetError, EvokeError
 from .events import EngineEvent, EventKind
 from .exchange import parse_json, to_json, to_markdown
+from .history_view import ConversationInfo
 from .lifecycle import ConversationLifecycle, ConversationState
 from .loaded_model import LoadedModel, follow_ttl_settings
 from .memory import min_budget_tokens
@@ -47,17 +47,6 @@ from .versions import undelete, versions_of
 from .worker import BACKGROUND, FOREGROUND, NORMAL, EngineThread
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ConversationInfo:
-    id: str
-    title: str
-    updated_at: float
-    pinned: bool
-    memory: str            # slot | ram | disk | none
-    forked_from: str | None = None
-    source: str = "app"    # app | api (made through the OpenAI-compatible endpoint)
 
 
 class Engine:

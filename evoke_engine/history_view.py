@@ -9,21 +9,32 @@ a history that does not exist yet reads as empty; one that cannot be read raises
 from __future__ import annotations
 
 from contextlib import closing
-from typing import Any
+from dataclasses import dataclass
 
 from .settings import Settings
 from .store.history import HistoryDB
 from .store.search import SearchHit
 
 
+@dataclass
+class ConversationInfo:
+    """One row of the conversation list (`Engine.conversations()`, `read_conversations`)."""
+
+    id: str
+    title: str
+    updated_at: float
+    pinned: bool
+    memory: str            # slot | ram | disk | none
+    forked_from: str | None = None
+    source: str = "app"    # app | api (made through the OpenAI-compatible endpoint)
+
+
 def history_path(settings: Settings):
     return settings.data_dir / "history.sqlite3"
 
 
-def read_conversations(settings: Settings) -> list[Any]:
+def read_conversations(settings: Settings) -> list[ConversationInfo]:
     """Every conversation, newest activity first, as `ConversationInfo` (memory "none": no cache is read)."""
-    from .engine import ConversationInfo
-
     path = history_path(settings)
     if not path.exists():
         return []

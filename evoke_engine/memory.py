@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .attention import AttentionSignal
+from .attention_signal import AttentionSignal
 from .blocks import Block, BlockState, BlockTable
 from .embedder import Embedder
 from .errors import BudgetError, InvariantError, RestoreError
