@@ -5,6 +5,7 @@ classes; no Qt here.
 """
 
 from .conversation import Conversation
+from .conversations.turn import Reply
 from .engine import ConversationInfo, Engine
 from .errors import (
                      BudgetError,
@@ -18,7 +19,6 @@ from .errors import (
 from .events import EngineEvent, EventKind
 from .settings import Settings
 from .stats import ConversationStats
-from .turn import Reply
 
 __all__ = ["Engine", "Conversation", "ConversationInfo", "ConversationStats", "Settings", "Reply", "EngineEvent",
            "EventKind", "EvokeError", "ModelLoadError", "BudgetError", "ContextFullError", "RestoreError", "EditError",

@@ -179,14 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recovery", choices=RECOVERY_BACKENDS)
     add_serve_arguments(sub.add_parser("serve", help="serve the OpenAI-compatible endpoint"))
     sub.add_parser("device", help="print the device llama.cpp would run on and the remote devices, as JSON")
-    from . import rpc_worker
+    from .runtime import rpc_worker
 
     rpc_worker.add_arguments(sub.add_parser("rpc-worker", help="serve this machine's device to another machine's "
                                             "app (llama.cpp's rpc-server; loopback unless --allow-remote)"))
     args = parser.parse_args(argv)
     configure_logging()
     if args.command == "device":
-        from .device import main as print_device
+        from .runtime.device import main as print_device
 
         print_device()
         return 0

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+from .conversations.turn import Attachment
 from .stats import ConversationStats
-from .turn import Attachment
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -53,7 +53,7 @@ class Conversation:
         self.engine.delete_message(self.id, message_index)
 
     def undelete(self, message_ids: Sequence[int]) -> list[int]:
-        """Undo a delete: the deleted rows come back and the KV is rebuilt from SQLite (evoke_engine/versions.py)."""
+        """Undo a delete: the deleted rows come back and the KV is rebuilt from SQLite (conversations/versions.py)."""
         return self.engine.undelete(self.id, message_ids)
 
     def versions(self) -> dict[int, list[dict]]:

@@ -18,32 +18,32 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from . import editing
 from .conversation import Conversation
-from .embedder import Embedder
+from .conversations import editing
+from .conversations.exchange import parse_json, to_json, to_markdown
+from .conversations.history_view import ConversationInfo
+from .conversations.lifecycle import ConversationLifecycle, ConversationState
+from .conversations.loaded_model import LoadedModel, follow_ttl_settings
+from .conversations.snapshot_fit import focus_from_history
+from .conversations.turn import Attachment
+from .conversations.turn_jobs import TurnJobs
+from .conversations.versions import undelete, versions_of
 from .errors import BudgetError, EvokeError
 from .events import EngineEvent, EventKind
-from .exchange import parse_json, to_json, to_markdown
-from .history_view import ConversationInfo
-from .lifecycle import ConversationLifecycle, ConversationState
-from .loaded_model import LoadedModel, follow_ttl_settings
-from .memory import min_budget_tokens
-from .prefixes import Prefix, system_prompt_of, tools_of
-from .recovery import backend as recovery_backend
-from .runtime import ModelInfo
-from .sampling import SamplingParams
+from .kvcache.prefixes import Prefix, system_prompt_of, tools_of
+from .memory.embedder import Embedder
+from .memory.memory import min_budget_tokens
+from .memory.recovery import backend as recovery_backend
+from .runtime.runtime import ModelInfo
+from .runtime.sampling import SamplingParams
 from .scheduler import Sweeps
 from .settings import Settings
 from .settings_hub import SettingsHub
-from .snapshot_fit import focus_from_history
 from .stats import ConversationStats
 from .store.history import HistoryDB
 from .store.kvfiles import KVFileStore
 from .store.owner import DataFolderLock
 from .store.search import SearchHit
-from .turn import Attachment
-from .turn_jobs import TurnJobs
-from .versions import undelete, versions_of
 from .worker import BACKGROUND, FOREGROUND, NORMAL, EngineThread
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from .events import EngineEvent, EventKind
 from .worker import BACKGROUND
 
 if TYPE_CHECKING:
-    from .lifecycle import ConversationLifecycle
+    from .conversations.lifecycle import ConversationLifecycle
     from .settings import Settings
     from .settings_hub import SettingsHub
     from .store.kvfiles import KVFileStore

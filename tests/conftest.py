@@ -37,7 +37,7 @@ INTEGRATION = Path(__file__).resolve().parent / "integration"
 def pytest_collection_modifyitems(config, items):
     """Tests under tests/integration get the `model` marker. `gpu` tests skip where llama.cpp has no GPU to run
     on; `cuda_build` tests where the installed llama.cpp is the CPU build (each with the reason)."""
-    from evoke_engine import device
+    from evoke_engine.runtime import device
 
     for item in items:
         if INTEGRATION in Path(str(item.fspath)).resolve().parents:

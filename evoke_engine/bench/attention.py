@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from ..attention import AttentionCapture
-from ..kv import KVCache
-from ..runtime import Runtime
+from ..runtime.attention import AttentionCapture
+from ..runtime.kv import KVCache
+from ..runtime.runtime import Runtime
 from ..settings import Settings
 
 TEXT = " ".join(f"Record {i}: the sensor in bay {i} reported {i * 17 % 101} units at noon." for i in range(400))

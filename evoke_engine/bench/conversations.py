@@ -17,8 +17,8 @@ import tempfile
 import time
 
 from ..engine import Engine
-from ..prefixes import default_tools, system_message
-from ..runtime import default_model_path, safe_model_params
+from ..kvcache.prefixes import default_tools, system_message
+from ..runtime.runtime import default_model_path, safe_model_params
 from ..settings import Settings
 from .isolated import IsolatedSystem
 

@@ -23,7 +23,7 @@ import httpx
 import openai
 
 from ..engine import Engine
-from ..runtime import default_model_path
+from ..runtime.runtime import default_model_path
 from ..settings import Settings
 from .recall import FILLERS, PROBE, SYSTEM, make_document, passed
 
@@ -33,7 +33,7 @@ TURNS = 14
 ACK = "Please read this document and reply OK."
 # llama_cpp.server on an AMX CPU needs the same guard as our runtime (llama.cpp's AMX repack crashes).
 COMPARATOR = ("import sys, llama_cpp.llama_cpp as ll\n"
-              "from evoke_engine.runtime import safe_model_params\n"
+              "from evoke_engine.runtime.runtime import safe_model_params\n"
               "ll.llama_model_default_params = safe_model_params\n"
               "import llama_cpp.llama as lm\nlm.llama_cpp.llama_model_default_params = safe_model_params\n"
               "from llama_cpp.server.__main__ import main\nsys.argv = ['llama_cpp.server'] + sys.argv[1:]\nmain()\n")

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..runtime import cpu_has_amx, default_model_path
+from ..runtime.runtime import cpu_has_amx, default_model_path
 
 
 def _die_with_parent() -> None:

@@ -18,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..conversations.turn import render_user_content
 from ..engine import Engine
 from ..settings import Settings
-from ..turn import render_user_content
 from .llama_server import LlamaServer
 
 SYSTEM = "You are a careful coding assistant. Answer briefly."

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import kvquant
-from ..blocks import Block
-from ..kv import KVCache
-from ..pool import SavedPool
-from ..runtime import Runtime
+from ..kvcache import kvquant
+from ..kvcache.blocks import Block
+from ..kvcache.pool import SavedPool
+from ..runtime.kv import KVCache
+from ..runtime.runtime import Runtime
 from ..settings import Settings
 
 BLOCK_TOKENS = 128

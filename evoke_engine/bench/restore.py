@@ -9,8 +9,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from ..kv import KVCache, SavedKV
-from ..runtime import Runtime
+from ..runtime.kv import KVCache, SavedKV
+from ..runtime.runtime import Runtime
 from ..settings import Settings
 from .pinned_copy import h2d_copy_ms
 
@@ -121,7 +121,7 @@ def run(sizes: tuple[int, ...] = SIZES, trials: int = 5, n_ctx: int = 4096, mode
     result = _run_one(settings, sizes, trials, context_tokens)
     if not rpc:
         return result
-    from ..rpc_worker import bench_workers, even_split
+    from ..runtime.rpc_worker import bench_workers, even_split
 
     with bench_workers(rpc) as (endpoints,):
         split = _run_one(settings.replace(rpc_servers=endpoints, rpc_layer_split=even_split(endpoints)),

@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from .. import recall_signals
-from ..embedder import Embedder
+from ..memory import recall_signals
+from ..memory.embedder import Embedder
 from ..settings import Settings
 from .recall_suite import SYSTEM, wilson
 from .recall_workload import Session

@@ -14,16 +14,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..blocks import Block, BlockState
-from ..embedder import Embedder
-from ..kv_sim import FakeCells, FakeKVCache, FakeRuntime
-from ..memory import ConversationMemory
-from ..pool import SavedPool
-from ..runtime import Runtime, default_model_path
+from ..conversations.turn import input_message, message_blocks, split_tokens
+from ..kvcache.blocks import Block, BlockState
+from ..kvcache.kv_sim import FakeCells, FakeKVCache, FakeRuntime
+from ..kvcache.pool import SavedPool
+from ..memory.embedder import Embedder
+from ..memory.memory import ConversationMemory
+from ..runtime.runtime import Runtime, default_model_path
+from ..runtime.template import ChatTemplate
+from ..runtime.vocab import VocabCounter
 from ..settings import Settings
-from ..template import ChatTemplate
-from ..turn import input_message, message_blocks, split_tokens
-from ..vocab import VocabCounter
 
 REPLY_CHUNK = 8          # reply tokens decoded per step (the engine decodes one; eviction checks alike)
 _WHOLE = 1 << 20

@@ -20,10 +20,10 @@ import llama_cpp as ll
 import numpy as np
 
 from ..engine import Engine
-from ..rpc_worker import bench_workers, even_split
-from ..runtime import Runtime
+from ..runtime.rpc_worker import bench_workers, even_split
+from ..runtime.runtime import Runtime
+from ..runtime.template import ChatTemplate
 from ..settings import Settings
-from ..template import ChatTemplate
 from .conversations import PAUSE_S, SHORT, SYSTEM, _ttft, comparator_llama, document
 from .isolated import IsolatedSystem
 from .llama_server import LlamaServer

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime import default_model_path
+from ..runtime.runtime import default_model_path
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from anyio import to_thread
 
+from ..conversations.exchange import FORMAT_NAME, FORMAT_VERSION
 from ..engine import Conversation, Engine
 from ..errors import BudgetError, EvokeError
-from ..exchange import FORMAT_NAME, FORMAT_VERSION
-from ..prefixes import default_system_prompt, system_message
+from ..kvcache.prefixes import default_system_prompt, system_message
+from ..runtime.vocab import VocabCounter
 from ..stats import ConversationStats
-from ..vocab import VocabCounter
 from .clients import Client
 from .errors import ApiError
 from .models import ChatRequest

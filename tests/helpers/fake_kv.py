@@ -1,3 +1,12 @@
-"""Re-export of `evoke_engine.kv_sim` (the simulated KV cache moved into the package)."""
+"""Re-export of `evoke_engine.kvcache.kv_sim` (the simulated KV cache moved into the package)."""
 
-from evoke_engine.kv_sim import Cell, FakeCells, FakeKVCache, FakeKVViolation, FakeRuntime, ToyVocab, pack, unpack  # noqa: F401
+from evoke_engine.kvcache.kv_sim import (  # noqa: F401
+    Cell,
+    FakeCells,
+    FakeKVCache,
+    FakeKVViolation,
+    FakeRuntime,
+    ToyVocab,
+    pack,
+    unpack,
+)

@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from evoke_engine.blocks import Block
-from evoke_engine.embedder import Embedder
 from evoke_engine.events import EngineEvent
-from evoke_engine.memory import ConversationMemory
-from evoke_engine.pool import SavedPool
+from evoke_engine.kvcache.blocks import Block
+from evoke_engine.kvcache.pool import SavedPool
+from evoke_engine.memory.embedder import Embedder
+from evoke_engine.memory.memory import ConversationMemory
 from evoke_engine.settings import Settings
 
 from .fake_kv import FakeKVCache, FakeRuntime

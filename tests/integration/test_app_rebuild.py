@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evoke_engine.exchange import FORMAT_NAME, FORMAT_VERSION
+from evoke_engine.conversations.exchange import FORMAT_NAME, FORMAT_VERSION
 from integration.test_app_gui import REPLY_MS, close_desk, open_desk, test_settings
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_level_fail("WARNING"),

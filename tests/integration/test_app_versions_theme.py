@@ -17,7 +17,7 @@ from app.resources import stylesheet
 from app.theme import LIGHT, light_sheet, scheme_for, sheet_colours
 from app.versions_flow import DELETED_NOTE
 from app.widgets.version_switch import EARLIER_NOTE
-from evoke_engine import live_stats
+from evoke_engine.conversations import live_stats
 from evoke_engine.events import EngineEvent, EventKind
 from integration.test_app_gui import REPLY_MS, close_desk, fresh_conversation, open_desk, send_and_wait
 

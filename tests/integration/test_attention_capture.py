@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from helpers.attention_build import ensure_library
 
-from evoke_engine import reanchor
-from evoke_engine.blocks import Block, BlockState, BlockTable
-from evoke_engine.kv import KVCache
-from evoke_engine.runtime import Runtime
+from evoke_engine.kvcache.blocks import Block, BlockState, BlockTable
+from evoke_engine.runtime import reanchor
+from evoke_engine.runtime.kv import KVCache
+from evoke_engine.runtime.runtime import Runtime
 from evoke_engine.settings import Settings
 
 PREFIX = "<|im_start|>system\nYou are a careful assistant that reads attached files.<|im_end|>\n"
@@ -20,7 +20,7 @@ CONV = 0
 
 def _rig(tmp_path_factory, flash: str):
     ensure_library()
-    from evoke_engine.attention import AttentionCapture
+    from evoke_engine.runtime.attention import AttentionCapture
 
     capture = AttentionCapture.create()
     rt = Runtime(Settings(n_ctx=2048, slots=2, flash_attention=flash,

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from helpers.attention_build import ensure_library
 
-from evoke_engine import Engine, Settings, reanchor
-from evoke_engine.blocks import BlockState
+from evoke_engine import Engine, Settings
+from evoke_engine.kvcache.blocks import BlockState
+from evoke_engine.runtime import reanchor
 
 
 def _document(tag: str, lines: int) -> str:

@@ -9,8 +9,8 @@ import pytest
 from evoke_engine.bench.isolated import IsolatedSystem
 from evoke_engine.bench.pinned_copy import h2d_copy_ms
 from evoke_engine.bench.synthetic_model import TINY, write
-from evoke_engine.kv import KVCache
-from evoke_engine.runtime import Runtime
+from evoke_engine.runtime.kv import KVCache
+from evoke_engine.runtime.runtime import Runtime
 from evoke_engine.settings import Settings
 
 
@@ -29,7 +29,7 @@ def test_synthetic_model_loads_decodes_and_takes_the_native_reanchor(tmp_path):
 
 
 def test_pinned_copy_reference_is_absent_without_a_gpu():
-    from evoke_engine import device
+    from evoke_engine.runtime import device
 
     if not device.detect().on_gpu:
         assert h2d_copy_ms(1 << 20) is None

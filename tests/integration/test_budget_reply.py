@@ -8,7 +8,7 @@ import pytest
 
 from evoke_engine import BudgetError, Engine, Settings
 from evoke_engine.events import EventKind
-from evoke_engine.memory import min_budget_tokens
+from evoke_engine.memory.memory import min_budget_tokens
 
 LONG = "Write a very long story about a dragon."
 QUESTIONS = ["Write a long story about a dragon who loves numbers.", "Explain how a car engine works, in detail.",

@@ -17,9 +17,9 @@ import pytest
 from helpers.clock import FakeClock
 
 from evoke_engine import Engine, EventKind, Settings
+from evoke_engine.conversations.reply_row import ReplySaveError, StreamedReply
+from evoke_engine.conversations.snapshot_fit import expected_history
 from evoke_engine.errors import EvokeError
-from evoke_engine.reply_row import ReplySaveError, StreamedReply
-from evoke_engine.snapshot_fit import expected_history
 from evoke_engine.store.history import DELETED, HistoryDB
 
 ROOT = Path(__file__).resolve().parents[2]

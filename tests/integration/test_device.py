@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.widgets.status_bar import device_details, device_summary
-from evoke_engine import device
+from evoke_engine.runtime import device
 
 
 def _info(**kw):
@@ -46,7 +46,7 @@ def test_detect_matches_the_installed_build():
 
 FALLBACK_CHILD = """
 import json
-from evoke_engine.runtime import Runtime
+from evoke_engine.runtime.runtime import Runtime
 from evoke_engine.settings import Settings
 rt = Runtime(Settings(n_ctx=512, slots=1, home={home!r}))
 rt.decode(rt.tokenize("The capital of France is"), 0, 0)
@@ -116,7 +116,7 @@ def test_layer_counts_follow_llama_cpps_placement():
 def test_rpc_worker_refuses_another_address_without_the_flag_and_warns_with_it(capsys):
     from argparse import Namespace
 
-    from evoke_engine import rpc_worker
+    from evoke_engine.runtime import rpc_worker
 
     args = Namespace(host="0.0.0.0", port=50052, allow_remote=False, threads=0, cache=False)
     assert rpc_worker.main(args) == 2
@@ -128,7 +128,7 @@ def test_rpc_worker_refuses_another_address_without_the_flag_and_warns_with_it(c
 
 
 def test_status_bar_lists_each_device_with_its_layers_and_memory():
-    from evoke_engine.rpc_placement import DeviceShare
+    from evoke_engine.runtime.rpc_placement import DeviceShare
 
     shares = (DeviceShare("CPU", "Xeon", "", 8 << 30, 16 << 30, 10),
               DeviceShare("RPC0", "10.0.0.2:50052", "10.0.0.2:50052", 20 << 30, 24 << 30, 20))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evoke_engine.kv import KVCache, SavedKV
-from evoke_engine.runtime import Runtime
+from evoke_engine.runtime.kv import KVCache, SavedKV
+from evoke_engine.runtime.runtime import Runtime
 from evoke_engine.settings import Settings
 
 TEXT = " ".join(f"Item {i}: the parser reads field {i} and stores the value {i * 13 % 97} in the table."
@@ -292,7 +292,7 @@ def test_a_slot_in_another_context_gets_the_prefix_bytes_and_decodes_alike(clean
 
 
 def test_flash_attention_auto_is_off_only_where_it_is_slower_and_optional():
-    from evoke_engine.runtime import resolve_flash_attention
+    from evoke_engine.runtime.runtime import resolve_flash_attention
 
     assert resolve_flash_attention("auto", "f16", on_gpu=False) == "off"
     assert resolve_flash_attention("auto", "f16", on_gpu=True) == "on"
@@ -303,8 +303,8 @@ def test_flash_attention_auto_is_off_only_where_it_is_slower_and_optional():
 def test_a_known_prefix_is_found_without_rendering_or_tokenizing_again(clean, monkeypatch):
     """Every open and slot change asks for the conversation's prefix: a known one is found by its system
     message alone; another prompt, or one whose prefix was displaced, is tokenized (and decoded) anew."""
-    from evoke_engine.prefixes import SharedPrefixes
-    from evoke_engine.template import ChatTemplate
+    from evoke_engine.kvcache.prefixes import SharedPrefixes
+    from evoke_engine.runtime.template import ChatTemplate
 
     rt, kv = clean
     template = ChatTemplate(rt.meta("tokenizer.chat_template"), bos_token=rt.token_text("bos"),

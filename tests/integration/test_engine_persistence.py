@@ -254,11 +254,11 @@ def test_model_unloads_when_idle_and_comes_back_on_the_next_message(tmp_path):
 def test_after_an_idle_unload_nothing_points_at_the_freed_model(tmp_path):
     """Issue 25: the model's resources are one value (`LoadedModel`) that the engine drops as it closes it, so
     no attribute of the engine or its collaborators still holds a freed context, pool or prefix."""
-    from evoke_engine.kv import KVCache
-    from evoke_engine.loaded_model import LoadedModel
-    from evoke_engine.pool import SavedPool
-    from evoke_engine.prefixes import SharedPrefixes
-    from evoke_engine.runtime import Runtime
+    from evoke_engine.conversations.loaded_model import LoadedModel
+    from evoke_engine.kvcache.pool import SavedPool
+    from evoke_engine.kvcache.prefixes import SharedPrefixes
+    from evoke_engine.runtime.kv import KVCache
+    from evoke_engine.runtime.runtime import Runtime
 
     settings = Settings(home=str(tmp_path), budget_tokens=384, n_ctx=4096, slots=2)
     with Engine(settings, scheduler=False, prewarm=False) as engine:

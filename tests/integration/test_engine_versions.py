@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from evoke_engine import EditError, Engine, Settings
+from evoke_engine.conversations.versions import version_chains
 from evoke_engine.store.history import DELETED, LIVE, SUPERSEDED, MessageRow
-from evoke_engine.versions import version_chains
 from integration.test_engine_editing import chat, probe_matches_clean_rebuild
 
 
@@ -68,7 +68,7 @@ def test_an_undone_delete_brings_the_message_back_and_the_kv_equals_a_clean_rebu
 
 
 def test_a_reply_refreshes_its_stats_snapshot_at_a_bounded_rate():
-    from evoke_engine.live_stats import StatsTicker
+    from evoke_engine.conversations.live_stats import StatsTicker
 
     class Lifecycle:
         def __init__(self) -> None:

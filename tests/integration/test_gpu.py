@@ -9,8 +9,8 @@ from __future__ import annotations
 import llama_cpp as ll
 import pytest
 
-from evoke_engine.kv import KVCache
-from evoke_engine.runtime import Runtime
+from evoke_engine.runtime.kv import KVCache
+from evoke_engine.runtime.runtime import Runtime
 from evoke_engine.settings import Settings
 from integration.test_engine_kv import (  # noqa: F401  (collected again here, on the GPU rig below)
     clean,

@@ -9,9 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 CHECKS = """
-from evoke_engine.blocks import Block, BlockState, BlockTable
+from evoke_engine.kvcache.blocks import Block, BlockState, BlockTable
 from evoke_engine.errors import InvariantError
-from evoke_engine.slots import SlotRegistry
+from evoke_engine.kvcache.slots import SlotRegistry
 
 def raises(kind, fn):
     try:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from evoke_engine.blocks import Block, BlockState
 from evoke_engine.errors import RestoreError
-from evoke_engine.kv import SavedKV
-from evoke_engine.pool import SavedPool
+from evoke_engine.kvcache.blocks import Block, BlockState
+from evoke_engine.kvcache.pool import SavedPool
+from evoke_engine.runtime.kv import SavedKV
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ class _FillsUp:
 
 def test_full_disk_keeps_the_bytes_in_ram_and_leaves_no_partial_file(tmp_path, monkeypatch):
     pool = SavedPool(500, tmp_path)
-    monkeypatch.setattr("evoke_engine.pool.open", lambda fd, mode: _FillsUp(builtins.open(fd, mode)),  # noqa: SIM115
+    monkeypatch.setattr("evoke_engine.kvcache.pool.open", lambda fd, mode: _FillsUp(builtins.open(fd, mode)),  # noqa: SIM115
                         raising=False)
     a, b = block("a"), block("b")
     pool.put(a, saved(400, 1))
@@ -112,9 +112,9 @@ def test_a_lower_ram_budget_spills_at_once(tmp_path):
 CHILD_POOL = """
 import sys
 from pathlib import Path
-from evoke_engine.blocks import Block
-from evoke_engine.kv import SavedKV
-from evoke_engine.pool import SavedPool
+from evoke_engine.kvcache.blocks import Block
+from evoke_engine.runtime.kv import SavedKV
+from evoke_engine.kvcache.pool import SavedPool
 pool = SavedPool(0, Path(sys.argv[1]))
 pool.put(Block(name="a", role="file", turn=1, tokens=[1], text="a"), SavedKV(bytearray(1000), 0, 1))
 print(pool.spill_dir, flush=True)

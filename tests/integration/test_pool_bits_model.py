@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evoke_engine import kvquant, reanchor
 from evoke_engine.bench.pool import _needle_block, passkey_document, splice_round_trip
-from evoke_engine.blocks import Block
-from evoke_engine.kv import KVCache
-from evoke_engine.pool import SavedPool
-from evoke_engine.runtime import Runtime
+from evoke_engine.kvcache import kvquant
+from evoke_engine.kvcache.blocks import Block
+from evoke_engine.kvcache.pool import SavedPool
+from evoke_engine.runtime import reanchor
+from evoke_engine.runtime.kv import KVCache
+from evoke_engine.runtime.runtime import Runtime
 from evoke_engine.settings import Settings
 
 

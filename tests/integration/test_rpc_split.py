@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from evoke_engine import Engine, EvokeError, Settings
-from evoke_engine import rpc as rpc_mod
 from evoke_engine.events import EventKind
-from evoke_engine.kv import KVCache
 from evoke_engine.package_files import native_library
-from evoke_engine.rpc import RemoteDeviceError, RemoteDeviceLost
-from evoke_engine.rpc_worker import LocalWorkers, free_port
-from evoke_engine.runtime import Runtime
+from evoke_engine.runtime import rpc as rpc_mod
+from evoke_engine.runtime.kv import KVCache
+from evoke_engine.runtime.rpc import RemoteDeviceError, RemoteDeviceLost
+from evoke_engine.runtime.rpc_worker import LocalWorkers, free_port
+from evoke_engine.runtime.runtime import Runtime
 
 pytestmark = [
     pytest.mark.slow,
@@ -77,7 +77,7 @@ def test_reported_layers_are_where_llama_cpp_put_them(workers, tmp_path):
     """The rows the status bar and `device` show, against llama.cpp's own per-layer log (load_tensors)."""
     import llama_cpp as ll
 
-    from evoke_engine import model_file
+    from evoke_engine.runtime import model_file
 
     assigned: dict[int, str] = {}
 

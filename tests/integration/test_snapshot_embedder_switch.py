@@ -18,7 +18,7 @@ def wide_embedder(tmp_path_factory):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense
 
-    from evoke_engine.embedder import bundled_model_path
+    from evoke_engine.memory.embedder import bundled_model_path
 
     torch.manual_seed(0)
     base = SentenceTransformer(bundled_model_path(), device="cpu")

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evoke_engine import Engine, Settings
-from evoke_engine.snapshot import decode_payload
+from evoke_engine.memory.snapshot import decode_payload
 
 DOC = "\n".join(f"Entry {i}: the cache at node {i} holds {i * 3} pages." for i in range(10))
 QUESTION = "What does node 5 hold?"

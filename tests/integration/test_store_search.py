@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from evoke_engine import Settings
-from evoke_engine.history_view import search_messages as search_read_only
-from evoke_engine.reply_row import StreamedReply, reply_metrics
+from evoke_engine.conversations.history_view import search_messages as search_read_only
+from evoke_engine.conversations.reply_row import StreamedReply, reply_metrics
 from evoke_engine.store import HistoryDB
 from evoke_engine.store.history import DELETED, MIGRATIONS, SUPERSEDED
 from evoke_engine.store.search import MARK_END, MARK_START, fts_query

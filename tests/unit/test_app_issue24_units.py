@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.messages import reply_meta
-from evoke_engine.history_view import read_conversations, read_messages
+from evoke_engine.conversations.history_view import read_conversations, read_messages
 from evoke_engine.settings import Settings
 from evoke_engine.store.history import HistoryDB
 

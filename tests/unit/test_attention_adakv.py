@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-u
 @pytest.fixture(scope="module")
 def adakv():
     ensure_library()
-    from evoke_engine import attention
+    from evoke_engine.runtime import attention
 
     return attention.adakv
 

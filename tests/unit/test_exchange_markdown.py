@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evoke_engine.exchange import close_open_fences, to_markdown
+from evoke_engine.conversations.exchange import close_open_fences, to_markdown
 from evoke_engine.store.history import ConversationRow, MessageRow
 
 pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)

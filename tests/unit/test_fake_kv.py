@@ -8,7 +8,7 @@ import pytest
 from helpers.fake_kv import FakeKVCache, FakeKVViolation, FakeRuntime, unpack
 
 from evoke_engine.errors import RestoreError
-from evoke_engine.kv import KVCache, KVPrimitives, SavedKV
+from evoke_engine.runtime.kv import KVCache, KVPrimitives, SavedKV
 
 pytestmark = pytest.mark.unit
 

@@ -9,11 +9,12 @@ import struct
 import numpy as np
 import pytest
 
-from evoke_engine import kvquant, reanchor
-from evoke_engine.blocks import Block, BlockState
 from evoke_engine.errors import RestoreError
-from evoke_engine.kv import SavedKV
-from evoke_engine.pool import SavedPool
+from evoke_engine.kvcache import kvquant
+from evoke_engine.kvcache.blocks import Block, BlockState
+from evoke_engine.kvcache.pool import SavedPool
+from evoke_engine.runtime import reanchor
+from evoke_engine.runtime.kv import SavedKV
 
 pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 

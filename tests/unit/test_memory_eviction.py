@@ -6,8 +6,8 @@ import pytest
 from helpers.fake_kv import unpack
 from helpers.rig import Rig
 
-from evoke_engine.blocks import BlockState
 from evoke_engine.events import EventKind
+from evoke_engine.kvcache.blocks import BlockState
 
 pytestmark = pytest.mark.unit
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from helpers.rig import Rig
 
-from evoke_engine.blocks import BlockState
 from evoke_engine.errors import RestoreError
 from evoke_engine.events import EventKind
+from evoke_engine.kvcache.blocks import BlockState
 
 pytestmark = pytest.mark.unit
 

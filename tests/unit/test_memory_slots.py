@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers.rig import Rig
 
-from evoke_engine.blocks import BlockState
 from evoke_engine.errors import RestoreError
+from evoke_engine.kvcache.blocks import BlockState
 
 pytestmark = pytest.mark.unit
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evoke_engine.blocks import Block, BlockState, BlockTable
 from evoke_engine.errors import InvariantError
-from evoke_engine.policy import choose_recoveries, choose_victims, named_in, protected_blocks
-from evoke_engine.scorer import Scorer, TaskFocus
+from evoke_engine.kvcache.blocks import Block, BlockState, BlockTable
+from evoke_engine.memory.policy import choose_recoveries, choose_victims, named_in, protected_blocks
+from evoke_engine.memory.scorer import Scorer, TaskFocus
 from evoke_engine.settings import Settings
 
 pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
@@ -133,7 +133,7 @@ def test_task_focus_moves_by_ema_and_snaps_on_topic_shift():
 
 
 def test_every_recovery_setting_names_one_strategy_and_a_wrong_name_lists_the_valid_ones():
-    from evoke_engine.recovery import BACKENDS, backend
+    from evoke_engine.memory.recovery import BACKENDS, backend
     from evoke_engine.settings import RECOVERY_BACKENDS
 
     assert tuple(BACKENDS) == RECOVERY_BACKENDS

@@ -9,9 +9,9 @@ import zlib
 import numpy as np
 import pytest
 
-from evoke_engine.blocks import Block, BlockState
-from evoke_engine.policy import choose_recoveries
-from evoke_engine.recall_signals import RecallSignal, block_lines, bm25_by_block, line_vectors, query_terms
+from evoke_engine.kvcache.blocks import Block, BlockState
+from evoke_engine.memory.policy import choose_recoveries
+from evoke_engine.memory.recall_signals import RecallSignal, block_lines, bm25_by_block, line_vectors, query_terms
 
 pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
 

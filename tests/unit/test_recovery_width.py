@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from evoke_engine.blocks import Block
-from evoke_engine.policy import choose_recoveries
+from evoke_engine.kvcache.blocks import Block
+from evoke_engine.memory.policy import choose_recoveries
 
 pytestmark = pytest.mark.unit
 

@@ -8,11 +8,11 @@ import threading
 import pytest
 from helpers.rig import Rig
 
-from evoke_engine import turn as turn_module
-from evoke_engine.blocks import BlockState
+from evoke_engine.conversations import turn as turn_module
 from evoke_engine.events import EventKind
-from evoke_engine.sampling import SamplingParams
-from evoke_engine.template import ChatTemplate
+from evoke_engine.kvcache.blocks import BlockState
+from evoke_engine.runtime.sampling import SamplingParams
+from evoke_engine.runtime.template import ChatTemplate
 
 pytestmark = pytest.mark.unit
 

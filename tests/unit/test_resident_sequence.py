@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from helpers.rig import Rig
 
-from evoke_engine import recovery
-from evoke_engine.blocks import Block, BlockState
 from evoke_engine.errors import InvariantError, RestoreError
-from evoke_engine.kv import SavedKV
-from evoke_engine.memory import ConversationMemory
-from evoke_engine.pool import SavedPool
-from evoke_engine.runtime import Cancelled
-from evoke_engine.snapshot import decode_payload, encode_payload
+from evoke_engine.kvcache.blocks import Block, BlockState
+from evoke_engine.kvcache.pool import SavedPool
+from evoke_engine.memory import recovery
+from evoke_engine.memory.memory import ConversationMemory
+from evoke_engine.memory.snapshot import decode_payload, encode_payload
+from evoke_engine.runtime.kv import SavedKV
+from evoke_engine.runtime.runtime import Cancelled
 
 pytestmark = pytest.mark.unit
 

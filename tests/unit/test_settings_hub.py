@@ -12,11 +12,11 @@ import pytest
 from helpers.clock import FakeClock
 from helpers.rig import Rig
 
-from evoke_engine.blocks import BlockState
+from evoke_engine.conversations.lifecycle import ConversationLifecycle, ConversationState
+from evoke_engine.conversations.loaded_model import follow_pool_settings, follow_ttl_settings
 from evoke_engine.engine import Engine
-from evoke_engine.lifecycle import ConversationLifecycle, ConversationState
-from evoke_engine.loaded_model import follow_pool_settings, follow_ttl_settings
-from evoke_engine.sampling import SamplingParams
+from evoke_engine.kvcache.blocks import BlockState
+from evoke_engine.runtime.sampling import SamplingParams
 from evoke_engine.settings import Settings
 from evoke_engine.settings_hub import SettingsHub
 from evoke_engine.store.history import HistoryDB

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from jinja2.exceptions import SecurityError
 
-from evoke_engine.template import CHATML, ChatTemplate
+from evoke_engine.runtime.template import CHATML, ChatTemplate
 
 pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
 

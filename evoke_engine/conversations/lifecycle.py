@@ -1,0 +1,393 @@
+"""The open conversations' lifecycle on the engine thread: create, slot, restore, rebuild, persist, release.
+
+Invariants: an open conversation is in `states` exactly while its memory may hold cells or pool bytes;
+SQLite is the source of truth (a KV file is adopted only whole and checked, its history equal to or a
+prefix of SQLite's, the rest then decoded from history; else rebuilt from history, with `kv_rebuilding`
+progress); `latest_stats` is the only state read from other threads (a frozen snapshot, replaced, never mutated).
+Its collaborators are values: the history store, the loaded model (`attach`ed at load, `detach`ed at unload after
+every conversation left it) and the KV files (which outlive the model); it never refers to the Engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..errors import BudgetError, RestoreError
+from ..events import EngineEvent, EventKind
+from ..kvcache.prefixes import Prefix, system_message
+from ..memory.memory import ConversationMemory, min_budget_tokens
+from ..memory.recovery import backend as recovery_backend
+from ..memory.snapshot import SnapshotError, decode_payload, encode_payload
+from ..runtime.rpc import RemoteDeviceLost
+from ..stats import ConversationStats
+from ..store.errors import StoreError
+from ..store.history import HistoryDB, MessageRow
+from .snapshot_fit import fit_snapshot
+from .turn import number_turns, render_user_content, replay_input, replay_reply
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+    from ..store.kvfiles import KVFileStore
+    from .loaded_model import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ConversationState:
+    """Engine-thread state of one open conversation."""
+
+    id: str
+    title: str
+    system_prompt: str
+    tools: list[dict]
+    memory: ConversationMemory
+    history: list[dict] = field(default_factory=list)     # template messages
+    prefix: Prefix | None = None
+    pinned: bool = False
+    last_used: float = 0.0
+
+    @property
+    def ttl_class(self) -> str:
+        return "extended" if self.pinned else "long"
+
+    @property
+    def system_message(self) -> dict:
+        return system_message(self.system_prompt, self.tools)
+
+
+class ConversationLifecycle:
+    """The open conversations of one engine; every method but `latest_stats` runs on the engine thread."""
+
+    def __init__(self, history: HistoryDB, *, emit: Callable[[EngineEvent], None], clock: Callable[[], float],
+                 ensure_model: Callable[[], LoadedModel]) -> None:
+        self.history = history
+        self.emit, self.clock = emit, clock
+        self._ensure_model = ensure_model         # loads the model back after an idle unload (stamps activity)
+        self.model: LoadedModel | None = None     # set exactly while the model is loaded
+        self.files: KVFileStore | None = None     # the last loaded model's KV files (on disk: they outlive it)
+        self._states: dict[str, ConversationState] = {}
+        self._stats: dict[str, ConversationStats] = {}
+        self._rebuilds: dict[str, tuple[int, float]] = {}    # tokens and seconds decoded from history, until taken
+
+    # -- the model ---------------------------------------------------------------------------
+    def attach(self, model: LoadedModel) -> None:
+        """The model was loaded: conversations open in it from now on."""
+        self.model, self.files = model, model.files
+
+    def detach(self) -> None:
+        """Every open conversation leaves the model (persisted), which is about to be closed."""
+        self.release_all()
+        self.model = None
+
+    # -- lookup -----------------------------------------------------------------------------
+    def open_states(self) -> list[ConversationState]:
+        return list(self._states.values())
+
+    def get(self, conversation_id: str) -> ConversationState | None:
+        """The state of a conversation that is open now (None when it is not: nothing is loaded)."""
+        return self._states.get(conversation_id)
+
+    def latest_stats(self, conversation_id: str) -> ConversationStats | None:
+        """The memory snapshot taken at the conversation's last change (any thread)."""
+        return self._stats.get(conversation_id)
+
+    def refresh(self, state: ConversationState) -> None:
+        self._stats[state.id] = state.memory.stats()
+
+    def take_rebuild(self, conversation_id: str) -> tuple[int, float]:
+        """(tokens, seconds) decoded from history for the conversation since the last call (a turn's cost)."""
+        return self._rebuilds.pop(conversation_id, (0, 0.0))
+
+    def adopt_settings(self, old: Settings, new: Settings) -> None:
+        """The settings changed (a `SettingsHub` subscriber): each open conversation's memory adopts them; one
+        that refuses (a budget below its own minimum) keeps no other behind, and its error is raised after."""
+        error: BudgetError | None = None
+        for state in self.open_states():
+            try:
+                state.memory.adopt_settings(old, new)
+            except BudgetError as exc:
+                error = error or exc
+            self.refresh(state)
+        if error is not None:
+            raise error
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        self.history.rename(conversation_id, title)
+        state = self._states.get(conversation_id)
+        if state is not None:
+            state.title = title
+
+    def set_pinned(self, conversation_id: str, pinned: bool) -> None:
+        """Pin or unpin (a pinned conversation's KV file has the extended TTL from its next write)."""
+        self.history.set_pinned(conversation_id, pinned)
+        state = self._states.get(conversation_id)
+        if state is not None:
+            state.pinned = pinned
+
+    # -- opening ----------------------------------------------------------------------------
+    def fresh_state(self, conversation_id: str, title: str, system_prompt: str, tools: list[dict],
+                    pinned: bool = False) -> ConversationState:
+        """A state with an empty memory, not yet open (no blocks, no slot)."""
+        model = self.model
+        memory = ConversationMemory(conversation_id, settings=model.settings, runtime=model.rt, kv=model.kv,
+                                    pool=model.pool, embedder=model.embedder, emit=self.emit)
+        return ConversationState(id=conversation_id, title=title, system_prompt=system_prompt, tools=tools,
+                                 memory=memory, pinned=pinned)
+
+    def adopt(self, state: ConversationState, prefix: Prefix) -> None:
+        """Open a fresh state: its memory gets the prefix blocks and it joins the open conversations."""
+        state.memory.sequence.adopt_prefix(prefix.blocks())
+        self._states[state.id] = state
+
+    def create(self, conversation_id: str, title: str, system_prompt: str, tools: list[dict],
+               source: str | None = None) -> ConversationState:
+        """A new conversation: its SQLite row, its prefix shared into a slot."""
+        model = self._ensure_model()
+        state = self.fresh_state(conversation_id, title, system_prompt, tools)
+        prefix = model.prefixes.for_conversation(system_prompt, tools)
+        smallest = min_budget_tokens(len(prefix.tokens), model.settings)
+        if model.settings.budget_tokens < smallest and recovery_backend(model.settings.recovery).evicts:
+            raise BudgetError(f"the budget ({model.settings.budget_tokens} tokens) leaves too little room after the "
+                              f"system prompt and tools ({len(prefix.tokens)} tokens) for a reply: the smallest "
+                              f"budget that works is {smallest} tokens")
+        self.history.create_conversation(conversation_id, title, system_prompt,
+                                        settings={"tools": tools, **({"source": source} if source else {})})
+        self.adopt(state, prefix)
+        self.ensure_slot(state)
+        state.last_used = self.clock()
+        self.refresh(state)
+        return state
+
+    def open(self, conversation_id: str) -> ConversationState:
+        """The open state of a conversation: in memory, else from its KV file, else rebuilt from history."""
+        model = self._ensure_model()
+        state = self._states.get(conversation_id)
+        if state is not None:
+            return state
+        row = self.history.get_conversation(conversation_id)
+        if row is None:
+            raise KeyError(f"no conversation {conversation_id}")
+        tools = row.settings.get("tools", []) if isinstance(row.settings, dict) else []
+        state = self.fresh_state(row.id, row.title, row.system_prompt, tools, row.pinned)
+        prefix = model.prefixes.for_conversation(state.system_prompt, state.tools)
+        if not self._restore_from_file(state, prefix):
+            self._rebuild_from_history(state, prefix)
+        state.last_used = self.clock()
+        self.refresh(state)
+        return state
+
+    # -- slots ------------------------------------------------------------------------------
+    def ensure_slot(self, state: ConversationState, keep: str | None = None) -> None:
+        """Put the conversation in a slot, parking the least recently used other one (never `keep`)."""
+        model = self.model
+        memory = state.memory
+        if memory.seq is not None:
+            model.slots.touch(state.id)
+            return
+        slot = model.slots.free_slot()
+        if slot is None:
+            oldest = model.slots.least_recent(exclude=keep)
+            slot = self._leave_slot(self._states[oldest], park=True)
+            self.emit(EngineEvent(EventKind.PARKED, f"conversation left slot {slot}", conversation_id=oldest))
+            self.refresh(self._states[oldest])
+        model.slots.pin(state.id, slot)
+        prefix = model.prefixes.for_conversation(state.system_prompt, state.tools)
+        state.prefix = prefix
+        model.kv.drop(slot)
+        model.prefixes.share_into(prefix, slot)
+        try:
+            memory.unpark(slot)
+        except RestoreError as exc:                 # its parked bytes are gone (a spill file deleted)
+            self._rebuild_lost(state, exc)
+            return
+        if not model.kv.ahead_tokens(slot) and all(b.shared for b in memory.table.resident):
+            model.prefixes.hold_opening(prefix, slot)      # a new (or emptied) conversation: its first opening
+
+    def _leave_slot(self, state: ConversationState, *, park: bool) -> int | None:
+        """The conversation leaves its slot, in the registry and its memory together (the one place that
+        does both): parked (its cells saved as an image) or released (every byte forgotten, the pool's too).
+        Returns the slot it left (None: it held none)."""
+        slot = self.model.slots.slot_of(state.id)
+        if park:
+            state.memory.park()
+        else:
+            state.memory.release()
+        if slot is not None:
+            self.model.slots.release(state.id)
+        return slot
+
+    def _reset(self, state: ConversationState) -> None:
+        """Out of its slot and the pool, with a fresh empty memory and no history (not open)."""
+        self._states.pop(state.id, None)
+        self._leave_slot(state, park=False)
+        state.memory = self.fresh_state(state.id, state.title, state.system_prompt, state.tools,
+                                        state.pinned).memory
+        state.history = []
+
+    def _rebuild_lost(self, state: ConversationState, error: Exception) -> None:
+        """The conversation's saved K/V could not come back: drop it and re-prefill from SQLite, in place."""
+        log.warning("KV of %s lost (%s): rebuilt from history", state.id, error)
+        self._reset(state)
+        self.emit(EngineEvent(EventKind.KV_REBUILT, f"saved K/V lost ({error}): rebuilt from history",
+                                     conversation_id=state.id))
+        self._rebuild_from_history(state, self.model.prefixes.for_conversation(state.system_prompt, state.tools))
+
+    # -- restore and rebuild ----------------------------------------------------------------
+    def _restore_from_file(self, state: ConversationState, prefix: Prefix) -> bool:
+        """Adopt the conversation's KV file if the whole of it checks out and fits (`snapshot_check`,
+        `snapshot_fit`) and its history is SQLite's or a prefix of it (a file written before the last
+        messages, e.g. before a crash): those later messages are then decoded from history. Else remove the
+        file, say why in one `kv_rebuilt` event and return False. Only a restore that worked refreshes the
+        file's time, so an unusable file still expires."""
+        model = self.model
+        had_file = self.files.has(state.id)
+        payload = self.files.read(state.id, refresh=False)
+        if payload is None:
+            if had_file:
+                self.emit(EngineEvent(EventKind.KV_REBUILT, "cache file unusable (corrupt, expired or of another "
+                                     "model): rebuilt from history", conversation_id=state.id))
+            return False
+        messages = self.history.messages(state.id)
+        try:
+            snapshot = decode_payload(payload)
+            known = len(snapshot.history)
+            if known > len(messages):
+                raise SnapshotError(f"it holds {known} messages, the saved chat {len(messages)}")
+            notes = fit_snapshot(snapshot, conversation_id=state.id, prefix_key=prefix.key,
+                                 prefix_tokens=prefix.tokens, messages=messages[:known],
+                                 n_layer=model.info.n_layer, n_vocab=model.rt.n_vocab,
+                                 geometry=model.kv.geometry, embedder=model.embedder, settings=model.settings)
+        except SnapshotError as exc:
+            return self._reject_file(state, f"cache file rejected ({exc})")
+        try:
+            state.memory.load_snapshot(snapshot, len(prefix.tokens))
+            state.history = snapshot.history
+            number_turns(state.history)
+            self._states[state.id] = state
+            self.ensure_slot(state)
+            state.memory.check()
+        except Exception as exc:  # noqa: BLE001 - checked yet unusable is a bug to log, and still only a cache
+            log.exception("KV file of %s passed its checks but did not apply", state.id)
+            self._reset(state)
+            return self._reject_file(state, f"cache file did not apply ({exc})")
+        restored = state.memory.active_tokens
+        tail = messages[known:]
+        if tail:
+            try:
+                self._replay(state, tail, "the messages after the cache file")
+                state.memory.check()
+            except Exception as exc:  # noqa: BLE001 - the file was good; its continuation was not: start over
+                log.exception("the messages after the KV file of %s did not replay", state.id)
+                self._reset(state)
+                return self._reject_file(state, f"the messages after the cache file did not replay ({exc})")
+            notes = [*notes, f"{len(tail)} later messages decoded from history"]
+        self.files.touch(state.id)
+        extra = f" ({'; '.join(notes)})" if notes else ""
+        self.emit(EngineEvent(EventKind.KV_RESTORED, f"restored {restored} tokens from disk{extra}",
+                             conversation_id=state.id, tokens=restored))
+        return True
+
+    def _reject_file(self, state: ConversationState, reason: str) -> bool:
+        log.warning("KV file of %s: %s", state.id, reason)
+        self.files.remove(state.id)
+        self.emit(EngineEvent(EventKind.KV_REBUILT, f"{reason}: rebuilt from history", conversation_id=state.id))
+        return False
+
+    def _rebuild_from_history(self, state: ConversationState, prefix: Prefix) -> None:
+        """Re-prefill the conversation from SQLite (the source of truth)."""
+        self.adopt(state, prefix)
+        self.ensure_slot(state)
+        messages = self.history.messages(state.id)
+        if messages:
+            self._replay(state, messages, "the conversation")
+
+    def _replay(self, state: ConversationState, messages: Sequence[MessageRow], what: str) -> int:
+        """Decode `messages` (SQLite rows) at the end of the open conversation's KV, emitting `kv_rebuilding`
+        progress (done/total tokens; total is an estimate until the last event, where done == total) and
+        refreshing its stats as blocks land. The tokens and seconds are kept for `take_rebuild`."""
+        model = self.model
+        memory, system = state.memory, state.system_message
+        texts = [m.text if m.role == "assistant" else render_user_content(m.text, m.attachments) for m in messages]
+        total = sum(len(model.rt.tokenize(text)) + 5 for text in texts)    # + the template's few tokens around each
+        first = memory.counters.prefill_tokens
+        started = time.perf_counter()
+
+        def progress(done: int, final: bool = False) -> None:
+            self.refresh(state)
+            shown = done if final else max(total, done)
+            self.emit(EngineEvent(EventKind.KV_REBUILDING, f"rebuilding {what} from history: {done}/{shown} tokens",
+                                 conversation_id=state.id, tokens=done,
+                                 detail={"done": done, "total": shown, "messages": len(messages)}))
+
+        def on_block(_block) -> None:
+            progress(memory.counters.prefill_tokens - first)
+
+        progress(0)
+        for message in messages:
+            if message.role == "assistant":
+                replay_reply(memory, model.rt, model.template, state.history, message.text, system=system,
+                             on_block=on_block)
+            else:
+                replay_input(memory, model.rt, model.template, state.history, message.text, message.attachments,
+                             system=system, role=message.role, extra=message.extra, on_block=on_block)
+        if state.history and state.history[-1]["role"] != "assistant":
+            memory.end_turn()
+        done = memory.counters.prefill_tokens - first
+        tokens, seconds = self._rebuilds.get(state.id, (0, 0.0))
+        self._rebuilds[state.id] = (tokens + done, seconds + time.perf_counter() - started)
+        progress(done, final=True)
+        return done
+
+    # -- persist and release ----------------------------------------------------------------
+    def persist(self, state: ConversationState, ttl_class: str | None = None) -> bool:
+        """Write the conversation's KV file; a failure is reported and loses nothing (SQLite has the text)."""
+        if not state.history:
+            return False
+        try:
+            payload = encode_payload(state.memory.snapshot(state.prefix.key, state.history))
+            self.files.write(state.id, ttl_class or state.ttl_class, payload)
+        except (StoreError, RemoteDeviceLost) as exc:       # a lost worker's K/V cannot be read: SQLite has the text
+            self.emit(EngineEvent(EventKind.ERROR, f"could not save the KV cache: {exc}", conversation_id=state.id))
+            return False
+        said = f"saved {len(payload) >> 20} MiB ({ttl_class or state.ttl_class})"
+        self.emit(EngineEvent(EventKind.KV_PERSISTED, said, conversation_id=state.id,
+                              tokens=state.memory.active_tokens))
+        return True
+
+    def release(self, state: ConversationState, persist: bool = True) -> None:
+        """Persist (optionally) and drop a conversation from the context, the pool and memory."""
+        if persist:
+            self.persist(state)
+        self._leave_slot(state, park=False)
+        self._states.pop(state.id, None)
+        stats = self._stats.get(state.id)
+        if stats is not None:
+            self._stats[state.id] = dataclasses.replace(stats, memory="disk" if self.files.has(state.id) else "none")
+
+    def release_all(self) -> None:
+        for state in self.open_states():
+            self.release(state)
+
+    def forget(self, conversation_id: str) -> None:
+        """The conversation is being deleted: no file, no cells, no snapshot remain."""
+        state = self._states.get(conversation_id)
+        if state is not None:
+            self.release(state, persist=False)
+        self._stats.pop(conversation_id, None)
+        self._rebuilds.pop(conversation_id, None)
+        if self.files is not None:
+            self.files.remove(conversation_id)
+
+    def discard(self, state: ConversationState, reason: str) -> None:
+        """Forget the conversation's KV (slot, pool, file): the next use rebuilds it from SQLite."""
+        self.release(state, persist=False)
+        if self.files is not None:
+            self.files.remove(state.id)
+        self.emit(EngineEvent(EventKind.KV_REBUILT, f"cache dropped ({reason}): it is rebuilt from history",
+                              conversation_id=state.id))

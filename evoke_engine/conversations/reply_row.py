@@ -1,0 +1,92 @@
+"""The SQLite row of a reply while it streams, so a crash (kill -9) loses at most the last second of it.
+
+Invariants: the row is created at the reply's first piece, flagged `interrupted` (`store.history.INTERRUPTED`),
+and rewritten at most once per `interval_s` with the text so far; when a piece is handed on, the row holds
+every piece handed on more than `interval_s` earlier. Writes while streaming are best effort (a failure is
+reported once and the reply goes on); `finish` writes the final text unflagged and raises when it cannot, with
+the reply's speed under `extra["metrics"]` (`reply_metrics`), so its footer is shown again after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import EvokeError
+from ..store.errors import StoreError
+from ..store.history import INTERRUPTED, HistoryDB
+
+log = logging.getLogger(__name__)
+
+WRITE_INTERVAL_S = 1.0
+WRITE_ERRORS = (StoreError, sqlite3.Error, OSError)
+METRICS = "metrics"      # the `extra` key of a finished reply's row: {tokens, tokens_per_s, ttft_s, stopped}
+
+
+def reply_metrics(reply: Any) -> dict[str, Any]:
+    """The `extra` of a finished reply's row: what its footer shows (tokens, tok/s, first token, why it stopped)."""
+    return {METRICS: {"tokens": int(reply.n_tokens), "tokens_per_s": round(float(reply.tokens_per_s), 3),
+                      "ttft_s": round(float(reply.ttft_s), 4), "stopped": str(reply.stopped)}}
+
+
+class ReplySaveError(EvokeError):
+    """The reply's row could not be written at the end of its turn (a full disk, a locked database)."""
+
+
+class StreamedReply:
+    """One reply's row; `on_token` is the turn's token callback (it forwards every piece to `forward`)."""
+
+    def __init__(self, history: HistoryDB, conversation_id: str, *, previous_id: int | None = None,
+                 forward: Callable[[str], None] | None = None,
+                 on_error: Callable[[Exception], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, interval_s: float = WRITE_INTERVAL_S) -> None:
+        self.history = history
+        self.conversation_id = conversation_id
+        self.previous_id = previous_id
+        self.forward = forward
+        self.on_error = on_error
+        self.clock = clock
+        self.interval_s = interval_s
+        self.row_id: int | None = None
+        self.text = ""
+        self.writes = 0
+        self._written_at: float | None = None
+        self._failed = False
+
+    def on_token(self, piece: str) -> None:
+        self.text += piece
+        now = self.clock()
+        if self._written_at is None or now - self._written_at >= self.interval_s:
+            self._written_at = now                   # a failed write is retried at the same bounded rate
+            self._write(self.text, {INTERRUPTED: True}, best_effort=True)
+        if self.forward is not None:
+            self.forward(piece)
+
+    def finish(self, text: str, extra: dict[str, Any] | None = None) -> None:
+        """Write the reply's final text, no longer flagged, with `extra` (its metrics) (`row_id` names it);
+        ReplySaveError when it fails."""
+        try:
+            self._write(text, dict(extra or {}), best_effort=False)
+        except WRITE_ERRORS as exc:
+            raise ReplySaveError(f"the reply could not be saved ({exc}); the turn was rolled back: "
+                                 "its message is not in the history, send it again") from exc
+
+    def _write(self, text: str, extra: dict, *, best_effort: bool) -> None:
+        try:
+            if self.row_id is None:
+                self.row_id = self.history.add_message(self.conversation_id, "assistant", text,
+                                                       previous_id=self.previous_id, extra=extra)
+            else:
+                self.history.update_message(self.conversation_id, self.row_id, text, extra=extra)
+            self.writes += 1
+        except WRITE_ERRORS as exc:
+            if not best_effort:
+                raise
+            if not self._failed:
+                self._failed = True
+                log.warning("reply of %s not saved while streaming: %s", self.conversation_id, exc)
+                if self.on_error is not None:
+                    self.on_error(exc)

@@ -1,0 +1,349 @@
+"""One user turn on the engine thread: message -> blocks -> recovery -> decode -> sample -> blocks.
+
+Invariants: the message's blocks are named (`file:<name>#i`, `user#N`, `user#N.k`), decoded
+in chunks with eviction between them (never truncated); the reply grows as the last resident
+block and is split into `assistant#N` blocks at the end; a cancelled reply keeps its text. Text a
+user, a file, a tool or a reply wrote is tokenized with special-token parsing off (only the template's
+markup is special), alike live and in a rebuild from history, so both give the same tokens.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..events import EventKind
+from ..kvcache.blocks import Block, BlockState
+from ..memory.memory import ConversationMemory
+from ..runtime.runtime import Cancelled, Runtime
+from ..runtime.sampling import SamplerChain, SamplingParams
+from ..runtime.template import ChatTemplate, Segment
+
+Attachment = tuple[str, str]
+
+
+@dataclass
+class Reply:
+    text: str
+    n_tokens: int
+    stopped: str              # eos | max_tokens | stop | cancelled | budget
+    ttft_s: float
+    decode_s: float
+    prefill_tokens: int
+    recovered: list[str]
+    rebuild_s: float = 0.0    # a KV rebuild (from history) the turn waited for; counted in ttft_s
+    rebuilt_tokens: int = 0   # tokens that rebuild decoded
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def render_user_content(text: str, attachments: Sequence[Attachment]) -> str:
+    parts = [f"[file {name}]\n{body.rstrip()}\n[end of file {name}]\n\n" for name, body in attachments]
+    return "".join(parts) + text
+
+
+def split_tokens(rt: Runtime, tokens: list[int], block_tokens: int) -> list[list[int]]:
+    """Chunks of <= block_tokens, cut after a newline token in a chunk's last 40% when one exists."""
+    chunks, start = [], 0
+    while start < len(tokens):
+        end = min(start + block_tokens, len(tokens))
+        if end < len(tokens):
+            floor = start + int(block_tokens * 0.6)
+            for cut in range(end, floor, -1):
+                if rt.token_bytes(tokens[cut - 1]).endswith(b"\n"):
+                    end = cut
+                    break
+        chunks.append(tokens[start:end])
+        start = end
+    return chunks
+
+
+def message_blocks(rt: Runtime, segment: Segment, text: str, attachments: Sequence[Attachment], turn: int,
+                   block_tokens: int) -> list[Block]:
+    """Blocks for one rendered user message: each attachment's chunks, then the user's own text. Only the
+    template's markup may become special tokens: `<|im_start|>` in a message or a file stays text."""
+    blocks: list[Block] = []
+    cursor = 0
+    for name, body in attachments:
+        at = segment.text.find(body.rstrip(), cursor)
+        if at < 0:
+            continue
+        end = at + len(body.rstrip())
+        tokens = rt.tokenize_parts(segment.parts(cursor, end))
+        for i, chunk in enumerate(split_tokens(rt, tokens, block_tokens)):
+            blocks.append(Block(name=f"file:{name}#{i}", role="file", turn=turn, tokens=chunk,
+                                text=rt.detokenize(chunk), file_name=name))
+        cursor = end
+    for k, chunk in enumerate(split_tokens(rt, rt.tokenize_parts(segment.parts(cursor)), block_tokens)):
+        name = f"user#{turn}" if k == 0 else f"user#{turn}.{k}"
+        blocks.append(Block(name=name, role="user", turn=turn, tokens=chunk, text=rt.detokenize(chunk)))
+    return blocks
+
+
+def input_message(text: str, attachments: Sequence[Attachment], turn: int, role: str = "user",
+                  extra: dict | None = None) -> dict:
+    """The template message of a turn's input (a user message, or a tool result with its call id)."""
+    return {"role": role, "content": render_user_content(text, attachments), **(extra or {}), "evoke_turn": turn}
+
+
+def next_user_opening(rt: Runtime, template: ChatTemplate, messages: list[dict]) -> list[int]:
+    """Tokens the template puts before the content of a user message that follows `messages` and a
+    reply (e.g. `<|im_start|>user\n`): what every next message starts with, unless it is a tool result
+    or tokenizes across that boundary (`KVCache.claim_ahead` checks the tokens, so a miss costs a drop)."""
+    text = template.user_opening([*messages, {"role": "assistant", "content": "OK"}])
+    return rt.tokenize(text) if text else []
+
+
+def number_turns(history: list[dict]) -> None:
+    """Give every message its turn (`evoke_turn`) where it lacks one: an input starts a turn, a reply
+    joins the turn of the input before it (histories written before turns were recorded)."""
+    turn = 0
+    last_role = "assistant"
+    for message in history:
+        if isinstance(message.get("evoke_turn"), int):
+            turn = message["evoke_turn"]
+        else:
+            if message.get("role") != "assistant" or last_role == "assistant":
+                turn += 1
+            message["evoke_turn"] = turn
+        last_role = message.get("role")
+
+
+def message_key(message: dict) -> tuple[int, str]:
+    """(turn, "input" | "reply"): the key its blocks carry (`Block.message_key`)."""
+    return message["evoke_turn"], "reply" if message.get("role") == "assistant" else "input"
+
+
+def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
+             text: str, attachments: Sequence[Attachment], params: SamplingParams,
+             on_token: Callable[[str], None] | None, cancel: threading.Event,
+             on_progress: Callable[[int, int], None] | None = None, *, system: dict | None = None,
+             role: str = "user", extra: dict | None = None) -> Reply:
+    """Run one turn; `history` (template messages after `system`) gains the input message and the reply."""
+    started = time.perf_counter()
+    memory.turn += 1
+    turn = memory.turn
+    user_message = input_message(text, attachments, turn, role, extra)
+    head = [system] if system else []
+    segment = template.message_segment([*head, *history], user_message)
+    blocks = message_blocks(rt, segment, text, attachments, turn, memory.settings.block_tokens)
+    history.append(user_message)
+    frame = template.assistant_frame([*head, *history])
+    opening, closing = rt.tokenize(frame.opening), rt.tokenize(frame.closing)
+    next_opening = next_user_opening(rt, template, [*head, *history])
+    memory.set_query(text or user_message["content"][:2000])
+
+    # Recovery, before the new tail: re-attached content (identity) and what the message needs.
+    new_hashes = {b.hash for b in blocks if b.role == "file"}
+    message_tokens = sum(b.n_tokens for b in blocks)
+    reserve = min(params.max_tokens, memory.budget_tokens // 8) + len(opening) + len(closing)
+    recovered = memory.recover(text, message_tokens=min(message_tokens, memory.budget_tokens // 2),
+                               reply_reserve=reserve, identity_hashes=new_hashes)
+    reused = {b.hash for b in recovered if b.role == "file"}
+
+    # Decode the message in blocks, evicting between them when the budget needs it.
+    done, total = 0, message_tokens
+    current: list[Block] = list(recovered)
+    to_decode = [b for b in blocks if not (b.role == "file" and b.hash in reused)]   # identity hits came back
+    last = to_decode.pop() if to_decode else None        # decoded with the reply's opening, in one call
+    try:
+        for block in to_decode:
+            memory.append_decoded(block, current=current, cancel=cancel)
+            done += block.n_tokens
+            if on_progress is not None:
+                on_progress(done, total)
+        question = [b for b in blocks if b.role == "user"][-1:]      # kept while the reply is written
+        reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, current, started,
+                          last_block=last, next_opening=next_opening, question=question)
+        done += last.n_tokens if last is not None else 0
+    except Cancelled:
+        reply = Reply(text="", n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0,
+                      prefill_tokens=done, recovered=[])
+        _close_reply(memory, rt, turn, opening, [], closing, "", current, next_opening=next_opening)
+    reply.prefill_tokens = done
+    reply.recovered = [b.name for b in recovered]
+    history.append({"role": "assistant", "content": reply.text, "evoke_turn": turn})
+    memory.focus.update(memory.query)
+    memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT])
+    return reply
+
+
+def regenerate_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
+                     params: SamplingParams, on_token: Callable[[str], None] | None, cancel: threading.Event,
+                     *, system: dict | None = None) -> Reply:
+    """Sample a new reply to the last input of `history` (its old reply already removed): no prefill."""
+    started = time.perf_counter()
+    if not history or history[-1].get("role") == "assistant":
+        raise ValueError("there is no message to reply to")
+    turn = memory.turn = history[-1]["evoke_turn"]
+    frame = template.assistant_frame([*([system] if system else []), *history])
+    opening, closing = rt.tokenize(frame.opening), rt.tokenize(frame.closing)
+    next_opening = next_user_opening(rt, template, [*([system] if system else []), *history])
+    memory.set_query(history[-1]["content"][-2000:])
+    question = [b for b in memory.table.resident if b.message_key() == (turn, "input") and b.role == "user"][-1:]
+    try:
+        reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, [], started,
+                          next_opening=next_opening, question=question)
+    except Cancelled:
+        reply = Reply(text="", n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0, prefill_tokens=0,
+                      recovered=[])
+        _close_reply(memory, rt, turn, opening, [], closing, "", question, next_opening=next_opening)
+    history.append({"role": "assistant", "content": reply.text, "evoke_turn": turn})
+    memory.end_turn()
+    return reply
+
+
+def _reply_name(turn: int, part: int) -> str:
+    return f"assistant#{turn}" if part == 0 else f"assistant#{turn}.{part}"
+
+
+def _finish_older_part(memory: ConversationMemory, rt: Runtime, reply_block: Block, turn: int,
+                       part: int) -> tuple[Block, int]:
+    """Split the growing reply block into finished blocks (evictable like any other) and a growing rest of at
+    most one block; returns the growing block and its part number."""
+    chunks = split_tokens(rt, reply_block.tokens, memory.settings.block_tokens)
+    if len(chunks) < 2:
+        return reply_block, part
+    pieces = [Block(name=_reply_name(turn, part + k), role="assistant", turn=turn, tokens=chunk,
+                    text=rt.detokenize(chunk)) for k, chunk in enumerate(chunks[:-1])]
+    part += len(pieces)
+    growing = Block(name=_reply_name(turn, part), role="assistant", turn=turn, tokens=list(chunks[-1]), text="")
+    memory.sequence.split(reply_block, [*pieces, growing])
+    return growing, part
+
+
+def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closing: list[int],
+              params: SamplingParams, on_token, cancel: threading.Event, turn: int,
+              current: list[Block], started: float, last_block: Block | None = None,
+              next_opening: list[int] = (), question: list[Block] = ()) -> Reply:
+    """Sample the reply. `last_block` (the message's last block, not yet decoded) goes into the same
+    llama_decode call as the reply's opening: the first token waits for one decode, not two.
+    `next_opening` is decoded ahead with the closing (see `_close_reply`). `current` (this turn's
+    recoveries) and `question` are kept while the reply grows unless the budget needs their room; the
+    reply's own older blocks leave like any other, so the budget never cuts a reply (`min_budget_tokens`)."""
+    reply_block = Block(name=_reply_name(turn, 0), role="assistant", turn=turn, tokens=[], text="")
+    part = 0
+    question = list(question)
+    pending = last_block.tokens if last_block is not None else []
+    memory.make_room(len(pending) + len(opening) + 1, current=[*current, *question])
+    reply_block.tokens = list(opening)
+    memory.sequence.append([*([last_block] if last_block is not None else []), reply_block])
+    if last_block is not None:
+        memory.counters.prefill_tokens += last_block.n_tokens
+
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    generated: list[int] = []
+    text = ""
+    stopped = "max_tokens"
+    ttft = 0.0
+    first_at = None
+    with SamplerChain(params, rt.ctx(rt.context_of(memory.seq)), rt.n_vocab) as sampler:
+        while len(generated) < params.max_tokens:
+            if cancel.is_set():
+                stopped = "cancelled"
+                break
+            token = sampler.sample()
+            if rt.is_eog(token):
+                stopped = "eos"
+                break
+            piece = decoder.decode(rt.token_bytes(token))
+            hit = _stop_hit(text + piece, params.stop, len(text))
+            if hit is not None:
+                piece = (text + piece)[len(text):hit]
+                text += piece
+                if piece and on_token is not None:
+                    on_token(piece)
+                stopped = "stop"
+                break
+            text += piece
+            if first_at is None:
+                first_at = time.perf_counter()
+                ttft = first_at - started
+            if piece and on_token is not None:
+                on_token(piece)
+            if memory.eviction_enabled and memory.active_tokens + 1 > memory.budget_tokens:
+                reply_block, part = _finish_older_part(memory, rt, reply_block, turn, part)
+                low = int(memory.budget_tokens * memory.settings.low_watermark)
+                keeps = ([*current, *question, reply_block], [*question, reply_block], [reply_block])
+                if not memory.evict_within(memory.budget_tokens - 1, low, keeps):
+                    stopped = "budget"
+                    memory.record_event(EventKind.ERROR, "reply stopped: the budget is full of protected blocks")
+                    break
+            memory.sequence.extend_tail(reply_block, [token])
+            generated.append(token)
+    text += decoder.decode(b"", final=True)
+    decode_s = time.perf_counter() - first_at if first_at else 0.0
+    _close_reply(memory, rt, turn, [], generated, closing, text, [*current, *question], reply_block,
+                 next_opening=next_opening, first_part=part)
+    return Reply(text=text, n_tokens=len(generated), stopped=stopped, ttft_s=ttft, decode_s=decode_s,
+                 prefill_tokens=0, recovered=[])
+
+
+def _stop_hit(text: str, stops: Sequence[str], searched_to: int) -> int | None:
+    hits = [i for s in stops if s and (i := text.find(s, max(0, searched_to - len(s)))) >= 0]
+    return min(hits) if hits else None
+
+
+def _close_reply(memory: ConversationMemory, rt: Runtime, turn: int, opening: list[int], generated: list[int],
+                 closing: list[int], text: str, current: list[Block], reply_block: Block | None = None, *,
+                 next_opening: list[int] = (), first_part: int = 0) -> None:
+    """Decode the template's closing tokens and split the reply into assistant blocks. The opening of
+    the next user message (`next_opening`) is decoded in the same call and held ahead: the next turn's
+    first token then waits for the message's own tokens only. `first_part`: the part number of
+    `reply_block` (parts before it were finished while the reply grew)."""
+    if reply_block is None:
+        reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=[], text="")
+        memory.make_room(len(opening) + len(closing), current=current)
+        reply_block.tokens = list(opening)
+        memory.sequence.append([reply_block], logits_last=False)
+    memory.make_room(len(closing) + len(next_opening), current=[*current, reply_block])
+    memory.sequence.extend_tail(reply_block, closing, ahead=next_opening, logits_last=False)
+    chunks = split_tokens(rt, reply_block.tokens, memory.settings.block_tokens)
+    pieces = []
+    for k, chunk in enumerate(chunks):
+        name = _reply_name(turn, first_part + k)
+        pieces.append(Block(name=name, role="assistant", turn=turn, tokens=chunk, text=rt.detokenize(chunk)))
+    memory.sequence.split(reply_block, pieces)
+
+
+def replay_input(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
+                 text: str, attachments: Sequence[Attachment], *, system: dict | None = None,
+                 role: str = "user", extra: dict | None = None,
+                 on_block: Callable[[Block], None] | None = None) -> None:
+    """Re-prefill one past input message from its history text (a KV rebuild): same blocks as `run_turn`."""
+    memory.turn += 1
+    turn = memory.turn
+    message = input_message(text, attachments, turn, role, extra)
+    segment = template.message_segment([*([system] if system else []), *history], message)
+    history.append(message)
+    memory.set_query(text)
+    for block in message_blocks(rt, segment, text, attachments, turn, memory.settings.block_tokens):
+        memory.append_decoded(block)
+        if on_block is not None:
+            on_block(block)
+
+
+def replay_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
+                 reply_text: str, *, system: dict | None = None,
+                 on_block: Callable[[Block], None] | None = None) -> None:
+    """Re-prefill one past reply from its text; a reply with no input before it opens a turn of its own."""
+    if not history or history[-1].get("role") == "assistant":
+        memory.turn += 1
+    turn = memory.turn
+    frame = template.assistant_frame([*([system] if system else []), *history])
+    reply_tokens = rt.tokenize_parts([(frame.opening, True), (reply_text, False), (frame.closing, True)])
+    for k, chunk in enumerate(split_tokens(rt, reply_tokens, memory.settings.block_tokens)):
+        name = f"assistant#{turn}" if k == 0 else f"assistant#{turn}.{k}"
+        block = Block(name=name, role="assistant", turn=turn, tokens=chunk, text=rt.detokenize(chunk))
+        memory.append_decoded(block)
+        if on_block is not None:
+            on_block(block)
+    history.append({"role": "assistant", "content": reply_text, "evoke_turn": turn})
+    if memory.query is not None:
+        memory.focus.update(memory.query)
+    memory.end_turn()

@@ -1,0 +1,145 @@
+"""A turn and a regenerate as jobs on the engine thread: the user's row, the streamed reply's row, the KV, and
+the roll-back of all three when the turn fails.
+
+Invariants: a turn's message is in SQLite before its reply starts and its reply's row is written as it streams
+(`reply_row`); any failure but a cancel, saving the reply included, leaves history, SQLite and KV as before the
+turn (or the KV dropped, to be rebuilt from what SQLite kept). Works on the open conversations, never the Engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from ..events import EngineEvent, EventKind
+from ..runtime.sampling import SamplingParams
+from ..store.history import DELETED
+from . import editing
+from .lifecycle import ConversationLifecycle, ConversationState
+from .live_stats import StatsTicker
+from .reply_row import StreamedReply, reply_metrics
+from .turn import Attachment, Reply, regenerate_reply, run_turn
+
+log = logging.getLogger(__name__)
+
+
+class TurnJobs:
+    """Runs turns on the open conversations; `on_activity(now)` hears when each one ends (the idle clock)."""
+
+    def __init__(self, conversations: ConversationLifecycle, *, emit: Callable[[EngineEvent], None],
+                 clock: Callable[[], float], on_activity: Callable[[float], None]) -> None:
+        self.conversations, self.history = conversations, conversations.history
+        self.emit, self.clock, self.on_activity = emit, clock, on_activity
+
+    def turn(self, conversation_id: str, text: str, attachments: list[Attachment] | None, *,
+              params: SamplingParams, on_token, cancel: threading.Event, role: str = "user",
+              extra: dict | None = None, edit_index: int | None = None) -> Reply:
+        """One turn; with `edit_index`, user message `edit_index` and all after it are replaced first.
+        The reply's row is written while it streams (`reply_row`). Any failure but a cancel, saving the
+        reply included, rolls the turn back: history, SQLite and KV as before it began."""
+        self.conversations.take_rebuild(conversation_id)          # a rebuild at an earlier open is not this turn's
+        state = self.conversations.open(conversation_id)
+        self.conversations.ensure_slot(state)
+        model = self.conversations.model
+        replaced, superseded = None, []
+        if edit_index is not None:
+            replaced, superseded = editing.rewind_for_edit(self.conversations, state, edit_index)
+            state = self.conversations.get(conversation_id)
+            if attachments is None:
+                attachments = replaced.attachments
+        attachments = list(attachments or [])
+        n_before = len(state.history)
+        user_row = self.history.add_message(state.id, role, text, attachments, extra=extra,
+                                            previous_id=replaced.id if replaced else None)
+        row = self._reply_row(state.id, on_token)
+
+        def progress(done: int, total: int) -> None:
+            if total > model.settings.block_tokens * 2:
+                self.emit(EngineEvent(EventKind.PREFILL, f"{done}/{total}", conversation_id=state.id, tokens=done))
+
+        try:
+            reply = run_turn(state.memory, model.rt, model.template, state.history, text, attachments, params,
+                             StatsTicker(self.conversations, state, row.on_token), cancel, progress,
+                             system=state.system_message, role=role, extra=extra)
+            self._count_rebuild(conversation_id, reply)
+            row.finish(reply.text, reply_metrics(reply))
+        except BaseException as exc:
+            self._roll_back(state, n_before, [user_row, row.row_id], superseded, exc)
+            raise
+        finally:
+            self.conversations.refresh(state)
+            state.last_used = self.clock()
+            self.on_activity(state.last_used)
+        self.emit(EngineEvent(EventKind.TURN_DONE, f"{reply.n_tokens} tokens, stopped: {reply.stopped}",
+                              conversation_id=state.id, tokens=reply.n_tokens))
+        return reply
+
+    def _reply_row(self, conversation_id: str, on_token, previous_id: int | None = None) -> StreamedReply:
+        def failed(exc: Exception) -> None:
+            self.emit(EngineEvent(EventKind.ERROR, f"the reply could not be saved while it streams ({exc}); "
+                                  "it is saved when it ends", conversation_id=conversation_id))
+        return StreamedReply(self.history, conversation_id, previous_id=previous_id, forward=on_token,
+                             on_error=failed)
+
+    def _count_rebuild(self, conversation_id: str, reply: Reply) -> None:
+        """A KV rebuild this turn waited for is part of its reply's timing (its first token came after it)."""
+        tokens, seconds = self.conversations.take_rebuild(conversation_id)
+        reply.rebuilt_tokens, reply.rebuild_s = tokens, seconds
+        reply.ttft_s += seconds
+
+    def _roll_back(self, state: ConversationState, n_before: int, rows: list[int | None], superseded: list,
+                   error: BaseException) -> None:
+        """Undo a failed turn: its rows (message, reply) leave the live history (kept as deleted), an edit's
+        old messages come back, and the KV returns to where it was (or is rebuilt from SQLite). When SQLite
+        cannot be changed either, the KV is dropped so that it is rebuilt from what SQLite holds."""
+        try:
+            self.history.hide_messages(state.id, [r for r in rows if r is not None], DELETED)
+            if superseded:
+                self.history.restore_messages(state.id, [r.id for r in superseded])
+        except Exception as exc:  # noqa: BLE001 - the KV must follow whatever SQLite kept
+            self.conversations.discard(state, f"the failed turn could not be undone in the history: {exc}")
+            self.emit(EngineEvent(EventKind.ERROR, f"the turn failed ({error}) and its rows could not be "
+                                  f"removed ({exc}): the conversation is rebuilt from the history",
+                                  conversation_id=state.id))
+            return
+        if superseded:
+            self.conversations.discard(state, f"the edit failed: {error}")
+            return
+        try:
+            editing.truncate_state(self.conversations, state, n_before)
+        except Exception as exc:  # noqa: BLE001
+            self.conversations.discard(state, f"the failed turn could not be undone: {exc}")
+        self.emit(EngineEvent(EventKind.ERROR, f"the turn failed and was rolled back: {error}",
+                              conversation_id=state.id))
+
+    def regenerate(self, conversation_id: str, *, params: SamplingParams, on_token,
+                    cancel: threading.Event) -> Reply:
+        self.conversations.take_rebuild(conversation_id)
+        state = self.conversations.open(conversation_id)
+        old = editing.rewind_for_regenerate(self.conversations, state)
+        model = self.conversations.model
+        state = self.conversations.get(conversation_id)
+        row = self._reply_row(state.id, on_token, previous_id=old.id)
+        try:
+            reply = regenerate_reply(state.memory, model.rt, model.template, state.history, params,
+                                     StatsTicker(self.conversations, state, row.on_token), cancel,
+                                     system=state.system_message)
+            self._count_rebuild(conversation_id, reply)
+            row.finish(reply.text, reply_metrics(reply))
+        except BaseException as exc:
+            try:
+                self.history.hide_messages(state.id, [row.row_id] if row.row_id is not None else [], DELETED)
+                self.history.restore_messages(state.id, [old.id])
+            except Exception as undo:  # noqa: BLE001 - the KV is rebuilt from what SQLite kept
+                log.warning("regenerate of %s could not be undone in the history: %s", state.id, undo)
+            self.conversations.discard(state, f"the regenerate failed: {exc}")
+            raise
+        finally:
+            self.conversations.refresh(state)
+            state.last_used = self.clock()
+            self.on_activity(state.last_used)
+        self.emit(EngineEvent(EventKind.TURN_DONE, f"regenerated: {reply.n_tokens} tokens, stopped: {reply.stopped}",
+                              conversation_id=state.id, tokens=reply.n_tokens))
+        return reply
+

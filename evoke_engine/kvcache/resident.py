@@ -1,0 +1,308 @@
+"""The resident sequence of one conversation: its slot's llama.cpp cells, its block table and its pool entries.
+
+Invariants: the only writer of block positions and states and of the slot's cells; resident blocks sit at
+[0, active_tokens) in table order and the slot holds exactly them (plus the opening held ahead); a block out
+of the context is RAM or DISK exactly while the pool holds its bytes for this sequence (`bytes_moved`
+follows the pool), else DROPPED; victims are saved before any cell moves; cells a forked sibling shares are
+copied out before they move; shared (prefix) cells never move. It decides nothing: `ConversationMemory` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ..errors import InvariantError, RestoreError
+from ..runtime.kv import KVPrimitives, SavedKV
+from ..runtime.runtime import Runtime
+from .blocks import Block, BlockState, BlockTable
+from .pool import SavedPool
+
+SavedBytes = tuple[bytes, int, int]          # (bytes, origin_pos, n_tokens): a snapshot's saved K/V
+
+
+def _writable(data) -> bytearray | memoryview:
+    """A buffer llama.cpp can read from without a copy (copies only read-only input)."""
+    if isinstance(data, memoryview) and not data.readonly or isinstance(data, bytearray):
+        return data
+    return bytearray(data)
+
+
+class ResidentSequence:
+    """Mechanism for one conversation: append, take out (with or without bytes), splice back at the tail,
+    remove for good, park and unpark, share into a fork. Every method keeps the table and the cells equal."""
+
+    def __init__(self, *, runtime: Runtime, kv: KVPrimitives, pool: SavedPool) -> None:
+        self.rt, self.kv, self.pool = runtime, kv, pool
+        self.table = BlockTable()
+        self.seq: int | None = None              # the llama.cpp sequence (slot) while in one
+        self.image: Block | None = None          # the slot's bytes while parked
+        self.image_ahead: list[int] = []         # the opening held ahead, the image's last cells
+
+    # -- reading ----------------------------------------------------------------------------
+    @property
+    def active_tokens(self) -> int:
+        return self.table.active_tokens
+
+    @property
+    def prefix_tokens(self) -> int:
+        return sum(b.n_tokens for b in self.table.resident if b.shared)
+
+    def location(self) -> str:
+        """Where the conversation's own cells are: slot, ram, disk (the parked image) or none."""
+        if self.seq is not None:
+            return "slot"
+        if self.image is None:
+            return "none"
+        return "disk" if self.image.state is BlockState.DISK else "ram"
+
+    # -- the pool's reports -----------------------------------------------------------------
+    def bytes_moved(self, block: Block, where: BlockState) -> None:
+        """The pool moved the bytes of one of this sequence's blocks (spilled, or dropped for room)."""
+        if block is self.image:
+            block.state = where
+        else:
+            self.table.mark_bytes(block, where)
+
+    def _hold(self, block: Block, saved: SavedKV) -> None:
+        """The pool holds the bytes of `block` (out of the context) for this sequence; its state says where."""
+        self.bytes_moved(block, self.pool.put(block, saved, self))
+
+    # -- building a table out of a slot ------------------------------------------------------
+    def adopt_prefix(self, blocks: Iterable[Block]) -> None:
+        """A fresh sequence, out of any slot, starts with the shared prefix's blocks (at positions 0..)."""
+        if self.table.blocks or self.seq is not None:
+            raise InvariantError("the prefix is adopted by a fresh sequence, out of any slot")
+        for block in blocks:
+            self.table.append(block)
+
+    def load(self, blocks: list[Block], saved: dict[int, SavedBytes], image: SavedBytes | None, ahead: list[int],
+             turn: int) -> None:
+        """Adopt a snapshot's blocks (birth order) out of a slot: saved bytes (by block index) go to the pool,
+        blocks out of the context without any are DROPPED; `image` is parked for `unpark`."""
+        if self.seq is not None or self.table.blocks:
+            raise InvariantError("a snapshot is loaded into a fresh sequence, out of any slot")
+        self.table = BlockTable.from_blocks(blocks)
+        for index, block in enumerate(self.table.blocks):
+            if block.state is BlockState.RESIDENT:
+                continue
+            if index in saved:
+                data, origin, n_tokens = saved[index]
+                self._hold(block, SavedKV(_writable(data), origin, n_tokens))
+            else:
+                self.table.mark_bytes(block, BlockState.DROPPED)
+        self.table.check()
+        if image is not None:
+            data, origin, n_tokens = image
+            self.image = Block(name="slot-image", role="image", turn=turn, tokens=[], text="")
+            self._hold(self.image, SavedKV(_writable(data), origin, n_tokens))
+            self.image_ahead = list(ahead)
+
+    # -- decoding at the tail ----------------------------------------------------------------
+    def _decode_at_tail(self, tokens: list[int], *, ahead: Sequence[int] = (), logits_last: bool = True,
+                        cancel=None) -> None:
+        """Decode `tokens` after the last block. Leading tokens already decoded there ahead of time are not
+        decoded again; `ahead` (the opening the next message will start with) goes into the same llama_decode
+        after them and is held outside the table, its few cells outside the budget, until a decode claims it
+        or any other operation drops it."""
+        if ahead and logits_last:
+            raise ValueError("tokens decoded ahead come after the last logits wanted")
+        start = self.active_tokens
+        done = self.kv.claim_ahead(self.seq, start, tokens, whole=not logits_last)
+        self.rt.decode([*tokens[done:], *ahead], self.seq, start + done, logits_last=logits_last, cancel=cancel)
+        if ahead:
+            self.kv.hold_ahead(self.seq, start + len(tokens), list(ahead))
+
+    def append(self, blocks: Sequence[Block], *, logits_last: bool = True, cancel=None) -> None:
+        """Decode the tokens of new `blocks` at the tail in one call and add them to the table. A decode that
+        fails (or is cancelled) leaves nothing behind: the cells decoded before it drop with it."""
+        try:
+            self._decode_at_tail([t for block in blocks for t in block.tokens], logits_last=logits_last,
+                                 cancel=cancel)
+        except BaseException:
+            self.kv.drop(self.seq, self.active_tokens, -1)
+            raise
+        for block in blocks:
+            self.table.append(block)
+
+    def extend_tail(self, block: Block, tokens: list[int], *, ahead: Sequence[int] = (),
+                    logits_last: bool = True) -> None:
+        """Decode `tokens` at the tail as more of `block`, the last resident block (a reply growing);
+        `ahead` as in `_decode_at_tail`. Nothing to decode does nothing."""
+        if not self.table.resident or self.table.resident[-1] is not block:
+            raise InvariantError(f"{block.name} is not the last resident block")
+        if not tokens and not ahead:
+            return
+        self._decode_at_tail(tokens, ahead=ahead, logits_last=logits_last)
+        block.tokens.extend(tokens)
+
+    def split(self, block: Block, pieces: list[Block]) -> None:
+        """Replace resident `block` by `pieces` holding its tokens in order (no cell changes)."""
+        self.table.split(block, pieces)
+
+    def flush_pending_shifts(self) -> None:
+        """Apply the K-shifts that evictions queued (positions do not change; the next decode pays less)."""
+        self.kv.flush_pending_shifts()
+
+    # -- taking blocks out -------------------------------------------------------------------
+    def evict(self, victims: Iterable[Block], *, keep_bytes: bool) -> list[Block]:
+        """Take resident `victims` out of the context, later blocks moving down; with `keep_bytes` their K/V go
+        to the pool first (every one saved before any cell moves), else they are DROPPED. Returns them in the
+        order they left (last first)."""
+        victims = list(victims)
+        if any(b.shared for b in victims):
+            raise InvariantError("shared prefix blocks never leave the context")
+        saved = {block: self.kv.save(self.seq, block.pos, block.end) for block in victims} if keep_bytes else {}
+        if victims:
+            self._unshare_from(min(b.pos for b in victims), leaving=victims)
+        order = sorted(victims, key=lambda b: b.pos, reverse=True)
+        for block in order:
+            self.kv.evict(self.seq, block.pos, block.end)
+            self.table.remove_resident(block, BlockState.DROPPED)
+            if keep_bytes:
+                self._hold(block, saved[block])
+        return order
+
+    def remove(self, doomed: Iterable[Block]) -> None:
+        """Take blocks out of the conversation for good (their message was edited away or deleted):
+        resident ones leave the sequence (later ones move down), saved ones leave the pool."""
+        doomed = list(doomed)
+        if any(b.shared for b in doomed):
+            raise ValueError("the shared prefix cannot be removed from a conversation")
+        resident = sorted((b for b in doomed if b.state is BlockState.RESIDENT), key=lambda b: b.pos)
+        if resident and self.seq is None:
+            raise ValueError("a parked conversation's blocks are removed after it is back in its slot")
+        if resident:
+            leaving = set(resident)
+            first = resident[0].pos
+            if all(b in leaving for b in self.table.resident if b.pos >= first):
+                self.kv.drop(self.seq, first, -1)        # the tail: no cell moves
+                for block in reversed(resident):
+                    self.table.remove_resident(block, BlockState.DROPPED)
+            else:
+                self._unshare_from(first, leaving=resident)
+                for block in reversed(resident):
+                    self.kv.evict(self.seq, block.pos, block.end)
+                    self.table.remove_resident(block, BlockState.DROPPED)
+        for block in doomed:
+            self.pool.discard(block)
+            self.table.forget(block)
+
+    def _unshare_from(self, pos: int, *, leaving: Iterable[Block] = ()) -> None:
+        """Give this sequence private copies of the cells at and after `pos` that a forked sibling may
+        share, before they move: a cell has one position, so shifting a shared one moves it for both."""
+        leaving = set(leaving)
+        shared = [b for b in self.table.resident if b.sibling_shared and b.pos >= pos and b not in leaving]
+        if not shared:
+            return
+        start = min(b.pos for b in shared)
+        copy = self.kv.save(self.seq, start, self.active_tokens)
+        self.kv.drop(self.seq, start, -1)                # the sibling keeps its cells
+        self.kv.restore(copy, self.seq, start)
+        self.table.mark_private(from_pos=start)
+
+    # -- bringing saved bytes back ----------------------------------------------------------
+    def restore(self, block: Block) -> None:
+        """Splice a saved block's K/V back at the tail (RoPE re-anchor, no forward pass). RestoreError: the
+        block stays saved when the splice failed, or is DROPPED when its bytes are gone."""
+        try:
+            saved = self.pool.take(block)
+        except RestoreError:
+            self.table.mark_bytes(block, BlockState.DROPPED)
+            raise
+        try:
+            self.kv.restore(saved, self.seq, self.active_tokens)
+        except RestoreError:
+            self._hold(block, saved)                      # still saved; nothing is lost
+            raise
+        self.table.place_at_tail(block)
+
+    # -- slot parking -----------------------------------------------------------------------
+    def park(self, turn: int) -> None:
+        """Leave the slot: the slot's own tokens are saved as one image; shared cells stay shared."""
+        if self.seq is None:
+            raise InvariantError("not in a slot: nothing to park")
+        start = self.prefix_tokens
+        ahead = self.kv.held_ahead(self.seq)
+        if self.active_tokens > start:
+            image = Block(name="slot-image", role="image", turn=turn,
+                          tokens=[t for b in self.table.resident if not b.shared for t in b.tokens], text="")
+            self.image, self.image_ahead = image, ahead
+            self._hold(image, self.kv.save(self.seq, start, self.active_tokens + len(ahead)))
+        self.kv.drop(self.seq)
+        self.seq = None
+        self.table.mark_private()                        # the image comes back into private cells
+
+    def unpark(self, seq: int) -> None:
+        """Into slot `seq`, whose prefix cells were already shared in: restore the image in place.
+        Raises RestoreError when the image is lost (the caller rebuilds the conversation)."""
+        if self.seq is not None:
+            raise InvariantError(f"already in slot {self.seq}")
+        self.seq = seq
+        if self.image is not None:
+            image, self.image = self.image, None
+            ahead, self.image_ahead = self.image_ahead, []
+            self.kv.restore(self.pool.take(image), seq, self.prefix_tokens)
+            self.kv.hold_ahead(seq, self.active_tokens, ahead)
+
+    # -- forks ------------------------------------------------------------------------------
+    def share_into(self, child: ResidentSequence) -> None:
+        """Make `child` (fresh, in its slot, prefix shared) hold this sequence's blocks: resident cells
+        shared with this sequence (no decode, no copy), saved bytes shared in the pool."""
+        if self.seq is None or child.seq is None or child.table.blocks != child.table.resident:
+            raise ValueError("both conversations must be in slots, the child holding only its prefix")
+        start = self.prefix_tokens
+        if self.active_tokens > start:
+            self.kv.share(self.seq, child.seq, start, self.active_tokens)
+        self.table.mark_sibling_shared()
+        copies = [block.clone() for block in self.table.blocks]
+        child.table = BlockTable.from_blocks(copies)
+        for block, copy in zip(self.table.blocks, copies, strict=True):
+            if block.state is not BlockState.RESIDENT and block in self.pool:
+                child.table.mark_bytes(copy, self.pool.share(block, copy, child))
+
+    # -- persistence ------------------------------------------------------------------------
+    def image_bytes(self) -> tuple[SavedBytes | None, list[int]]:
+        """The conversation's own cells as one image (from the slot, or the parked image) and the opening
+        held ahead after them; (None, []) when it holds nothing past the prefix."""
+        if self.seq is not None:
+            start = self.prefix_tokens
+            if self.active_tokens <= start:
+                return None, []
+            ahead = self.kv.held_ahead(self.seq)
+            saved = self.kv.save(self.seq, start, self.active_tokens + len(ahead))
+            return (bytes(saved.data), saved.origin_pos, saved.n_tokens), ahead
+        if self.image is not None:
+            return self.pool.peek_bytes(self.image), self.image_ahead
+        return None, []
+
+    def saved_bytes(self) -> dict[int, SavedBytes]:
+        """The pool's bytes of the table's saved blocks, by block index (birth order)."""
+        return {i: self.pool.peek_bytes(b) for i, b in enumerate(self.table.blocks) if b in self.pool}
+
+    def release(self) -> None:
+        """Forget every byte this sequence holds (slot cells and pool entries): saved blocks are DROPPED."""
+        if self.seq is not None:
+            self.kv.drop(self.seq)
+            self.seq = None
+        for block in self.table.blocks:
+            if block in self.pool:
+                self.pool.discard(block)
+                self.table.mark_bytes(block, BlockState.DROPPED)
+        if self.image is not None:
+            self.pool.discard(self.image)
+        self.image, self.image_ahead = None, []
+
+    def check(self) -> None:
+        """The table is well formed, saved states follow the pool, and the slot holds exactly the table."""
+        self.table.check()
+        for block in self.table.blocks:
+            held = self.pool.where(block)
+            if held is not (block.state if block.state in (BlockState.RAM, BlockState.DISK) else None):
+                raise InvariantError(f"{block.name} is {block.state.value} but the pool has its bytes in "
+                                     f"{held.value if held else 'no tier'}")
+        if self.seq is None:
+            return
+        ahead = self.kv.ahead_tokens(self.seq)
+        if self.kv.pos_max(self.seq) != self.active_tokens + ahead - 1:
+            raise InvariantError(f"pos_max {self.kv.pos_max(self.seq)} != active {self.active_tokens} "
+                                 f"+ {ahead} held ahead - 1")

@@ -1,0 +1,47 @@
+"""Which conversation holds which llama.cpp sequence (slot).
+
+Invariants: a slot holds at most one conversation; a conversation holds at most one slot;
+`least_recent` is the conversation used longest ago; a free slot that served the fewest goes first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ..errors import InvariantError
+
+
+class SlotRegistry:
+    def __init__(self, n_slots: int) -> None:
+        self.n_slots = n_slots
+        self._holder: dict[int, str] = {}                   # slot -> conversation id
+        self._lru: OrderedDict[str, int] = OrderedDict()    # conversation id -> slot, oldest first
+        self.load: dict[int, int] = dict.fromkeys(range(n_slots), 0)   # conversations served per slot
+
+    def slot_of(self, conversation_id: str) -> int | None:
+        return self._lru.get(conversation_id)
+
+    def touch(self, conversation_id: str) -> None:
+        if conversation_id in self._lru:
+            self._lru.move_to_end(conversation_id)
+
+    def free_slot(self) -> int | None:
+        free = [s for s in range(self.n_slots) if s not in self._holder]
+        return min(free, key=lambda s: (self.load[s], s)) if free else None
+
+    def least_recent(self, exclude: str | None = None) -> str | None:
+        return next((c for c in self._lru if c != exclude), None)
+
+    def pin(self, conversation_id: str, slot: int) -> None:
+        if slot in self._holder:
+            raise InvariantError(f"slot {slot} is held by {self._holder[slot]}")
+        if conversation_id in self._lru:
+            raise InvariantError(f"{conversation_id} already holds a slot")
+        self._holder[slot] = conversation_id
+        self._lru[conversation_id] = slot
+        self.load[slot] += 1
+
+    def release(self, conversation_id: str) -> int:
+        slot = self._lru.pop(conversation_id)
+        del self._holder[slot]
+        return slot

@@ -1,0 +1,415 @@
+"""One conversation's KV memory policy: watermarks, making room, what to evict and recover, turn ends.
+
+Invariants (engine thread only): it decides and `ResidentSequence` (resident.py) acts: every change to
+positions, states and cells goes through `self.sequence`, which keeps the table equal to the slot; at every
+turn end `active_tokens <= budget_tokens` unless protected blocks alone exceed it (reported, never silent).
+A budget is at least `min_budget_tokens` of its prefix: then a reply of any length fits (`evict_within`
+gives up the turn's protections one by one, never the recent tail) and the budget never cuts it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import BudgetError, InvariantError, RestoreError
+from ..events import EngineEvent, EventKind
+from ..kvcache.blocks import Block, BlockState, BlockTable
+from ..kvcache.pool import SavedPool
+from ..kvcache.resident import ResidentSequence
+from ..runtime.kv import KVPrimitives
+from ..runtime.runtime import Runtime
+from ..settings import Settings
+from ..stats import ConversationStats
+from .attention_signal import AttentionSignal
+from .embedder import Embedder
+from .policy import RecoveryPick, choose_recoveries, choose_victims, protected_blocks
+from .recall_signals import RecallSignal
+from .recall_signals import prepare as prepare_lines
+from .recovery import Breadcrumb, RecoveryBackend
+from .recovery import backend as recovery_backend
+from .scorer import Scorer, TaskFocus
+from .snapshot import Snapshot, SnapshotError
+
+
+@dataclass
+class Counters:
+    evictions: int = 0
+    evicted_tokens: int = 0
+    recoveries: int = 0
+    recovered_tokens: int = 0
+    identity_hits: int = 0
+    breadcrumbs: int = 0
+    max_active_at_turn_end: int = 0
+    prefill_tokens: int = 0
+
+
+def min_budget_tokens(prefix_tokens: int, settings: Settings) -> int:
+    """The smallest budget in which a reply of any length grows without being cut: the shared prefix (the
+    first block, the sink, when there is no prefix), the recent tail that is never evicted (`tail_fraction`
+    of the budget, plus the block straddling its edge, at most `block_tokens`) and the next token. The rest,
+    the question and the reply's own older blocks included, leaves (saved, recoverable) when the reply needs
+    its room. Settings validate `tail_fraction` < 1."""
+    fixed = prefix_tokens + settings.block_tokens + (0 if prefix_tokens else settings.block_tokens)
+    budget = max(1, math.floor((fixed - 1) / (1 - settings.tail_fraction)))
+    while budget - int(budget * settings.tail_fraction) < fixed:
+        budget += 1
+    return budget
+
+
+class ConversationMemory:
+    def __init__(self, conversation_id: str, *, settings: Settings, runtime: Runtime, kv: KVPrimitives,
+                 pool: SavedPool, embedder: Embedder, emit: Callable[[EngineEvent], None]) -> None:
+        self.id = conversation_id
+        self.settings = settings
+        self.budget_tokens = settings.budget_tokens
+        self.rt, self.embedder = runtime, embedder
+        self.emit = emit
+        self.sequence = ResidentSequence(runtime=runtime, kv=kv, pool=pool)   # the only writer of the table
+        self.scorer = Scorer(settings)
+        self.attention = AttentionSignal(kv.mirror)      # inert unless the capture is on
+        self.focus = TaskFocus(ema=settings.focus_ema, snap_cosine=settings.focus_snap_cosine)
+        self.turn = 0
+        self.counters = Counters()
+        self.events: deque[EngineEvent] = deque(maxlen=200)
+        self.decisions: deque[dict] = deque(maxlen=50)   # why each recent recovery was chosen
+        self._query_text = ""
+        self._query: np.ndarray | None = None
+        self._query_ready = True
+        self.last_decide_s = 0.0                 # the last recovery decision: embedding, signals, choosing
+
+    # -- accounting (read only: `sequence` writes) --------------------------------------------
+    @property
+    def table(self) -> BlockTable:
+        return self.sequence.table
+
+    @property
+    def seq(self) -> int | None:
+        """The slot (llama.cpp sequence) the conversation is in; None while parked."""
+        return self.sequence.seq
+
+    @property
+    def image(self) -> Block | None:
+        return self.sequence.image
+
+    @property
+    def active_tokens(self) -> int:
+        return self.sequence.active_tokens
+
+    @property
+    def prefix_tokens(self) -> int:
+        return self.sequence.prefix_tokens
+
+    @property
+    def recovery(self) -> RecoveryBackend:
+        """The backend `settings.recovery` names now (the setting applies at once)."""
+        return recovery_backend(self.settings.recovery)
+
+    @property
+    def eviction_enabled(self) -> bool:
+        return self.recovery.evicts and self.rt.eviction_supported
+
+    def cached_tokens(self) -> int:
+        return sum(b.n_tokens for b in self.table.saved())
+
+    def record_event(self, kind: EventKind, message: str, block: Block | None = None,
+                     detail: dict | None = None) -> None:
+        """Keep the event in this conversation's recent events and hand it to the engine's subscribers."""
+        event = EngineEvent(kind=kind, conversation_id=self.id, message=message,
+                            block=block.name if block else None, tokens=block.n_tokens if block else 0,
+                            time=time.time(), detail=detail)
+        self.events.append(event)
+        self.emit(event)
+
+    # -- the current message, embedded only when a decision needs it ----------------------
+    def set_query(self, text: str) -> None:
+        self._query_text, self._query, self._query_ready = text, None, False
+
+    @property
+    def query(self) -> np.ndarray | None:
+        if not self._query_ready:
+            self._query = self.embedder.embed_one(self._query_text) if self._query_text.strip() else None
+            self._query_ready = True
+        return self._query
+
+    # -- decoding new blocks ----------------------------------------------------------------
+    def append_decoded(self, block: Block, *, current: Iterable[Block] = (), cancel=None) -> None:
+        """Make room for `block`, decode its tokens at the tail and add it to the table."""
+        self.make_room(block.n_tokens, current=current)
+        self.sequence.append([block], cancel=cancel)
+        self.counters.prefill_tokens += block.n_tokens
+
+    def make_room(self, needed: int, *, current: Iterable[Block] = ()) -> None:
+        if not self.eviction_enabled:
+            return
+        high = int(self.budget_tokens * self.settings.high_watermark)
+        if self.active_tokens + needed > high:
+            low = int(self.budget_tokens * self.settings.low_watermark)
+            self.evict_to(max(0, low - needed), current=current)
+
+    # -- eviction ---------------------------------------------------------------------------
+    def ensure_embeddings(self, blocks: Iterable[Block]) -> None:
+        missing = [b for b in blocks if b.embedding is None and b.text.strip()]
+        if not missing or not self.embedder.enabled:
+            return
+        vectors = self.embedder.embed([b.text for b in missing])
+        for block, vector in zip(missing, vectors, strict=True):
+            block.embedding = vector
+
+    def score(self, block: Block) -> float:
+        return self.scorer.score(block, query=self.query, focus=self.focus.vector, current_turn=self.turn,
+                                 attention=self.attention.value(block))
+
+    def evict_to(self, target_tokens: int, *, current: Iterable[Block] = ()) -> list[Block]:
+        """Evict lowest-scored evictable blocks until active <= target (or nothing is left)."""
+        if not self.eviction_enabled or self.active_tokens <= target_tokens:
+            return []
+        tail = int(self.budget_tokens * self.settings.tail_fraction)
+        protected = protected_blocks(self.table, tail_tokens=tail, current=current)
+        self.ensure_embeddings(b for b in self.table.resident if b not in protected)
+        self.attention.refresh(self.seq, self.table.resident, self.settings.attention_aggregation)
+        victims = choose_victims(self.table, target_tokens=target_tokens, protected=protected,
+                                 score=self.score)
+        prepare_lines(self.embedder, self.settings.recall_signal, victims)   # now, not in a later decision
+        for block in self.sequence.evict(victims, keep_bytes=self.recovery.keeps_bytes):
+            self.counters.evictions += 1
+            self.counters.evicted_tokens += block.n_tokens
+            self.record_event(EventKind.EVICTED, f"evicted {block.name} ({block.n_tokens} tokens)", block)
+        return victims
+
+    def evict_within(self, limit: int, target: int, keeps: Sequence[Iterable[Block]]) -> bool:
+        """Evict to `target` keeping `keeps[0]`; while active tokens stay over `limit`, evict to `limit`
+        keeping each later (smaller) set in turn. True when active <= limit after."""
+        for level, keep in enumerate(keeps):
+            if level and self.active_tokens <= limit:
+                break
+            self.evict_to(target if level == 0 else limit, current=keep)
+        return self.active_tokens <= limit
+
+    def min_budget_tokens(self) -> int:
+        """The smallest budget this conversation accepts (`min_budget_tokens` of its prefix)."""
+        return min_budget_tokens(self.prefix_tokens, self.settings)
+
+    def end_turn(self, *, keep: Iterable[Block] = ()) -> None:
+        """Evict to the low watermark if the turn crossed the high one; `keep` (this turn's recoveries) stays
+        unless the budget needs its room."""
+        if self.eviction_enabled and self.active_tokens > int(self.budget_tokens * self.settings.high_watermark):
+            self.evict_within(self.budget_tokens, int(self.budget_tokens * self.settings.low_watermark),
+                              [list(keep), ()])
+        if self.active_tokens > self.budget_tokens and self.eviction_enabled:
+            self.record_event(EventKind.ERROR, f"protected blocks hold {self.active_tokens} tokens, over the budget "
+                              f"of {self.budget_tokens}")
+        self.counters.max_active_at_turn_end = max(self.counters.max_active_at_turn_end, self.active_tokens)
+        self.sequence.flush_pending_shifts()     # pay the K-shift now, after the reply, not before the next one
+        if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
+            self.ensure_embeddings(b for b in self.table.resident if not b.shared)
+            prepare_lines(self.embedder, self.settings.recall_signal, (b for b in self.table.resident if not b.shared))
+
+    # -- blocks that leave for good (edits) and forks -----------------------------------------
+    def remove_blocks(self, doomed: Iterable[Block]) -> None:
+        """Take blocks out of the conversation for good (their message was edited away or deleted)."""
+        self.sequence.remove(doomed)
+
+    def share_into(self, child: ConversationMemory) -> None:
+        """Make `child` (fresh, in its slot, prefix shared) hold this conversation's blocks (no decode, no
+        copy: `ResidentSequence.share_into`), its turn, budget and task focus."""
+        self.sequence.share_into(child.sequence)
+        child.turn = self.turn
+        child.budget_tokens = self.budget_tokens
+        child.focus.vector = None if self.focus.vector is None else self.focus.vector.copy()
+
+    # -- recovery ---------------------------------------------------------------------------
+    def candidates(self) -> list[Block]:
+        return self.recovery.candidates(self.table.blocks)
+
+    def recover(self, message: str, *, message_tokens: int, reply_reserve: int,
+                identity_hashes: set[str] = frozenset()) -> list[Block]:
+        """Bring back saved blocks this message needs, at the tail, before its tokens decode."""
+        started = time.perf_counter()
+        self.last_decide_s = 0.0
+        saved = self.candidates()
+        if not saved or self.settings.recovery_top_k == 0 and not identity_hashes:
+            return []
+        if self.settings.recovery_top_k == 0 or not self.embedder.enabled:
+            saved = [b for b in saved if b.hash in identity_hashes or (b.file_name and b.file_name in message)]
+        self.ensure_embeddings(saved)
+        residents = [b for b in self.table.resident if not b.shared]
+        self.ensure_embeddings(residents)
+        signal = RecallSignal(self.settings.recall_signal, query_text=self._query_text, query=self.query,
+                              saved=saved, residents=residents, embedder=self.embedder,
+                              user_margin=self.settings.recall_user_margin)
+        fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
+        room = int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve
+        picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
+                                  resident_best=signal.resident_best, top_k=self.settings.recovery_top_k,
+                                  room_tokens=max(0, room), identity_hashes=identity_hashes,
+                                  tie_break=self.attention.last if self.attention.enabled else None,
+                                  margin=self.settings.recovery_margin)
+        self.last_decide_s = time.perf_counter() - started
+        recovered: list[Block] = []
+        for pick in picks:
+            self.make_room(pick.block.n_tokens, current=recovered)
+            block = self._bring_back(pick, self._explain(pick, signal))
+            if block is None:
+                continue
+            recovered.append(block)
+            if pick.reason == "identity":
+                self.counters.identity_hits += 1
+        return recovered
+
+    def _explain(self, pick, signal: RecallSignal) -> dict:
+        """The signal values that chose `pick` (in its event and `stats().recovery_decisions`)."""
+        detail = {"turn": self.turn, "block": pick.block.name, "reason": pick.reason,
+                  "score": round(pick.similarity, 5), **signal.explain(pick.block)}
+        self.decisions.append(detail)
+        return detail
+
+    def _bring_back(self, pick: RecoveryPick, detail: dict) -> Block | None:
+        """Bring the picked block's content back at the tail the way the recovery backend says; the block now
+        resident, or None when it could not come back. `detail` goes into the recovery event."""
+        backend = self.recovery
+        if backend.brings_back == "bytes":
+            try:
+                self.restore_block(pick.block)
+            except RestoreError as exc:
+                self.record_event(EventKind.ERROR, f"could not restore {pick.block.name}: {exc}", pick.block)
+                return None
+            self.record_event(EventKind.RECOVERED, f"recovered {pick.block.name} ({pick.reason}, "
+                                                   f"similarity {pick.similarity:.2f})", pick.block, detail=detail)
+            return pick.block
+        if backend.brings_back == "marker":
+            return self.add_breadcrumb(pick.block, detail)
+        raise NotImplementedError(f"recovery {backend.name!r} brings nothing back")
+
+    def restore_block(self, block: Block) -> None:
+        """Splice a saved block's K/V back at the tail (RestoreError: still saved, or DROPPED if its bytes are
+        gone)."""
+        self.sequence.restore(block)
+        block.recoveries += 1
+        self.counters.recoveries += 1
+        self.counters.recovered_tokens += block.n_tokens
+
+    def add_breadcrumb(self, block: Block, detail: dict | None = None) -> Block:
+        """Decode a short marker of a dropped block's text at the tail; returns the marker block."""
+        marker = Breadcrumb.marker(block)
+        crumb = Block(name=f"breadcrumb:{block.name}", role="breadcrumb", turn=self.turn,
+                      tokens=self.rt.tokenize(marker, parse_special=False), text=marker)
+        self.append_decoded(crumb)
+        self.counters.breadcrumbs += 1
+        self.counters.recoveries += 1
+        self.record_event(EventKind.RECOVERED, f"breadcrumb for {block.name}", crumb, detail=detail)
+        return crumb
+
+    # -- settings ---------------------------------------------------------------------------
+    def adopt_settings(self, old: Settings, new: Settings) -> None:
+        """The settings changed (a `SettingsHub` subscriber, engine thread): later decisions read `new`, and a
+        new `budget_tokens` replaces this conversation's budget now (`set_budget`)."""
+        self.settings = self.scorer.s = new
+        self.focus.ema, self.focus.snap_cosine = new.focus_ema, new.focus_snap_cosine
+        if new.budget_tokens != old.budget_tokens:
+            self.set_budget(new.budget_tokens)
+
+    # -- budget -----------------------------------------------------------------------------
+    def set_budget(self, tokens: int) -> None:
+        """Adopt a new budget now (evicting to it); BudgetError, changing nothing, below `min_budget_tokens`."""
+        smallest = self.min_budget_tokens()
+        if tokens < smallest:
+            raise BudgetError(f"a budget of {tokens} tokens leaves too little room after the shared prefix "
+                              f"({self.prefix_tokens} tokens) for a reply: the smallest budget that works is "
+                              f"{smallest} tokens")
+        self.budget_tokens = tokens
+        if self.seq is not None and self.active_tokens > tokens:
+            self.evict_to(int(tokens * self.settings.low_watermark))
+            self.sequence.flush_pending_shifts()
+
+    # -- slot parking -----------------------------------------------------------------------
+    def park(self) -> None:
+        """Leave the slot: the slot's own tokens are saved as one image; shared cells stay shared."""
+        if self.seq is None:
+            raise InvariantError(f"conversation {self.id} is not in a slot: nothing to park")
+        self.sequence.park(self.turn)
+
+    def unpark(self, seq: int) -> None:
+        """Back into a slot whose prefix cells were already shared in: restore the image in place.
+        Raises RestoreError when the image is lost (the caller rebuilds the conversation)."""
+        self.sequence.unpark(seq)
+
+    # -- persistence ------------------------------------------------------------------------
+    def snapshot(self, prefix_key: str, history: list[dict]) -> Snapshot:
+        """Everything needed to bring this conversation back without a forward pass."""
+        image, ahead = self.sequence.image_bytes()
+        focus = None if self.focus.vector is None else [float(x) for x in self.focus.vector]
+        return Snapshot(conversation_id=self.id, prefix_key=prefix_key, turn=self.turn,
+                        budget_tokens=self.budget_tokens, history=history, blocks=self.table.blocks,
+                        image=image, saved=self.sequence.saved_bytes(), counters=asdict(self.counters), focus=focus,
+                        embedder=self.embedder.identity, ahead=ahead)
+
+    def load_snapshot(self, snapshot: Snapshot, prefix_tokens: int) -> None:
+        """Adopt a snapshot's table while out of a slot; `unpark` then restores its image."""
+        if self.seq is not None or self.table.blocks:
+            raise InvariantError("a snapshot is loaded into a fresh memory, out of any slot")
+        resident = sorted((b for b in snapshot.blocks if b.state is BlockState.RESIDENT), key=lambda b: b.pos)
+        shared = sum(b.n_tokens for b in resident if b.shared)
+        total = sum(b.n_tokens for b in resident)
+        if shared != prefix_tokens:
+            raise SnapshotError(f"snapshot prefix of {shared} tokens, current prefix {prefix_tokens}")
+        image_tokens = snapshot.image[2] if snapshot.image else 0
+        mismatch = total - shared + len(snapshot.ahead) != image_tokens
+        if mismatch or (snapshot.image and snapshot.image[1] != prefix_tokens):
+            raise SnapshotError("snapshot image does not match its block table")
+        self.sequence.load(snapshot.blocks, snapshot.saved, snapshot.image, snapshot.ahead, snapshot.turn)
+        self.turn = snapshot.turn
+        self.budget_tokens = max(snapshot.budget_tokens, min_budget_tokens(prefix_tokens, self.settings))  # old files
+        for key, value in snapshot.counters.items():
+            if hasattr(self.counters, key):
+                setattr(self.counters, key, value)
+        if snapshot.focus is not None:
+            self.focus.vector = np.asarray(snapshot.focus, dtype=np.float32)
+
+    def adopt_embedder(self, embedder: Embedder, focus: list[float] | None) -> None:
+        """Switch embedder: every vector of the old one is dropped (recomputed on demand), focus replaced."""
+        self.embedder = embedder
+        for block in self.table.blocks:
+            block.embedding = None
+        self.set_query(self._query_text)
+        self.focus.vector = None if focus is None else np.asarray(focus, dtype=np.float32)
+
+    def release(self) -> None:
+        """Forget every byte this conversation holds (slot cells and pool entries)."""
+        self.sequence.release()
+
+    def memory_location(self) -> str:
+        return self.sequence.location()
+
+    def check(self) -> None:
+        self.sequence.check()
+
+    def _block_summaries(self) -> Iterator[dict]:
+        """`Block.summary()` of every block, with its attention share when the capture is on: current for
+        resident blocks, last known for saved ones (the memory panel's Attention column)."""
+        if not self.attention.enabled:
+            yield from (b.summary() for b in self.table.blocks)
+            return
+        self.attention.refresh(self.seq, self.table.resident, self.settings.attention_aggregation)
+        for block in self.table.blocks:
+            share = self.attention.value(block)
+            if share is None and not block.shared:
+                share = self.attention.last_known.get(block.name)
+            yield {**block.summary(), "attention": share}
+
+    def stats(self) -> ConversationStats:
+        c = self.counters
+        return ConversationStats(
+            conversation_id=self.id, active_tokens=self.active_tokens, budget_tokens=self.budget_tokens,
+            cached_tokens=self.cached_tokens(), prefix_tokens=self.prefix_tokens, evictions=c.evictions,
+            recoveries=c.recoveries, evicted_tokens=c.evicted_tokens, recovered_tokens=c.recovered_tokens,
+            identity_hits=c.identity_hits, max_active_at_turn_end=c.max_active_at_turn_end,
+            prefill_tokens=c.prefill_tokens, turn=self.turn, memory=self.memory_location(),
+            recovery=self.settings.recovery, blocks=tuple(self._block_summaries()),
+            events=tuple(e.as_dict() for e in list(self.events)[-50:]),
+            recovery_decisions=tuple(self.decisions))

@@ -1,0 +1,205 @@
+"""Recovery signals that see facts, not block averages: line-level dense max-similarity, BM25 over
+lines (SQLite FTS5), their reciprocal-rank fusion, and the margin rule for the user's own messages.
+
+Invariants: pure ranking over plain blocks and one embedder (no llama.cpp); line vectors are cached
+per embedder by block content hash (an embedder switch never mixes vectors); mode "block" reproduces
+the one-vector-per-block cosine exactly; every score a decision used is returned by `explain`.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterable
+
+import numpy as np
+
+from ..kvcache.blocks import Block
+from ..settings import RECALL_SIGNALS as SIGNALS
+from .embedder import Embedder
+
+RRF_K = 60                        # the usual reciprocal-rank-fusion constant (Cormack et al.)
+CACHE_BLOCKS = 4096               # line vectors kept per embedder (LRU by block content hash)
+_MARKUP = re.compile(r"<\|[^|>]*\|>")
+_ROLE_LINE = re.compile(r"^(system|user|assistant|tool)$")
+_WORD = re.compile(r"[A-Za-z0-9]+")
+STOPWORDS = frozenset({
+    "a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "does", "for", "from", "how", "i", "in",
+    "is", "it", "its", "me", "my", "of", "on", "or", "our", "so", "that", "the", "their", "them", "there",
+    "this", "to", "was", "we", "what", "when", "where", "which", "who", "whom", "why", "will", "with", "you",
+    "your", "answer", "exact", "please", "reply", "just"})
+
+_line_cache: weakref.WeakKeyDictionary[Embedder, OrderedDict[str, tuple[list[str], np.ndarray | None]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def block_lines(text: str) -> list[str]:
+    """The block's text as lines (long ones cut at sentence ends), template markup dropped; very short
+    lines are joined to the next one so a heading or an 'OK' never stands as a fact of its own."""
+    text = _MARKUP.sub("\n", text)
+    pieces: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or _ROLE_LINE.match(line):
+            continue
+        if len(line) > 240:
+            pieces.extend(s.strip() for s in re.split(r"(?<=[.!?])\s+", line) if s.strip())
+        else:
+            pieces.append(line)
+    merged: list[str] = []
+    carry = ""
+    for piece in pieces:
+        piece = f"{carry} {piece}".strip() if carry else piece
+        if len(piece) < 24:
+            carry = piece
+            continue
+        merged.append(piece)
+        carry = ""
+    if carry:
+        if merged:
+            merged[-1] = f"{merged[-1]} {carry}"
+        else:
+            merged.append(carry)
+    return merged
+
+
+def line_vectors(embedder: Embedder, blocks: Iterable[Block]) -> dict[str, tuple[list[str], np.ndarray | None]]:
+    """Lines and their unit vectors for each block (by content hash), embedded in one batch where missing."""
+    cache = _line_cache.setdefault(embedder, OrderedDict())
+    blocks = [b for b in blocks if b.text.strip()]
+    missing: dict[str, list[str]] = {}
+    for block in blocks:
+        if block.hash in cache:
+            cache.move_to_end(block.hash)
+        elif block.hash not in missing:
+            missing[block.hash] = block_lines(block.text)
+    if missing:
+        flat = [line for lines in missing.values() for line in lines]
+        vectors = embedder.embed(flat) if flat else None
+        at = 0
+        for key, lines in missing.items():
+            cache[key] = (lines, None if vectors is None else vectors[at:at + len(lines)])
+            at += len(lines)
+        while len(cache) > CACHE_BLOCKS:
+            cache.popitem(last=False)
+    return {b.hash: cache[b.hash] for b in blocks if b.hash in cache}
+
+
+def query_terms(text: str) -> list[str]:
+    seen: list[str] = []
+    for word in _WORD.findall(text.lower()):
+        if len(word) > 1 and word not in STOPWORDS and word not in seen:
+            seen.append(word)
+    return seen
+
+
+def bm25_by_block(lines: dict[str, list[str]], query: str) -> dict[str, float]:
+    """Best-line BM25 (FTS5, Porter stemming) of each block key for the query's terms; higher is better."""
+    terms = query_terms(query)
+    if not terms:
+        return {}
+    db = sqlite3.connect(":memory:")
+    try:
+        db.execute("CREATE VIRTUAL TABLE lines USING fts5(block UNINDEXED, body, tokenize='porter unicode61')")
+        db.executemany("INSERT INTO lines(block, body) VALUES (?, ?)",
+                       [(key, line) for key, block_lines_ in lines.items() for line in block_lines_])
+        match = " OR ".join(f'"{t}"' for t in terms)
+        best: dict[str, float] = {}
+        for key, rank in db.execute("SELECT block, bm25(lines) FROM lines WHERE lines MATCH ?", (match,)):
+            best[key] = max(best.get(key, 0.0), -float(rank))    # FTS5's bm25 is negative: lower is better
+        return best
+    finally:
+        db.close()
+
+
+def _ranks(values: dict[Block, float]) -> dict[Block, int]:
+    order = sorted(values, key=lambda k: values[k], reverse=True)
+    return {key: i + 1 for i, key in enumerate(order)}
+
+
+class RecallSignal:
+    """Scores for one recovery decision over saved candidates and resident blocks (the gate)."""
+
+    def __init__(self, mode: str, *, query_text: str, query: np.ndarray | None, saved: list[Block],
+                 residents: list[Block], embedder: Embedder, user_margin: float = 0.0) -> None:
+        if mode not in SIGNALS:
+            raise ValueError(f"recall signal {mode!r}: choose one of {', '.join(SIGNALS)}")
+        self.mode = mode
+        self.details: dict[Block, dict] = {}
+        pool = [*saved, *residents]
+        block_cos = {b: _cos(b.embedding, query) for b in pool}
+        dense = dict(block_cos)
+        best_line: dict[Block, str] = {}
+        if mode.startswith("lines") and query is not None and embedder.enabled:
+            vectors = line_vectors(embedder, pool)
+            for block in pool:
+                lines, matrix = vectors.get(block.hash, ([], None))
+                if matrix is not None and len(lines):
+                    sims = matrix @ query
+                    i = int(np.argmax(sims))
+                    dense[block] = float(sims[i])
+                    best_line[block] = lines[i]
+        lexical: dict[Block, float] = {}
+        if mode.endswith("+lexical"):
+            by_hash = bm25_by_block({b.hash: block_lines(b.text) for b in pool}, query_text)
+            lexical = {b: by_hash[b.hash] for b in pool if b.hash in by_hash}
+        if lexical:
+            dense_rank, lexical_rank = _ranks(dense), _ranks(lexical)
+            score = {key: 1 / (RRF_K + dense_rank[key]) + (1 / (RRF_K + lexical_rank[key]) if key in lexical else 0.0)
+                     for key in dense}
+        else:
+            dense_rank, lexical_rank, score = _ranks(dense), {}, dict(dense)
+        self.score_of = score
+        for block in pool:
+            detail = {"signal": mode, "block_cosine": round(block_cos[block], 3)}
+            if block in best_line:
+                detail.update(line_cosine=round(dense[block], 3), best_line=best_line[block][:100])
+            if mode.endswith("+lexical"):
+                detail.update(bm25=round(lexical.get(block, 0.0), 3), dense_rank=dense_rank[block],
+                              lexical_rank=lexical_rank.get(block), fused=round(score[block], 5))
+            self.details[block] = detail
+        self._gate_user(saved, dense, score, user_margin)
+        self.resident_best: dict[str, float] = {}
+        for block in residents:
+            self.resident_best[block.role] = max(score[block], self.resident_best.get(block.role, -1.0))
+
+    def _gate_user(self, saved: list[Block], dense: dict[Block, float], score: dict[Block, float],
+                   margin: float) -> None:
+        """A saved user message competes only as the best saved match by `margin` (dense similarity):
+        the user's own wording ('here are my files') otherwise outranks the chunk that holds the fact."""
+        if margin <= 0 or not saved:
+            return
+        top = max(saved, key=lambda b: score[b])
+        for block in saved:
+            if block.role != "user":
+                continue
+            rivals = [dense[b] for b in saved if b is not block and b.role != "user"]
+            ok = block is top and (not rivals or dense[block] >= max(rivals) + margin)
+            if not ok:
+                score[block] = -1.0
+                self.details[block]["user_margin_blocked"] = True
+
+    def similarity(self, block: Block) -> float:
+        return self.score_of.get(block, -1.0)
+
+    def explain(self, block: Block) -> dict:
+        return dict(self.details.get(block, {}))
+
+
+def _cos(a: np.ndarray | None, b: np.ndarray | None) -> float:
+    if a is None or b is None:
+        return 0.0
+    return float(a @ b)
+
+
+def prepare(embedder: Embedder, mode: str, blocks: Iterable[Block]) -> None:
+    """Embed the lines of `blocks` now (turn end), so a later recovery finds them cached."""
+    if mode.startswith("lines") and embedder.enabled:
+        line_vectors(embedder, blocks)
+
+
+def clear_cache(embedder: Embedder) -> None:
+    """Forget the line vectors cached for `embedder` (a bench measuring one conversation's own costs)."""
+    _line_cache.pop(embedder, None)

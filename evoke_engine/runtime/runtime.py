@@ -1,0 +1,373 @@
+"""The one llama.cpp model and its contexts: load, tokenize, decode in chunks, sample.
+
+Invariants: every method runs on the thread that constructed the Runtime (asserted, so a
+call from the GUI thread fails loudly); a decode never mixes sequences unless asked. Sequences:
+one per slot, the prefixes, one scratch, numbered alike in every context. With `slot_contexts`
+each slot has a context of its own (one model, `slots` contexts of n_ctx / slots cells), so a turn
+attends over its own conversation only; the prefixes live in context 0 and the scratch sequence is
+used in the context of the sequence it serves. Without it, one unified context holds every slot.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as ll
+import numpy as np
+
+from ..errors import ContextFullError, ModelLoadError
+from ..settings import Settings
+from . import device, rpc, rpc_placement
+from .model_file import (  # noqa: F401 - re-exported: callers import these from runtime
+    GGUF_MAGIC,
+    _quiet_llama_logs,
+    check_model_file,
+    cpu_has_amx,
+    default_model_path,
+    resolve_flash_attention,
+    safe_model_params,
+)
+
+log = logging.getLogger(__name__)
+
+PREFIX_SEQS = 2
+_KV_TYPES = {"f16": ll.GGML_TYPE_F16, "q8_0": ll.GGML_TYPE_Q8_0}
+_FLASH = {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+          "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    name: str
+    description: str
+    n_params: int
+    size_bytes: int
+    n_layer: int
+    n_ctx: int
+    n_ctx_train: int
+    device: str                  # "CUDA0 (NVIDIA GeForce RTX 4090)" or "CPU (...)"
+    device_kind: str             # "cuda" or "cpu"
+    device_notice: str           # why a CUDA build runs on the CPU, else ""
+    n_gpu_layers: int            # layers whose weights (and KV) live on the GPU
+    vram_weights_bytes: int
+    vram_kv_bytes: int
+    vram_total_bytes: int
+    vram_free_bytes: int         # when the model was loaded
+    kv_cache_type: str
+    kv_bytes_per_token: int
+    flash_attention: str         # "on" or "off", as resolved
+    contexts: int                # llama.cpp contexts (one per slot, or one for all)
+    eviction_supported: bool
+    eviction_note: str
+    devices: tuple[rpc_placement.DeviceShare, ...] = ()   # with remote devices: each device, its memory and layers
+
+
+class Runtime:
+    """Owns the llama.cpp model, context, vocabulary and a reusable batch."""
+
+    def __init__(self, settings: Settings, *, eval_callback=None) -> None:
+        """`eval_callback`: an object with `cb_eval` (a ggml_backend_sched_eval_callback) and `user_data`,
+        installed on the context and kept alive with it (the attention capture)."""
+        self.owner = threading.current_thread()
+        self.settings = settings
+        path = Path(settings.model_path) if settings.model_path else default_model_path()
+        check_model_file(path)
+        self.model_path = path
+        # Sequences: one per slot, PREFIX_SEQS shared prefixes, then one scratch sequence.
+        self.prefix_seqs = list(range(settings.slots, settings.slots + PREFIX_SEQS))
+        self.scratch_seq = settings.slots + PREFIX_SEQS
+        self.n_seq_max = self.scratch_seq + 1
+
+        _quiet_llama_logs()
+        self.device = device.detect()
+        ll.llama_backend_init()
+        mparams = safe_model_params()
+        self.remote_watch: rpc.RemoteWatch | None = None
+        self.placement = rpc_placement.plan(settings, self.device, path,
+                                            self.gpu_layers_requested(settings, self.device))
+        self.placement.apply(mparams)
+        self.model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self.model:
+            remote = ", ".join(self.placement.endpoints)
+            where = f" across {remote} and this machine" if remote else ""
+            raise ModelLoadError(f"llama.cpp could not load the model{where} (corrupt or unsupported GGUF, or a "
+                                 f"device without room): {path}")
+        self.vocab = ll.llama_model_get_vocab(self.model)
+
+        self.flash_attention = resolve_flash_attention(settings.flash_attention, settings.kv_cache_type,
+                                                       self.device.on_gpu)
+        self.n_contexts = settings.slots if settings.slot_contexts else 1
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = settings.n_ctx // self.n_contexts
+        cparams.n_batch = settings.n_batch
+        cparams.n_ubatch = settings.n_batch
+        cparams.n_seq_max = self.n_seq_max
+        threads = settings.n_threads or device.auto_threads()
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.type_k = _KV_TYPES[settings.kv_cache_type]
+        cparams.type_v = _KV_TYPES[settings.kv_cache_type]
+        cparams.flash_attn_type = _FLASH[self.flash_attention]
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        self._eval_callback = eval_callback
+        if eval_callback is not None:
+            cparams.cb_eval, cparams.cb_eval_user_data = eval_callback.cb_eval, eval_callback.user_data
+        self.before_decode = None           # called with the sequence before each decode (the capture's target)
+        self.contexts: list = []            # llama_context pointers, one per slot or one for all
+        for _ in range(self.n_contexts):
+            ctx = ll.llama_init_from_model(self.model, cparams)
+            if not ctx:
+                self.close()
+                raise ModelLoadError(
+                    f"llama.cpp could not create a context of {cparams.n_ctx} tokens "
+                    f"(out of memory? try a smaller context or KV cache type q8_0): {path}")
+            self.contexts.append(ctx)
+        self._memories = [ll.llama_get_memory(ctx) for ctx in self.contexts]
+        if self.placement.endpoints:        # llama.cpp's connections to the workers exist now: watch them
+            self.remote_watch = rpc.RemoteWatch(self.placement.endpoints)
+        self.n_ctx_per_context = ll.llama_n_ctx(self.contexts[0])
+        self.n_ctx = self.n_ctx_per_context * self.n_contexts
+        self._last_context = 0
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self._batch_capacity = settings.n_batch
+        self._batch = ll.llama_batch_init(self._batch_capacity, 0, self.n_seq_max)
+        self.eviction_note = self._detect_cache_kind()
+        self.eviction_supported = self.eviction_note == ""
+        self._token_piece_cache: dict[int, bytes] = {}
+        if self.device.on_gpu:
+            self.device = device.detect()          # free VRAM now that weights and KV are placed
+
+    @staticmethod
+    def gpu_layers_requested(settings: Settings, dev: device.DeviceInfo) -> int:
+        """Layers to offload: all (-1) by default on a GPU, none on the CPU."""
+        if not dev.on_gpu:
+            return 0
+        return settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999
+
+    def gpu_layers(self) -> int:
+        """Repeating layers placed on the GPU (llama.cpp offloads the output layer past n_layer)."""
+        n_layer = ll.llama_model_n_layer(self.model)
+        return min(n_layer, self.gpu_layers_requested(self.settings, self.device))
+
+    # -- contexts ---------------------------------------------------------------------------
+    def context_of(self, seq: int) -> int:
+        """The context a sequence lives in: its slot's own with `slot_contexts`; prefixes and scratch: 0."""
+        return seq if self.n_contexts > 1 and seq < self.settings.slots else 0
+
+    def ctx(self, context: int):
+        """A context, for a call that computes or moves K/V bytes: RemoteDeviceLost once a worker has gone
+        (llama.cpp's RPC client would abort the process on the lost connection)."""
+        if self.remote_watch is not None:
+            self.remote_watch.check()
+        return self.contexts[context]
+
+    def memory(self, context: int):
+        return self._memories[context]
+
+    @property
+    def last_ctx(self):
+        """The context of the last decode (whose logits the sampler reads)."""
+        return self.contexts[self._last_context]
+
+    # -- identity ---------------------------------------------------------------------------
+    def _check_thread(self) -> None:
+        if threading.current_thread() is not self.owner:
+            raise RuntimeError(f"llama.cpp called from thread {threading.current_thread().name!r}; "
+                               f"only {self.owner.name!r} may touch the context")
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = ll.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            ll.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def _detect_cache_kind(self) -> str:
+        """'' when the cache supports block eviction, else why not (recurrent, hybrid, SWA)."""
+        if ll.llama_model_is_recurrent(self.model):
+            return "recurrent model (state, not per-token KV): eviction disabled"
+        if hasattr(ll, "llama_model_is_hybrid") and ll.llama_model_is_hybrid(self.model):
+            return "hybrid recurrent/attention model: eviction disabled"
+        if ll.llama_model_n_swa(self.model) > 0:
+            return "sliding-window attention cache: eviction disabled"
+        rope = ll.llama_model_rope_type(self.model)
+        if rope == ll.LLAMA_ROPE_TYPE_NONE:
+            return "model without RoPE: re-anchoring impossible, eviction disabled"
+        return ""
+
+    def info(self) -> ModelInfo:
+        desc = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self.model, desc, len(desc))
+        n_layer = ll.llama_model_n_layer(self.model)
+        on_gpu = self.gpu_layers()
+        share = on_gpu / max(1, n_layer)
+        return ModelInfo(
+            path=str(self.model_path),
+            name=self.meta("general.name") or self.model_path.stem,
+            description=desc.value.decode("utf-8", "replace"),
+            n_params=ll.llama_model_n_params(self.model),
+            size_bytes=ll.llama_model_size(self.model),
+            n_layer=n_layer,
+            n_ctx=self.n_ctx,
+            n_ctx_train=ll.llama_model_n_ctx_train(self.model),
+            device=self.device.label(),
+            device_kind=self.device.kind,
+            device_notice="; ".join(filter(None, [self.device.notice, *self.placement.notices])),
+            n_gpu_layers=on_gpu,
+            vram_weights_bytes=int(ll.llama_model_size(self.model) * share),
+            vram_kv_bytes=int(self.n_ctx * self.kv_bytes_per_token() * share),
+            vram_total_bytes=self.device.vram_total_bytes,
+            vram_free_bytes=self.device.vram_free_bytes,
+            kv_cache_type=self.settings.kv_cache_type,
+            kv_bytes_per_token=self.kv_bytes_per_token(),
+            flash_attention=self.flash_attention,
+            contexts=self.n_contexts,
+            eviction_supported=self.eviction_supported,
+            eviction_note=self.eviction_note,
+            devices=self.placement.shares,
+        )
+
+    def kv_bytes_per_token(self) -> int:
+        n_layer = ll.llama_model_n_layer(self.model)
+        n_embd = ll.llama_model_n_embd(self.model)
+        n_head = max(1, ll.llama_model_n_head(self.model))
+        n_head_kv = max(1, ll.llama_model_n_head_kv(self.model))
+        kv_dim = n_embd // n_head * n_head_kv
+        per_value = 2.0 if self.settings.kv_cache_type == "f16" else 34 / 32
+        return int(2 * n_layer * kv_dim * per_value)
+
+    # -- text -------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        self._check_thread()
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def tokenize_parts(self, parts: Iterable[tuple[str, bool]]) -> list[int]:
+        """Tokens of (text, special) pieces in order: only pieces marked special may yield special tokens
+        (the template's markup); the rest (what a user, a file, a tool or a reply wrote) is plain text."""
+        return [t for text, special in parts if text for t in self.tokenize(text, parse_special=special)]
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._token_piece_cache.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            piece = buf.raw[:n]
+            self._token_piece_cache[token] = piece
+        return piece
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    def token_text(self, key: str) -> str:
+        """The text of a special token named in metadata (bos / eos), or ''."""
+        getter = {"bos": ll.llama_vocab_bos, "eos": ll.llama_vocab_eos}[key]
+        token = getter(self.vocab)
+        if token < 0:
+            return ""
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:max(n, 0)].decode("utf-8", "replace")
+
+    # -- decode -----------------------------------------------------------------------------
+    def decode(self, tokens: list[int], seq: int, start_pos: int, *, logits_last: bool = True,
+               cancel: threading.Event | None = None, on_chunk=None, context: int | None = None) -> None:
+        """Decode `tokens` into `seq` at positions start_pos.., in chunks of n_batch, in the sequence's
+        context (or `context`, for the scratch sequence serving another context).
+
+        Raises DecodeError when the context has no room. `on_chunk(done)` is told progress.
+        """
+        self._check_thread()
+        batch = self._batch
+        context = self.context_of(seq) if context is None else context
+        ctx = self.ctx(context)
+        self._last_context = context
+        total = len(tokens)
+        if self.before_decode is not None:
+            self.before_decode(seq)
+        done = 0
+        while done < total:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+            n = min(self._batch_capacity, total - done)
+            for i in range(n):
+                batch.token[i] = tokens[done + i]
+                batch.pos[i] = start_pos + done + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = 0
+            if logits_last and done + n == total:
+                batch.logits[n - 1] = 1
+            batch.n_tokens = n
+            rc = ll.llama_decode(ctx, batch)
+            if rc != 0:
+                raise DecodeError(rc, self.n_ctx_per_context)
+            done += n
+            if self.remote_watch is not None and done < total:
+                self.remote_watch.check()
+            if on_chunk is not None:
+                on_chunk(done)
+
+    def logits(self, index: int = -1) -> np.ndarray:
+        """Copy of the logits row of the last decoded token (or batch row `index`)."""
+        self._check_thread()
+        ptr = ll.llama_get_logits_ith(self.last_ctx, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def close(self) -> None:
+        watch = getattr(self, "remote_watch", None)
+        if watch is not None and watch.lost:
+            # Freeing would send llama.cpp's RPC client to the lost worker, and it aborts the process when it
+            # cannot: the model, its contexts and its batch are left allocated until the process ends.
+            log.warning("leaving the model allocated: its remote device(s) %s went away", ", ".join(watch.lost))
+            self.contexts, self._batch, self.model = [], None, None
+            return
+        if getattr(self, "_batch", None) is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        for ctx in getattr(self, "contexts", []):
+            ll.llama_free(ctx)
+        self.contexts = []
+        if getattr(self, "model", None):
+            ll.llama_model_free(self.model)
+            self.model = None
+
+
+class Cancelled(Exception):
+    """Generation or decoding stopped at the caller's request."""
+
+
+class DecodeError(ContextFullError):
+    def __init__(self, rc: int, n_ctx: int) -> None:
+        reason = {1: "the context is full (no free KV cells)", 2: "aborted", -1: "invalid batch"}.get(
+            rc, f"llama_decode returned {rc}")
+        super().__init__(f"decode failed: {reason}; the context holds {n_ctx} tokens. "
+                         "Raise the context length, lower the budget or the slot count, or turn eviction on.")
+        self.rc = rc
+
+
+__all__ = ["Runtime", "ModelInfo", "Cancelled", "DecodeError",
+           "default_model_path", "check_model_file"]
