@@ -1,8 +1,13 @@
 """Issue 25's layering rule, checked on the source: below engine.py no module refers to `Engine` (imports or
-annotations); the conversation handle, the package entry points, the server and the benches may."""
+annotations); the conversation handle, the package entry points, the server and the benches may. Every import
+(lazy and TYPE_CHECKING ones included, no exemptions) goes down the layers runtime < kvcache < memory <
+conversations < the top level (engine, conversation, worker, scheduler, server/, bench/); store/ and the shared
+leaves (settings, settings_hub, errors, events, stats, package_files, rpc_split) may be imported from anywhere and
+import only each other; only runtime/ and bench/ import llama_cpp."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -35,3 +40,75 @@ def test_the_conversation_handle_calls_only_public_engine_methods():
     used = set(re.findall(r"self\.engine\.(\w+)", source))
     assert used and all(not name.startswith("_") for name in used)
     assert not used & {"history", "thread", "lifecycle", "model", "turns"}, "engine-thread state, not methods"
+
+
+# -- issue 25's layout: each subpackage imports only the layers below it -------------------------------------------
+LAYERS = ("runtime", "kvcache", "memory", "conversations")          # lowest first; the top level sits above them
+LEAVES = {"settings", "settings_hub", "errors", "events", "stats", "package_files", "rpc_split", "store"}
+LLAMA_CPP_FOLDERS = {"runtime", "bench"}
+
+
+def _module_of(path: Path) -> list[str]:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute dotted name) of every import in the file, lazy and TYPE_CHECKING ones included; for
+    `from X import a` both X and X.a (a may be a submodule)."""
+    package = ["evoke_engine", *_module_of(path)][: None if path.name == "__init__.py" else -1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found += [(node.lineno, module)] + [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _place(parts: list[str]) -> str:
+    """A module's place: one of LAYERS, "leaf" (store and the shared top-level leaves) or "top"."""
+    if parts and parts[0] in LAYERS:
+        return parts[0]
+    return "leaf" if parts and parts[0] in LEAVES else "top"
+
+
+def _allowed(source: str, target: str) -> bool:
+    if target == "leaf" or source == "top":
+        return True
+    if source == "leaf":
+        return False
+    return target != "top" and LAYERS.index(target) <= LAYERS.index(source)
+
+
+def test_every_module_imports_only_its_own_layer_and_those_below():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = _place(_module_of(path))
+        for line, name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "evoke_engine" and not _allowed(source, _place(parts[1:])):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{line}: {source} imports {name}")
+    assert not offenders, "upward imports:\n" + "\n".join(sorted(set(offenders)))
+
+
+def test_only_the_runtime_and_the_benches_import_llama_cpp():
+    offenders = [f"{path.relative_to(PACKAGE)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+                 if path.relative_to(PACKAGE).parts[0] not in LLAMA_CPP_FOLDERS
+                 for line, name in _imports(path) if name.split(".")[0] == "llama_cpp"]
+    assert not offenders, "llama_cpp imported outside runtime/ and bench/: " + ", ".join(offenders)
+    assert any(name.startswith("llama_cpp") for _, name in _imports(PACKAGE / "runtime" / "runtime.py"))
+
+
+def test_the_layer_packages_import_nothing_at_their_top():
+    """`import evoke_engine.memory` costs nothing: no re-exports, so nothing pulls llama.cpp in by accident."""
+    for layer in LAYERS:
+        assert _imports(PACKAGE / layer / "__init__.py") == [], layer
+
+
+def test_the_layer_rule_sees_an_upward_import():
+    assert _place(["runtime", "kv"]) == "runtime" and _place(["store", "history"]) == "leaf"
+    assert not _allowed("kvcache", "memory") and not _allowed("conversations", "top")
+    assert not _allowed("leaf", "runtime") and _allowed("memory", "runtime") and _allowed("runtime", "leaf")
