@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--n-gpu-layers", type=int, default=-1)
     p.add_argument("--rpc", help="also split the model across RPC workers: auto (two on 127.0.0.1) or host:port,...")
+    p.add_argument("--flash-attention", default="auto", choices=("auto", "on", "off"))
     p = sub.add_parser("pool", help="host pool at 16 and 8 bits: bytes, pack/unpack time, logits after a splice")
     p.add_argument("--docs", type=int, default=6)
     p.add_argument("--trials", type=int, default=9)
@@ -153,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         from .restore import run
 
         result = run(tuple(int(s) for s in args.sizes.split(",")), trials=args.trials, n_ctx=args.n_ctx,
-                     model_path=args.model, n_gpu_layers=args.n_gpu_layers, rpc=args.rpc)
+                     model_path=args.model, n_gpu_layers=args.n_gpu_layers, rpc=args.rpc,
+                     flash_attention=args.flash_attention)
     elif args.name == "pool":
         from .pool import run
 

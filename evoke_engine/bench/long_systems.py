@@ -20,6 +20,8 @@ from pathlib import Path
 
 from ..conversations.turn import render_user_content
 from ..engine import Engine
+from ..kvcache.blocks import Block, BlockState
+from ..kvcache.pool import SavedPool
 from ..settings import Settings
 from .llama_server import LlamaServer
 
@@ -116,8 +118,8 @@ class EvokeLong:
         """Bytes the pool holds per token it holds, in RAM and on disk, against the cache type's raw K/V bytes."""
         def read() -> dict:
             pool = self.engine.pool
-            ram = [(b, pool.nbytes(b)) for b in pool_blocks(pool, "ram")]
-            disk = [(b, pool.nbytes(b)) for b in pool_blocks(pool, "disk")]
+            ram = [(b, pool.nbytes(b)) for b in pool_blocks(pool, BlockState.RAM)]
+            disk = [(b, pool.nbytes(b)) for b in pool_blocks(pool, BlockState.DISK)]
             return {"ram_blocks": len(ram), "ram_tokens": sum(b.n_tokens for b, _ in ram),
                     "ram_bytes": pool.ram_bytes, "disk_blocks": len(disk),
                     "disk_tokens": sum(b.n_tokens for b, _ in disk), "spill_bytes": pool.spill_bytes,
@@ -138,10 +140,9 @@ class EvokeLong:
         self.engine.close()
 
 
-def pool_blocks(pool, where: str) -> list:
+def pool_blocks(pool: SavedPool, where: BlockState) -> list[Block]:
     """The blocks the pool holds in RAM or on disk (slot images excluded)."""
-    entries = pool._ram.values() if where == "ram" else pool._disk.values()   # noqa: SLF001 - the bench's own view
-    return [entry[0] for entry in entries if entry[0].role != "image"]
+    return [block for block in pool.held(where) if block.role != "image"]
 
 
 class ServerLong:

@@ -106,7 +106,8 @@ def _run_one(settings: Settings, sizes: tuple[int, ...], trials: int, context_to
         rows = [measure(rt, kv, n, trials, max(context_tokens, n + 64)) for n in sizes]
         info = rt.info()
         return {"bench": "restore", "model": info.name, "model_desc": info.description, "device": info.device,
-                "n_ctx": rt.n_ctx, "kv_cache_type": settings.kv_cache_type, "trials": trials,
+                "n_ctx": rt.n_ctx, "kv_cache_type": settings.kv_cache_type, "flash_attention": rt.flash_attention,
+                "trials": trials,
                 "native_reanchor": kv.geometry is not None, "reanchor_note": kv.reanchor_note,
                 "devices": [d.as_dict() for d in info.devices], "rows": rows}
     finally:
@@ -114,10 +115,12 @@ def _run_one(settings: Settings, sizes: tuple[int, ...], trials: int, context_to
 
 
 def run(sizes: tuple[int, ...] = SIZES, trials: int = 5, n_ctx: int = 4096, model_path: str | None = None,
-        context_tokens: int = 1536, n_gpu_layers: int = -1, rpc: str | None = None) -> dict:
+        context_tokens: int = 1536, n_gpu_layers: int = -1, rpc: str | None = None,
+        flash_attention: str = "auto") -> dict:
     """`rpc`: also measure the model split evenly across this machine and RPC workers (`auto`: two started on
     127.0.0.1), after the local model in the same run, with the split/local ratios per size."""
-    settings = Settings(model_path=model_path, n_ctx=n_ctx, slots=2, n_gpu_layers=n_gpu_layers)
+    settings = Settings(model_path=model_path, n_ctx=n_ctx, slots=2, n_gpu_layers=n_gpu_layers,
+                        flash_attention=flash_attention)
     result = _run_one(settings, sizes, trials, context_tokens)
     if not rpc:
         return result

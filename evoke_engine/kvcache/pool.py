@@ -184,6 +184,10 @@ class SavedPool:
             return BlockState.RAM
         return BlockState.DISK if block in self._disk else None
 
+    def held(self, where: BlockState) -> list[Block]:
+        """The blocks whose bytes the pool holds in RAM or on disk (`where`), oldest first."""
+        return list(self._ram if where is BlockState.RAM else self._disk)
+
     def put(self, block: Block, saved: SavedKV, owner: BytesOwner | None = None) -> BlockState:
         """Hold the bytes of `block` (`owner` is told when they move later); returns where they are now: RAM,
         DISK (spilled at once) or DROPPED (no room for them anywhere)."""
