@@ -56,8 +56,17 @@ def _full_context(session: LongSession) -> int:
     return -(-int(session.estimated_tokens * 1.2 + 2048) // 1024) * 1024
 
 
+def _context_length_override(n_ctx: int, model: dict | None) -> list[str]:
+    """llama-server caps a slot's context at the model's training context: past it, the whole-conversation
+    server is told a longer one (positions past training are out of distribution for its replies, which this
+    bench does not judge; its speed is what is measured)."""
+    if not model or not model.get("architecture") or n_ctx <= model.get("n_ctx_train", n_ctx):
+        return []
+    return ["--override-kv", f"{model['architecture']}.context_length=int:{n_ctx}"]
+
+
 def _start(label: str, session: LongSession, server: str | None, threads: int, ram_mib: int, flash: str,
-           shift_ctx: int):
+           shift_ctx: int, model: dict | None = None):
     if label in EVOKE_SYSTEMS:
         spec = EVOKE_SYSTEMS[label]
         ram = ram_mib * MIB if spec.get("small_ram") else None
@@ -67,7 +76,8 @@ def _start(label: str, session: LongSession, server: str | None, threads: int, r
         return IsolatedSystem(LlamaCppPythonLong, _full_context(session), threads, Settings().n_batch)
     common = ["--cache-ram", "0", "-fa", flash]
     if label == "llama_server_full":
-        return ServerLong(server, _full_context(session), threads, common, window=False)
+        n_ctx = _full_context(session)
+        return ServerLong(server, n_ctx, threads, [*common, *_context_length_override(n_ctx, model)], window=False)
     return ServerLong(server, shift_ctx, threads, [*common, "--context-shift", "--cache-reuse", "256"], window=True)
 
 
@@ -182,13 +192,16 @@ def run(*, seed: int = 0, tokens: int | None = None, quick: bool = False, system
     with contextlib.ExitStack() as stack:
         live = {}
         flash = "off"
+        model: dict | None = None       # the model as an Evoke system describes it
         for label in systems:           # Evoke first: the servers take its resolved flash attention
-            system = _start(label, session, server, threads, ram_mib, flash, shift_ctx)
+            system = _start(label, session, server, threads, ram_mib, flash, shift_ctx, model)
             stack.callback(system.close)
             live[label] = system
             described[label] = system.describe() if isinstance(system, ServerLong) else system.call("describe")
             if label in EVOKE_SYSTEMS and EVOKE_SYSTEMS[label].get("kv_cache_type", "f16") == "f16":
                 flash = described[label]["flash_attention"]
+            if label in EVOKE_SYSTEMS:
+                model = model or described[label]
         labels = list(live)
         for i, turn in enumerate(turns):
             for label in labels[i % len(labels):] + labels[:i % len(labels)]:

@@ -70,7 +70,8 @@ class EvokeLong:
                 "contexts": info.contexts, "flash_attention": info.flash_attention,
                 "kv_cache_type": info.kv_cache_type, "raw_kv_bytes_per_token": info.kv_bytes_per_token,
                 "model_bytes": info.size_bytes, "ram_budget_bytes": self.engine.pool.ram_budget_bytes,
-                "pool_bits": self.engine.pool.bits, "threads": self.settings.n_threads}
+                "pool_bits": self.engine.pool.bits, "threads": self.settings.n_threads,
+                "n_ctx_train": info.n_ctx_train, "architecture": info.architecture}
 
     def turn(self, turn: dict) -> dict:
         before = {b["name"]: b["state"] for b in self.conv.stats().blocks}

@@ -51,6 +51,7 @@ class ModelInfo:
     n_layer: int
     n_ctx: int
     n_ctx_train: int
+    architecture: str            # GGUF general.architecture ("llama", "qwen2", ...)
     device: str                  # "CUDA0 (NVIDIA GeForce RTX 4090)" or "CPU (...)"
     device_kind: str             # "cuda" or "cpu"
     device_notice: str           # why a CUDA build runs on the CPU, else ""
@@ -220,6 +221,7 @@ class Runtime:
             n_layer=n_layer,
             n_ctx=self.n_ctx,
             n_ctx_train=ll.llama_model_n_ctx_train(self.model),
+            architecture=self.meta("general.architecture") or "",
             device=self.device.label(),
             device_kind=self.device.kind,
             device_notice="; ".join(filter(None, [self.device.notice, *self.placement.notices])),
