@@ -33,6 +33,7 @@ from ..settings import POOL_BITS  # 16: the bytes as llama.cpp wrote them; 8: kv
 from ..store.private import create_private, private_mkdir
 from . import kvquant
 from .blocks import Block, BlockState
+from .host_memory import map_large_buffers
 from .kvquant import PackedKV
 
 try:
@@ -147,6 +148,7 @@ class SavedPool:
                  on_spill: Callable[[Block], None] | None = None, *, spill_budget_bytes: int | None = None,
                  reserve_bytes: int = 0, on_drop: Callable[[Block], None] | None = None,
                  free_bytes: Callable[[Path], int] = disk_free, bits: int = 16) -> None:
+        map_large_buffers()                  # freed blocks go back to the OS, not into heap holes
         self.ram_budget_bytes = ram_budget_bytes
         self.bits = 16
         self.set_bits(bits)
