@@ -266,8 +266,7 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
         self.last_open.remember(str(conv.id))
         self.currentChanged.emit(str(conv.id), self.title)
         self.bridge.call(conv.messages, on_done=lambda rows: self._history(conv, rows), on_error=self._fail)
-        if hasattr(self.engine, "focus"):           # the open conversation's requests go first
-            self.bridge.call(self.engine.focus, str(conv.id), on_error=self._fail)
+        self.bridge.call(self.engine.focus, str(conv.id), on_error=self._fail)   # its requests go first
         self.refresh_stats()
         self.refresh_conversations()
 

@@ -30,7 +30,7 @@ class SearchFlow:
             self.searchResults.emit(query, [])
             return
         engine = self.engine
-        if engine is not None and hasattr(engine, "search"):
+        if engine is not None:
             fn, args = engine.search, (query, SEARCH_LIMIT)
         else:                                        # no engine (the model failed): read SQLite directly
             from evoke_engine.conversations.history_view import search_messages

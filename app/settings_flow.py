@@ -22,7 +22,7 @@ class SettingsFlow:
 
     def apply_settings(self, new: Any) -> None:
         """Apply what applies now (the budget to the open conversation at once), reload for the rest."""
-        old, conv = self.settings, self.conv
+        old = self.settings
         if self.model_info is None and self.model_state == "failed":
             self.settings = new                 # no model ever loaded here: start a fresh engine on `new`
             self.bridge.restart(new)
@@ -33,15 +33,7 @@ class SettingsFlow:
         _, reload_names = changed(old, new, specs)
 
         def work() -> list[str]:
-            apply = getattr(self.engine, "apply_settings", None)
-            if apply is None:   # engine without apply_settings (a contract gap): budget below still applies
-                log.warning("the engine has no apply_settings(); only the budget applies now")
-                names = list(new.needs_reload(old))
-                if conv is not None and new.budget_tokens != old.budget_tokens:
-                    conv.set_budget(new.budget_tokens)
-            else:
-                names = list(apply(new) or [])   # the engine applies the budget to open convs
-            return names
+            return list(self.engine.apply_settings(new) or [])   # the budget reaches open conversations too
 
         def done(names: list[str]) -> None:
             self.settings = self.bridge.settings = new
@@ -58,8 +50,7 @@ class SettingsFlow:
 
         def failed(exc: BaseException) -> None:
             self.settings = self.bridge.settings = old
-            if hasattr(self.engine, "apply_settings"):
-                self.bridge.call(self.engine.apply_settings, old, on_error=self._fail)
+            self.bridge.call(self.engine.apply_settings, old, on_error=self._fail)
             self._set_model_state("ready", model_name(self.model_info))
             self._settings_failed(f"The new model settings did not load ({error_text(exc)}); "
                                   f"still using {model_name(self.model_info)}.")
