@@ -7,14 +7,12 @@ outcome is signalled: `settingsApplied` (then `errorResolved("settings")`) or `s
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from .bridge import error_text
 from .messages import model_name
 from .settings_form import changed, field_specs
 
-log = logging.getLogger(__name__)
 
 
 class SettingsFlow:
