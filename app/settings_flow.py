@@ -14,7 +14,6 @@ from .messages import model_name
 from .settings_form import changed, field_specs
 
 
-
 class SettingsFlow:
     """Mixed into ChatController (uses its bridge, settings, conv, model state and signals)."""
 
