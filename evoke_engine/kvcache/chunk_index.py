@@ -4,7 +4,8 @@ Invariants: a key is the hash chain over the token ids of everything before a bl
 position 0, the shared prefix included), so an entry holds K/V a fresh decode at those positions would give; an
 entry is registered only by `ResidentSequence` while its cells are exact; `lookup` hands out an entry only after
 checking it is still true (the block still in its owner's slot at its origin position, or its full-width bytes
-in the pool at that origin) and forgets stale ones: a stale entry is never used. It moves no bytes.
+in the pool at that origin) and forgets stale ones (a parked owner's stay, unused): a stale entry is never used.
+It moves no bytes.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ class ChunkIndex:
                 self._entries[key] = live
             else:
                 self._entries.pop(key, None)
-        found = sorted((e for e in live if e.owner is not exclude), key=lambda e: _where(e) != "slot")
+        found = sorted((e for e in live if e.owner is not exclude and _where(e) != "parked"),
+                       key=lambda e: _where(e) != "slot")
         if not found:
             self.misses += 1
             return None
@@ -117,14 +119,15 @@ class ChunkIndex:
 
 
 def _where(entry: _Entry) -> str | None:
-    """Where the entry's exact K/V are now ("slot", "ram", "disk"), or None when they are not any more."""
+    """Where the entry's exact K/V are now ("slot", "ram", "disk"; "parked": in its owner's slot image, not
+    usable until it is back in a slot), or None when they are not any more."""
     owner, block = entry.owner, entry.block
     if block.n_tokens != entry.n_tokens or not any(b is block for b in owner.table.blocks):
         return None
     if block.state is BlockState.RESIDENT:
-        if owner.seq is None or block.pos != entry.origin:
-            return None                              # parked (cells in an image) or moved (K re-rotated)
-        return "slot"
+        if block.pos != entry.origin:
+            return None                              # moved: K re-rotated, near but not equal
+        return "slot" if owner.seq is not None else "parked"
     if block.state in (BlockState.RAM, BlockState.DISK) and owner.pool.holds_exact(block, entry.origin):
         return block.state.value
     return None
