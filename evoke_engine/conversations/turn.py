@@ -36,7 +36,7 @@ class Reply:
     recovered: list[str]
     rebuild_s: float = 0.0    # a KV rebuild (from history) the turn waited for; counted in ttft_s
     rebuilt_tokens: int = 0   # tokens that rebuild decoded
-    reused_tokens: int = 0    # message tokens spliced from other conversations' K/V (counted in prefill_tokens)
+    reused_tokens: int = 0    # message tokens spliced from other conversations' K/V (not in prefill_tokens)
 
     @property
     def tokens_per_s(self) -> float:
@@ -160,12 +160,11 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
                 reused.append(hit)
             else:
                 memory.append_decoded(block, current=current, cancel=cancel)
-            done += block.n_tokens
+                done += block.n_tokens
             if on_progress is not None:
-                on_progress(done, total)
+                on_progress(done + sum(r["tokens"] for r in reused), total)
         if last is not None and (hit := memory.append_reused(last, current=current)) is not None:
             reused.append(hit)
-            done += last.n_tokens
             last = None
         memory.report_reuse(reused)
         question = [b for b in blocks if b.role == "user"][-1:]      # kept while the reply is written
