@@ -109,6 +109,12 @@ class Settings:
     chunk_reuse: bool = _setting(True, "Splice a message's blocks from another open conversation's K/V (in its slot or "
                                  "the host pool) when the same tokens follow the same prefix (a prefix-hash match: "
                                  "bit-identical to decoding them), instead of decoding them.", group="Memory")
+    chunk_reuse_approximate: bool = _setting(False, "Also splice blocks whose tokens match another conversation's "
+                                             "after a different prefix (a content-hash match, re-anchored and "
+                                             "repaired: near, not equal, to decoding them).", group="Memory")
+    chunk_reuse_repair_tokens: int = _setting(16, "Tokens decoded afresh after each seam of an approximate reuse "
+                                              "(they attend to this conversation); the rest of the block is "
+                                              "spliced.", group="Memory", low=0, high=4096)
     ram_budget_bytes: int = _setting(2 << 30, "Host RAM for saved K/V blocks before they spill to disk.",
                                      group="Memory", low=0, high=1 << 40)
     pool_bits: int = _setting(16, "Bits per saved K/V value in host RAM and spill files, for blocks evicted from now "

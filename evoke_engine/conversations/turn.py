@@ -158,6 +158,7 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
             hit = memory.append_reused(block, current=current)     # another conversation's exact K/V
             if hit is not None:
                 reused.append(hit)
+                done += hit["repaired"]                             # decoded afresh after the seam
             else:
                 memory.append_decoded(block, current=current, cancel=cancel)
                 done += block.n_tokens
@@ -165,6 +166,7 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
                 on_progress(done + sum(r["tokens"] for r in reused), total)
         if last is not None and (hit := memory.append_reused(last, current=current)) is not None:
             reused.append(hit)
+            done += hit["repaired"]
             last = None
         memory.report_reuse(reused)
         question = [b for b in blocks if b.role == "user"][-1:]      # kept while the reply is written

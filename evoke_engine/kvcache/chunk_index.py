@@ -1,4 +1,5 @@
-"""The index of decoded chunks across conversations: prefix hash -> where a block's exact K/V still live.
+"""The index of decoded chunks across conversations: prefix hash -> where a block's exact K/V still live, and
+content hash (the block's tokens alone) -> the same entries, for approximate (re-anchored, repaired) reuse.
 
 Invariants: a key is the hash chain over the token ids of everything before a block and the block itself (from
 position 0, the shared prefix included), so an entry holds K/V a fresh decode at those positions would give; an
@@ -10,6 +11,7 @@ It moves no bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -48,7 +50,8 @@ class ChunkOwner(Protocol):
 @dataclass(frozen=True)
 class ChunkSource:
     """Where a match's K/V are: `where` is "slot" (cells of `owner.seq` at [origin, origin + n_tokens)) or
-    "ram"/"disk" (the pool's bytes of `block`, saved at `origin`)."""
+    "ram"/"disk" (the pool's bytes of `block`, saved at `origin`); `exact`: a prefix-hash match (else the same
+    tokens after another prefix: a content-hash match)."""
 
     key: str
     owner: ChunkOwner
@@ -56,6 +59,7 @@ class ChunkSource:
     origin: int
     n_tokens: int
     where: str
+    exact: bool = True
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class ChunkIndex:
 
     def __init__(self) -> None:
         self._entries: dict[str, list[_Entry]] = {}
+        self._by_content: dict[str, str] = {}          # content hash -> a prefix hash holding those tokens
         self.hits = 0
         self.misses = 0
 
@@ -84,6 +89,7 @@ class ChunkIndex:
         entries = self._entries.setdefault(key, [])
         entries[:] = [e for e in entries if e.block is not block]
         entries.append(_Entry(owner, block, block.pos, block.n_tokens))
+        self._by_content[block.hash] = key
 
     def keys_of(self, owner: ChunkOwner) -> list[str]:
         return [key for key, entries in self._entries.items() if any(e.owner is owner for e in entries)]
@@ -98,6 +104,21 @@ class ChunkIndex:
                 self._entries[key] = kept
             else:
                 del self._entries[key]
+        for content, key in list(self._by_content.items()):
+            if key not in self._entries:
+                del self._by_content[content]
+
+    def lookup_content(self, content: str, *, exclude: ChunkOwner | None = None) -> ChunkSource | None:
+        """A still-true source of a block with content hash `content` after any prefix (approximate), or None."""
+        key = self._by_content.get(content)
+        if key is None:
+            return None
+        found = self.lookup(key, exclude=exclude)
+        if found is None:
+            if key not in self._entries:
+                self._by_content.pop(content, None)
+            return None
+        return dataclasses.replace(found, exact=False)
 
     def lookup(self, key: str, *, exclude: ChunkOwner | None = None) -> ChunkSource | None:
         """A still-true source of chain `key` (not of `exclude`), preferring cells in a slot; stale entries go."""

@@ -85,30 +85,46 @@ class ResidentSequence:
         if self.index is not None:
             self.index.forget(self, blocks)
 
-    def lookup(self, block: Block) -> ChunkSource | None:
-        """Another conversation's exact K/V for `block` appended at the tail now, or None."""
+    def lookup(self, block: Block, *, approximate: bool = False) -> ChunkSource | None:
+        """Another conversation's exact K/V for `block` appended at the tail now; else, with `approximate`, the
+        K/V of the same tokens after another prefix held in a slot; or None."""
         if self.index is None or self.seq is None:
             return None
-        return self.index.lookup(self.chain_key(block), exclude=self)
+        found = self.index.lookup(self.chain_key(block), exclude=self)
+        if found is None and approximate:
+            found = self.index.lookup_content(block.hash, exclude=self)
+            if found is not None and found.where != "slot":
+                return None                      # a part of pool bytes is not spliced: only slot cells
+        return found
 
-    def splice(self, block: Block, source: ChunkSource) -> None:
-        """Append `block` at the tail from `source`'s K/V (another slot's cells or the pool's bytes, at the same
-        positions: no forward pass, no re-anchor). RestoreError: nothing changed (the caller decodes instead)."""
-        at = self.active_tokens
-        if source.origin != at or source.n_tokens != block.n_tokens:
+    def splice(self, block: Block, source: ChunkSource, *, repair_tokens: int = 0) -> None:
+        """Append `block` at the tail from `source`'s K/V: another slot's cells or the pool's bytes. An exact source
+        sits at the same positions (no forward pass, no re-anchor); an approximate one is re-anchored, after its
+        first `repair_tokens` are decoded afresh after the seam (they attend to this conversation), and the
+        sequence is no longer exact. RestoreError: nothing changed (the caller decodes instead)."""
+        at, n = self.active_tokens, block.n_tokens
+        if source.n_tokens != n or source.exact and source.origin != at:
             raise InvariantError(f"{block.name}: a source at {source.origin} for the tail at {at}")
+        if not source.exact and (source.where != "slot" or repair_tokens >= n):
+            raise InvariantError(f"{block.name}: an approximate splice takes part of slot cells")
+        skip = 0 if source.exact else max(0, repair_tokens)
         if source.where == "slot":
-            saved = self.kv.save(source.owner.seq, source.origin, source.origin + source.n_tokens)
+            saved = self.kv.save(source.owner.seq, source.origin + skip, source.origin + n)
         else:
             data, origin, n_tokens = self.pool.peek_bytes(source.block)
             saved = SavedKV(bytearray(data), origin, n_tokens)
         try:
-            self.kv.restore(saved, self.seq, at)
-        except RestoreError:
+            if skip:
+                self._decode_at_tail(block.tokens[:skip], logits_last=False)
+            self.kv.restore(saved, self.seq, at + skip)
+        except BaseException:
             self.kv.drop(self.seq, at, -1)
             raise
         self.table.append(block)
-        self._publish([block])
+        if source.exact:
+            self._publish([block])
+        else:
+            self.exact = False
 
     # -- the pool's reports -----------------------------------------------------------------
     def bytes_moved(self, block: Block, where: BlockState) -> None:

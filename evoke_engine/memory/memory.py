@@ -156,19 +156,24 @@ class ConversationMemory:
         if not self.settings.chunk_reuse or self.sequence.index is None or self.seq is None:
             return None
         self.make_room(block.n_tokens, current=current)
-        source = self.sequence.lookup(block)
+        repair = self.settings.chunk_reuse_repair_tokens
+        source = self.sequence.lookup(block, approximate=self.settings.chunk_reuse_approximate
+                                      and block.n_tokens > repair)
         if source is None:
             return None
         try:
-            self.sequence.splice(block, source)
+            self.sequence.splice(block, source, repair_tokens=repair)
         except RestoreError as exc:
             self.record_event(EventKind.ERROR, f"{block.name}: reuse failed ({exc}); decoding it", block)
             return None
-        block.reused_from = f"{source.owner.label}:{source.block.name} ({source.where}, exact)"
+        how = "exact" if source.exact else f"repaired {repair}"
+        block.reused_from = f"{source.owner.label}:{source.block.name} ({source.where}, {how})"
+        repaired = 0 if source.exact else repair
         self.counters.reused_blocks += 1
-        self.counters.reused_tokens += block.n_tokens
+        self.counters.reused_tokens += block.n_tokens - repaired
+        self.counters.prefill_tokens += repaired
         return {"block": block.name, "from": f"{source.owner.label}:{source.block.name}", "where": source.where,
-                "exact": True, "tokens": block.n_tokens}
+                "exact": source.exact, "repaired": repaired, "tokens": block.n_tokens - repaired}
 
     def report_reuse(self, reused: Sequence[dict]) -> None:
         """One BLOCKS_REUSED event for the blocks a message took from other conversations."""

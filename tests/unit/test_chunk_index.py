@@ -166,3 +166,31 @@ def test_reuse_off_decodes(rig, chunks):
     second = rig.memory("b", 1, chunks=chunks, settings=off)
     assert attach(rig, second, [copy_of(b) for b in original]) == []
     assert second.counters.prefill_tokens == 48
+
+
+def test_after_another_prefix_the_same_tokens_are_reused_approximately_and_repaired(rig, chunks):
+    first = rig.memory("a", 0, chunks=chunks)
+    original = file_in(rig, first)
+    approximate = dataclasses.replace(rig.settings, chunk_reuse_approximate=True, chunk_reuse_repair_tokens=4)
+    second = rig.memory("b", 1, chunks=chunks, settings=approximate)
+    attach(rig, second, [rig.block("user", 8)])                # a different first message
+    decoded_before = rig.rt.decoded_into(1)
+    hits = attach(rig, second, [copy_of(b) for b in original])  # the layout check: cells carry the right tokens
+    assert [(h["exact"], h["repaired"], h["tokens"]) for h in hits] == [(False, 4, 12)] * 3
+    assert rig.rt.decoded_into(1) - decoded_before == 12        # 4 tokens after each seam, the rest spliced
+    assert not second.sequence.exact
+    assert len(chunks.keys_of(second.sequence)) == 1            # its own first message only: never a repaired block
+    assert second.table.resident[-1].reused_from.endswith("(slot, repaired 4)")
+
+
+def test_approximate_reuse_is_off_by_default_and_never_takes_pool_bytes(rig, chunks):
+    first = rig.memory("a", 0, chunks=chunks)
+    original = file_in(rig, first)
+    second = rig.memory("b", 1, chunks=chunks)
+    attach(rig, second, [rig.block("user", 8)])
+    assert attach(rig, second, [copy_of(b) for b in original]) == []
+    first.sequence.evict(original, keep_bytes=True)
+    approximate = dataclasses.replace(rig.settings, chunk_reuse_approximate=True)
+    third = rig.memory("c", 2, chunks=chunks, settings=approximate)
+    attach(rig, third, [rig.block("user", 8)])
+    assert attach(rig, third, [copy_of(b) for b in original]) == []
