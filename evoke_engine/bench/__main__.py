@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--file-tokens", type=int, default=2000)
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--seeds", type=int, default=10, help="approximate rows: conversations with another first message")
+    p.add_argument("--repairs", default="0,16", help="approximate rows: tokens recomputed after each seam")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = automatic)")
     p = sub.add_parser("edit", help="regenerate, edit 3 turns back and fork against re-prefill")
     p.add_argument("--tokens", type=int, default=None)
@@ -219,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         from .reuse import run
 
         result = run(file_tokens=args.file_tokens, trials=args.trials, max_tokens=args.max_tokens,
-                     threads=args.threads)
+                     threads=args.threads, seeds=args.seeds, repairs=tuple(int(r) for r in args.repairs.split(",")))
     elif args.name == "long":
         from .llama_server import check_binary
         from .long import DEFAULT_SYSTEMS, run

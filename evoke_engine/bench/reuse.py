@@ -5,6 +5,9 @@ Invariants: one engine; the first conversation holds the file in its slot for th
 fresh conversation with the same system prompt and the same attachment, with `chunk_reuse` on and off in turn
 (the setting applies now), and releases it after; `ttft_s` is the turn's time to first token (`Reply.ttft_s`);
 the greedy continuation (temperature 0) of the probe question is compared token by token between on and off.
+The approximate rows: per seed a conversation whose first message differs (so only content hashes match) attaches
+the file, decoded (reference) and spliced with and without repair; the share of greedy tokens equal to the
+reference's over `max_tokens` is reported per arm.
 """
 
 from __future__ import annotations
@@ -38,7 +41,40 @@ def _share_equal(a: list[int], b: list[int], n: int) -> float:
     return sum(1 for i in range(n) if i < len(a) and i < len(b) and a[i] == b[i]) / n
 
 
-def run(*, file_tokens: int = 2000, trials: int = 5, max_tokens: int = 32, threads: int = 0) -> dict:
+WORK = ("parser", "scheduler", "billing", "cache", "auth", "router", "exporter", "ledger", "metrics", "upload")
+
+
+def _approximate(engine: Engine, attachment: list, seeds: int, max_tokens: int, repairs: tuple[int, ...]) -> dict:
+    """Per seed: a first message of its own, then the file and the probe, decoded and spliced (per repair)."""
+    arms = {"decoded": None, **{f"repair_{r}": r for r in repairs}}
+    per_arm: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for seed in range(seeds):
+        opening = f"Note {seed}: today I am working on the {WORK[seed % len(WORK)]} module, part {seed * 7 % 13}."
+        tokens: dict[str, list[int]] = {}
+        for arm, repair in arms.items():
+            engine.apply_settings(dataclasses.replace(engine.settings, chunk_reuse=repair is not None,
+                                                      chunk_reuse_approximate=repair is not None,
+                                                      chunk_reuse_repair_tokens=repair or 0))
+            conv = engine.new_conversation()
+            conv.submit(opening, max_tokens=8).result()
+            reply = conv.submit(PROBE, attachment, max_tokens=max_tokens).result()
+            engine.release_conversation(conv.id, persist=False)
+            tokens[arm] = engine.tokenize(reply.text, special=False)
+            per_arm[arm].append({"seed": seed, "ttft_s": round(reply.ttft_s, 4), "reused_tokens": reply.reused_tokens,
+                                 "decoded_tokens": reply.prefill_tokens,
+                                 "equal_share": _share_equal(tokens[arm], tokens["decoded"], max_tokens)})
+        log.info("seed %d: %s", seed, {arm: rows[-1]["equal_share"] for arm, rows in per_arm.items()})
+    engine.apply_settings(dataclasses.replace(engine.settings, chunk_reuse=True, chunk_reuse_approximate=False,
+                                              chunk_reuse_repair_tokens=16))
+    return {arm: {"equal_share_mean": round(statistics.mean(r["equal_share"] for r in rows), 3),
+                  "identical_replies": sum(r["equal_share"] == 1.0 for r in rows),
+                  "ttft_s_median": statistics.median(r["ttft_s"] for r in rows),
+                  "reused_tokens_median": statistics.median(r["reused_tokens"] for r in rows), "seeds": rows}
+            for arm, rows in per_arm.items()}
+
+
+def run(*, file_tokens: int = 2000, trials: int = 5, max_tokens: int = 32, threads: int = 0, seeds: int = 10,
+        repairs: tuple[int, ...] = (0, 16)) -> dict:
     with tempfile.TemporaryDirectory(prefix="evoke-reuse-") as home:
         settings = Settings(home=home, temperature=0.0, n_threads=threads, n_ctx=32768, slots=4,
                             budget_tokens=6144, embedder="off")
@@ -62,6 +98,7 @@ def run(*, file_tokens: int = 2000, trials: int = 5, max_tokens: int = 32, threa
                     log.info("trial %d reuse %s: ttft %.3f s, reused %d", trial, reuse, reply.ttft_s,
                              reply.reused_tokens)
             on, off = (engine.tokenize(texts[r][0], special=False) for r in (True, False))
+            approximate = _approximate(engine, attachment, seeds, max_tokens, repairs) if seeds else {}
     med = {r: {k: statistics.median(row[k] for row in rows[r]) for k in rows[r][0]} for r in (True, False)}
     return {"bench": "reuse", "file_tokens": file_tokens, "first_conversation_decoded": decoded,
             "trials": trials, "max_tokens": max_tokens,
@@ -70,4 +107,4 @@ def run(*, file_tokens: int = 2000, trials: int = 5, max_tokens: int = 32, threa
                       "greedy_identical": all(t == texts[False][0] for t in (*texts[True], *texts[False])),
                       "greedy_token_share": _share_equal(on, off, max_tokens),
                       "reply_on": texts[True][0], "reply_off": texts[False][0]},
-            "raw": {"reuse_on": rows[True], "reuse_off": rows[False]}}
+            "approximate": approximate, "raw": {"reuse_on": rows[True], "reuse_off": rows[False]}}
