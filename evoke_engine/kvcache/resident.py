@@ -111,7 +111,10 @@ class ResidentSequence:
         if source.where == "slot":
             saved = self.kv.save(source.owner.seq, source.origin + skip, source.origin + n)
         else:
-            data, origin, n_tokens = self.pool.peek_bytes(source.block)
+            try:
+                data, origin, n_tokens = self.pool.peek_bytes(source.block)
+            except OSError as exc:
+                raise RestoreError(f"the spill file of {source.block.name} is unreadable: {exc}") from exc
             saved = SavedKV(bytearray(data), origin, n_tokens)
         try:
             if skip:
