@@ -194,3 +194,15 @@ def test_approximate_reuse_is_off_by_default_and_never_takes_pool_bytes(rig, chu
     third = rig.memory("c", 2, chunks=chunks, settings=approximate)
     attach(rig, third, [rig.block("user", 8)])
     assert attach(rig, third, [copy_of(b) for b in original]) == []
+
+
+def test_a_spilled_block_is_reused_from_its_file(rig, chunks):
+    first = rig.memory("a", 0, chunks=chunks)
+    original = file_in(rig, first)
+    first.sequence.evict([original[-1]], keep_bytes=True)
+    rig.pool.set_budget(0)                                     # everything saved spills to disk
+    assert original[-1].state is BlockState.DISK
+    second = rig.memory("b", 1, chunks=chunks)
+    hits = attach(rig, second, [copy_of(b) for b in original])
+    assert [h["where"] for h in hits] == ["slot", "slot", "disk"]
+    assert original[-1] in rig.pool
