@@ -113,8 +113,8 @@ class Settings:
                                              "after a different prefix (a content-hash match, re-anchored and "
                                              "repaired: near, not equal, to decoding them).", group="Memory")
     chunk_reuse_repair_tokens: int = _setting(16, "Tokens decoded afresh after each seam of an approximate reuse "
-                                              "(they attend to this conversation); the rest of the block is "
-                                              "spliced.", group="Memory", low=0, high=4096)
+                                              "(where a spliced run starts: they attend to this conversation); the "
+                                              "rest is spliced.", group="Memory", low=0, high=4096)
     ram_budget_bytes: int = _setting(2 << 30, "Host RAM for saved K/V blocks before they spill to disk.",
                                      group="Memory", low=0, high=1 << 40)
     pool_bits: int = _setting(16, "Bits per saved K/V value in host RAM and spill files, for blocks evicted from now "

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import BudgetError, InvariantError, RestoreError
 from ..events import EngineEvent, EventKind
 from ..kvcache.blocks import Block, BlockState, BlockTable
-from ..kvcache.chunk_index import ChunkIndex
+from ..kvcache.chunk_index import ChunkIndex, ChunkSource
 from ..kvcache.pool import SavedPool
 from ..kvcache.resident import ResidentSequence
 from ..runtime.kv import KVPrimitives
@@ -87,6 +87,7 @@ class ConversationMemory:
         self._query: np.ndarray | None = None
         self._query_ready = True
         self.last_decide_s = 0.0                 # the last recovery decision: embedding, signals, choosing
+        self._spliced_run: tuple[Block, Block] | None = None    # (source block, our block) of the last splice
 
     # -- accounting (read only: `sequence` writes) --------------------------------------------
     @property
@@ -160,12 +161,16 @@ class ConversationMemory:
         source = self.sequence.lookup(block, approximate=self.settings.chunk_reuse_approximate
                                       and block.n_tokens > repair)
         if source is None:
+            self._spliced_run = None
             return None
+        if not source.exact and self._continues_run(source):
+            repair = 0                  # the source's next block after the one just spliced: no seam between them
         try:
             self.sequence.splice(block, source, repair_tokens=repair)
         except RestoreError as exc:
             self.record_event(EventKind.ERROR, f"{block.name}: reuse failed ({exc}); decoding it", block)
             return None
+        self._spliced_run = (source.block, block)
         how = "exact" if source.exact else f"repaired {repair}"
         block.reused_from = f"{source.owner.label}:{source.block.name} ({source.where}, {how})"
         repaired = 0 if source.exact else repair
@@ -174,6 +179,15 @@ class ConversationMemory:
         self.counters.prefill_tokens += repaired
         return {"block": block.name, "from": f"{source.owner.label}:{source.block.name}", "where": source.where,
                 "exact": source.exact, "repaired": repaired, "tokens": block.n_tokens - repaired}
+
+    def _continues_run(self, source: ChunkSource) -> bool:
+        """`source` is the block right after the last spliced one in the same slot, and that splice is our tail."""
+        if self._spliced_run is None or not self.table.resident:
+            return False
+        previous, ours = self._spliced_run
+        return (self.table.resident[-1] is ours and source.where == "slot" and previous.pos is not None
+                and previous.state is BlockState.RESIDENT and source.block.pos == previous.pos + previous.n_tokens
+                and any(b is previous for b in source.owner.table.resident))
 
     def report_reuse(self, reused: Sequence[dict]) -> None:
         """One BLOCKS_REUSED event for the blocks a message took from other conversations."""

@@ -176,11 +176,23 @@ def test_after_another_prefix_the_same_tokens_are_reused_approximately_and_repai
     attach(rig, second, [rig.block("user", 8)])                # a different first message
     decoded_before = rig.rt.decoded_into(1)
     hits = attach(rig, second, [copy_of(b) for b in original])  # the layout check: cells carry the right tokens
-    assert [(h["exact"], h["repaired"], h["tokens"]) for h in hits] == [(False, 4, 12)] * 3
-    assert rig.rt.decoded_into(1) - decoded_before == 12        # 4 tokens after each seam, the rest spliced
+    assert [(h["exact"], h["repaired"], h["tokens"]) for h in hits] == [(False, 4, 12), (False, 0, 16), (False, 0, 16)]
+    assert rig.rt.decoded_into(1) - decoded_before == 4         # 4 tokens after the seam, the rest spliced
     assert not second.sequence.exact
     assert len(chunks.keys_of(second.sequence)) == 1            # its own first message only: never a repaired block
-    assert second.table.resident[-1].reused_from.endswith("(slot, repaired 4)")
+    assert second.table.resident[-3].reused_from.endswith("(slot, repaired 4)")
+    assert second.table.resident[-1].reused_from.endswith("(slot, repaired 0)")
+
+
+def test_every_seam_is_repaired_where_runs_from_different_places_meet(rig, chunks):
+    first = rig.memory("a", 0, chunks=chunks)
+    original = file_in(rig, first)
+    approximate = dataclasses.replace(rig.settings, chunk_reuse_approximate=True, chunk_reuse_repair_tokens=4)
+    second = rig.memory("b", 1, chunks=chunks, settings=approximate)
+    attach(rig, second, [rig.block("user", 8)])
+    hits = attach(rig, second, [copy_of(original[0]), rig.block("user", 6), copy_of(original[1]),
+                                copy_of(original[2])])
+    assert [h["repaired"] for h in hits] == [4, 4, 0]
 
 
 def test_approximate_reuse_is_off_by_default_and_never_takes_pool_bytes(rig, chunks):
