@@ -37,8 +37,11 @@ def file_of_tokens(engine: Engine, tokens: int, seed: int = 0) -> str:
 
 
 def _share_equal(a: list[int], b: list[int], n: int) -> float:
-    """The share of the first `n` greedy tokens equal position by position (a missing token counts unequal)."""
-    return sum(1 for i in range(n) if i < len(a) and i < len(b) and a[i] == b[i]) / n
+    """The share of the first `n` greedy tokens equal position by position; past a reply's end its token is "ended",
+    so two replies ending alike are equal there."""
+    def padded(tokens: list[int]) -> list[int]:
+        return (list(tokens) + [-1] * n)[:n]
+    return sum(x == y for x, y in zip(padded(a), padded(b), strict=True)) / n
 
 
 WORK = ("parser", "scheduler", "billing", "cache", "auth", "router", "exporter", "ledger", "metrics", "upload")

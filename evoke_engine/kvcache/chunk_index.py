@@ -75,7 +75,7 @@ class ChunkIndex:
 
     def __init__(self) -> None:
         self._entries: dict[str, list[_Entry]] = {}
-        self._by_content: dict[str, str] = {}          # content hash -> a prefix hash holding those tokens
+        self._by_content: dict[str, set[str]] = {}     # content hash -> the prefix hashes holding those tokens
         self.hits = 0
         self.misses = 0
 
@@ -89,7 +89,7 @@ class ChunkIndex:
         entries = self._entries.setdefault(key, [])
         entries[:] = [e for e in entries if e.block is not block]
         entries.append(_Entry(owner, block, block.pos, block.n_tokens))
-        self._by_content[block.hash] = key
+        self._by_content.setdefault(block.hash, set()).add(key)
 
     def keys_of(self, owner: ChunkOwner) -> list[str]:
         return [key for key, entries in self._entries.items() if any(e.owner is owner for e in entries)]
@@ -104,21 +104,18 @@ class ChunkIndex:
                 self._entries[key] = kept
             else:
                 del self._entries[key]
-        for content, key in list(self._by_content.items()):
-            if key not in self._entries:
+        for content, keys in list(self._by_content.items()):
+            keys.intersection_update(self._entries)
+            if not keys:
                 del self._by_content[content]
 
     def lookup_content(self, content: str, *, exclude: ChunkOwner | None = None) -> ChunkSource | None:
         """A still-true source of a block with content hash `content` after any prefix (approximate), or None."""
-        key = self._by_content.get(content)
-        if key is None:
-            return None
-        found = self.lookup(key, exclude=exclude)
-        if found is None:
-            if key not in self._entries:
-                self._by_content.pop(content, None)
-            return None
-        return dataclasses.replace(found, exact=False)
+        for key in sorted(self._by_content.get(content, ())):
+            found = self.lookup(key, exclude=exclude)
+            if found is not None:
+                return dataclasses.replace(found, exact=False)
+        return None
 
     def lookup(self, key: str, *, exclude: ChunkOwner | None = None) -> ChunkSource | None:
         """A still-true source of chain `key` (not of `exclude`), preferring cells in a slot; stale entries go."""

@@ -218,3 +218,16 @@ def test_a_spilled_block_is_reused_from_its_file(rig, chunks):
     hits = attach(rig, second, [copy_of(b) for b in original])
     assert [h["where"] for h in hits] == ["slot", "slot", "disk"]
     assert original[-1] in rig.pool
+
+
+def test_content_stays_found_while_any_holder_keeps_it(rig, chunks):
+    first = rig.memory("a", 0, chunks=chunks)
+    original = file_in(rig, first)
+    other = rig.memory("b", 1, chunks=chunks)
+    attach(rig, other, [rig.block("user", 8), *(copy_of(b) for b in original)])   # the same tokens, another chain
+    other.release()                                            # the latest holder goes; the first still holds them
+    approximate = dataclasses.replace(rig.settings, chunk_reuse_approximate=True, chunk_reuse_repair_tokens=4)
+    third = rig.memory("c", 2, chunks=chunks, settings=approximate)
+    attach(rig, third, [rig.block("user", 5)])
+    hits = attach(rig, third, [copy_of(b) for b in original])
+    assert [h["from"] for h in hits] == [f"a:{b.name}" for b in original]
