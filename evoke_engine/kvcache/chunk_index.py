@@ -109,13 +109,16 @@ class ChunkIndex:
             if not keys:
                 del self._by_content[content]
 
-    def lookup_content(self, content: str, *, exclude: ChunkOwner | None = None) -> ChunkSource | None:
-        """A still-true source of a block with content hash `content` after any prefix (approximate), or None."""
-        for key in sorted(self._by_content.get(content, ())):
-            found = self.lookup(key, exclude=exclude)
-            if found is not None:
-                return dataclasses.replace(found, exact=False)
-        return None
+    def lookup_content(self, content: str, *, exclude: ChunkOwner | None = None,
+                       prefer: ChunkOwner | None = None) -> ChunkSource | None:
+        """A still-true source of a block with content hash `content` after any prefix (approximate), `prefer`'s
+        when it holds one (a run spliced from one slot has one seam), or None."""
+        found = [f for key in sorted(self._by_content.get(content, ()))
+                 if (f := self.lookup(key, exclude=exclude)) is not None]
+        if not found:
+            return None
+        best = next((f for f in found if f.owner is prefer), found[0])
+        return dataclasses.replace(best, exact=False)
 
     def lookup(self, key: str, *, exclude: ChunkOwner | None = None) -> ChunkSource | None:
         """A still-true source of chain `key` (not of `exclude`), preferring cells in a slot; stale entries go."""

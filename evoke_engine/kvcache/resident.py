@@ -85,14 +85,15 @@ class ResidentSequence:
         if self.index is not None:
             self.index.forget(self, blocks)
 
-    def lookup(self, block: Block, *, approximate: bool = False) -> ChunkSource | None:
+    def lookup(self, block: Block, *, approximate: bool = False,
+               prefer: ResidentSequence | None = None) -> ChunkSource | None:
         """Another conversation's exact K/V for `block` appended at the tail now; else, with `approximate`, the
         K/V of the same tokens after another prefix held in a slot; or None."""
         if self.index is None or self.seq is None:
             return None
         found = self.index.lookup(self.chain_key(block), exclude=self)
         if found is None and approximate:
-            found = self.index.lookup_content(block.hash, exclude=self)
+            found = self.index.lookup_content(block.hash, exclude=self, prefer=prefer)
             if found is not None and found.where != "slot":
                 return None                      # a part of pool bytes is not spliced: only slot cells
         return found

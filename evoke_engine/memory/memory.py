@@ -87,7 +87,7 @@ class ConversationMemory:
         self._query: np.ndarray | None = None
         self._query_ready = True
         self.last_decide_s = 0.0                 # the last recovery decision: embedding, signals, choosing
-        self._spliced_run: tuple[Block, Block] | None = None    # (source block, our block) of the last splice
+        self._spliced_run: tuple | None = None   # (source block, our block, source owner) of the last splice
 
     # -- accounting (read only: `sequence` writes) --------------------------------------------
     @property
@@ -159,7 +159,8 @@ class ConversationMemory:
         self.make_room(block.n_tokens, current=current)
         repair = self.settings.chunk_reuse_repair_tokens
         source = self.sequence.lookup(block, approximate=self.settings.chunk_reuse_approximate
-                                      and block.n_tokens > repair)
+                                      and block.n_tokens > repair,
+                                      prefer=self._spliced_run[2] if self._spliced_run else None)
         if source is None:
             self._spliced_run = None
             return None
@@ -170,7 +171,7 @@ class ConversationMemory:
         except RestoreError as exc:
             self.record_event(EventKind.ERROR, f"{block.name}: reuse failed ({exc}); decoding it", block)
             return None
-        self._spliced_run = (source.block, block)
+        self._spliced_run = (source.block, block, source.owner)
         how = "exact" if source.exact else f"repaired {repair}"
         block.reused_from = f"{source.owner.label}:{source.block.name} ({source.where}, {how})"
         repaired = 0 if source.exact else repair
@@ -184,7 +185,7 @@ class ConversationMemory:
         """`source` is the block right after the last spliced one in the same slot, and that splice is our tail."""
         if self._spliced_run is None or not self.table.resident:
             return False
-        previous, ours = self._spliced_run
+        previous, ours, _ = self._spliced_run
         return (self.table.resident[-1] is ours and source.where == "slot" and previous.pos is not None
                 and previous.state is BlockState.RESIDENT and source.block.pos == previous.pos + previous.n_tokens
                 and any(b is previous for b in source.owner.table.resident))

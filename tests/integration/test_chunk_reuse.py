@@ -83,3 +83,28 @@ def test_after_a_different_first_message_nothing_is_reused(engine):
     reply = other.submit(PROBE, ATTACHMENT, max_tokens=4).result()
     assert reply.reused_tokens == 0
     assert not [e for e in events if e.kind is EventKind.BLOCKS_REUSED and e.conversation_id == other.id]
+
+
+def test_after_a_different_first_message_the_file_is_reused_approximately_and_repaired(engine):
+    events = []
+    engine.subscribe(events.append)
+    first = engine.new_conversation()
+    first.submit("Keep this file in mind.", ATTACHMENT, max_tokens=4).result()
+    engine.apply_settings(dataclasses.replace(engine.settings, chunk_reuse_approximate=True,
+                                              chunk_reuse_repair_tokens=16))
+    try:
+        other = engine.new_conversation()
+        other.submit("Good morning.", max_tokens=4).result()
+        reply = other.submit(PROBE, ATTACHMENT, max_tokens=8).result()
+        other.check()
+    finally:
+        engine.apply_settings(dataclasses.replace(engine.settings, chunk_reuse_approximate=False))
+    hits = [e for e in events if e.kind is EventKind.BLOCKS_REUSED and e.conversation_id == other.id]
+    assert len(hits) == 1
+    blocks = hits[0].detail["blocks"]
+    assert not any(r["exact"] for r in blocks)
+    files = [r for r in blocks if r["block"].startswith("file:")]        # the question may match an earlier test's
+    assert len(files) >= 3 and len({r["from"].split(":")[0] for r in files}) == 1
+    assert files[0]["repaired"] == 16 and all(r["repaired"] == 0 for r in files[1:])     # one seam, one repair
+    assert reply.reused_tokens == sum(r["tokens"] for r in blocks) > 0
+    assert reply.n_tokens > 0
