@@ -31,7 +31,8 @@ from .versions_flow import VersionsFlow
 log = logging.getLogger(__name__)
 STATE_OF_EVENT = {EventKind.EVICTED: "ram", EventKind.SPILLED: "disk", EventKind.RECOVERED: "resident"}
 MEMORY_EVENTS = {EventKind.EVICTED, EventKind.RECOVERED, EventKind.SPILLED, EventKind.KV_PERSISTED,
-                 EventKind.KV_RESTORED, EventKind.KV_REBUILT, EventKind.PARKED, EventKind.ERROR}
+                 EventKind.KV_RESTORED, EventKind.KV_REBUILT, EventKind.PARKED, EventKind.BLOCKS_REUSED,
+                 EventKind.ERROR}
 EVENTS_KEPT = 300
 # What clears an error in the banner: "model" when a model loads, "settings" when settings apply,
 # "" (an action in a conversation: an import, a reply) when another conversation opens.

@@ -18,7 +18,8 @@ STATES = ("resident", "ram", "disk", "dropped")
 STATE_LABELS = {"resident": "resident", "ram": "in RAM", "disk": "on disk", "dropped": "dropped"}
 EVENT_COLORS = {"evicted": "#d29922", "recovered": "#3fb950", "spilled": "#58a6ff", "dropped": "#8b949e",
                 "kv_rebuilt": "#db61a2", "error": "#f85149", "kv_persisted": "#58a6ff",
-                "kv_restored": "#3fb950"}   # an event's text colour (ForegroundRole; others: the theme's text)
+                "kv_restored": "#3fb950",
+                "blocks_reused": "#3fb950"}   # an event's text colour (ForegroundRole; others: the theme's text)
 MEMORY_LABELS = {"slot": "slot", "ram": "RAM", "disk": "disk", "none": "cold"}
 
 IdRole = Qt.ItemDataRole.UserRole + 1
@@ -123,11 +124,13 @@ class BlockRow:
     recoveries: int = 0
     sibling_shared: bool = False
     attention: float | None = None      # share of the model's attention (1 = most attended); None: not captured
+    reused_from: str | None = None      # "<conversation>:<block> (where, exact)": K/V spliced from another conversation
 
     @property
     def shared_with(self) -> str:
-        """'prefix' (the system/tools prefix), 'fork' (cells shared with a forked conversation) or ''."""
-        return "prefix" if self.shared else "fork" if self.sibling_shared else ""
+        """'prefix' (the system/tools prefix), 'fork' (cells shared with a forked conversation), 'reused' (K/V
+        spliced from another conversation) or ''."""
+        return "prefix" if self.shared else "fork" if self.sibling_shared else "reused" if self.reused_from else ""
 
 
 def _share(value: Any) -> float | None:
@@ -149,7 +152,7 @@ class BlockTableModel(QAbstractTableModel):
         rows = [BlockRow(str(b.get("name", "?")), str(b.get("role", "")), str(b.get("state", "resident")),
                          int(b.get("tokens", 0)), bool(b.get("pinned")), bool(b.get("shared")),
                          int(b.get("recoveries", 0) or 0), bool(b.get("sibling_shared")),
-                         _share(b.get("attention"))) for b in blocks]
+                         _share(b.get("attention")), b.get("reused_from")) for b in blocks]
         captured = any("attention" in b for b in blocks)
         self.beginResetModel()
         self.rows = rows
@@ -197,7 +200,8 @@ class BlockTableModel(QAbstractTableModel):
             extra = [f"role {row.role}"] + (["shared prefix"] if row.shared else []) + \
                     (["shared with a fork"] if row.sibling_shared else []) + \
                     (["pinned"] if row.pinned else []) + \
-                    ([f"recovered {row.recoveries}x"] if row.recoveries else [])
+                    ([f"recovered {row.recoveries}x"] if row.recoveries else []) + \
+                    ([f"reused from {row.reused_from}"] if row.reused_from else [])
             state = STATE_LABELS.get(row.state, row.state)
             return f"{row.name}: {row.tokens} tokens, {state} ({', '.join(extra)})"
         if role == StateRole:

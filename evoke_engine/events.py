@@ -27,6 +27,8 @@ class EventKind(enum.StrEnum):
     KV_REBUILT = "kv_rebuilt"            # a cache was unusable or dropped: rebuilt from history
     KV_REBUILDING = "kv_rebuilding"      # a KV rebuild from history in progress: tokens = done so far,
                                          # detail = {"done", "total", "messages"} (done == total at the end)
+    BLOCKS_REUSED = "blocks_reused"      # a message's blocks spliced from another conversation's K/V (chunk index):
+                                         # detail = {"blocks": [{"block", "from", "where", "exact"}], "tokens"}
     TURN_DONE = "turn_done"
     ERROR = "error"
 

@@ -106,6 +106,16 @@ class Settings:
     recovery_margin: float = _setting(-1.0, "Adaptive recovery width: saved blocks scoring within this margin of "
                                       "the best block (saved or resident) come back, up to recovery_top_k; -1 "
                                       "keeps the per-role resident gate.", group="Memory", low=-1.0, high=1.0)
+    chunk_reuse: bool = _setting(True, "Splice a message's blocks from another open conversation's K/V (in its slot or "
+                                 "the host pool) when the same tokens follow the same prefix (a prefix-hash match: "
+                                 "bit-identical to decoding them), instead of decoding them.", group="Memory")
+    chunk_reuse_approximate: bool = _setting(False, "Also splice blocks whose tokens match another conversation's "
+                                             "after a different prefix (a content-hash match, re-anchored and "
+                                             "repaired: near, not equal, to decoding them; on SmolLM2-135M "
+                                             "45% of greedy tokens matched a decode, so off).", group="Memory")
+    chunk_reuse_repair_tokens: int = _setting(16, "Tokens decoded afresh after each seam of an approximate reuse "
+                                              "(where a spliced run starts: they attend to this conversation); the "
+                                              "rest is spliced.", group="Memory", low=0, high=4096)
     ram_budget_bytes: int = _setting(2 << 30, "Host RAM for saved K/V blocks before they spill to disk.",
                                      group="Memory", low=0, high=1 << 40)
     pool_bits: int = _setting(16, "Bits per saved K/V value in host RAM and spill files, for blocks evicted from now "

@@ -24,6 +24,7 @@ class ConversationStats:
     identity_hits: int = 0
     max_active_at_turn_end: int = 0
     prefill_tokens: int = 0
+    reused_tokens: int = 0               # tokens spliced from other conversations' K/V instead of decoded
     turn: int = 0
     memory: str = "none"                 # slot | ram | disk | none
     recovery: str = ""                   # the recovery backend in use

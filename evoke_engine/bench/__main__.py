@@ -97,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kb", type=float, default=7.0)
     p.add_argument("--trials", type=int, default=4)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = automatic)")
+    p = sub.add_parser("reuse", help="a second conversation attaching the same file: its blocks spliced from the "
+                                     "first conversation (chunk index) against decoding them")
+    p.add_argument("--file-tokens", type=int, default=2000)
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--seeds", type=int, default=10, help="approximate rows: conversations with another first message")
+    p.add_argument("--repairs", default="0,16", help="approximate rows: tokens recomputed after each seam")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = automatic)")
     p = sub.add_parser("edit", help="regenerate, edit 3 turns back and fork against re-prefill")
     p.add_argument("--tokens", type=int, default=None)
     p.add_argument("--trials", type=int, default=3)
@@ -209,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run(budgets=tuple(int(b) for b in args.budgets.split(",")), kb=args.kb, trials=args.trials,
                      threads=args.threads)
+    elif args.name == "reuse":
+        from .reuse import run
+
+        result = run(file_tokens=args.file_tokens, trials=args.trials, max_tokens=args.max_tokens,
+                     threads=args.threads, seeds=args.seeds, repairs=tuple(int(r) for r in args.repairs.split(",")))
     elif args.name == "long":
         from .llama_server import check_binary
         from .long import DEFAULT_SYSTEMS, run

@@ -136,7 +136,7 @@ class ConversationLifecycle:
         """A state with an empty memory, not yet open (no blocks, no slot)."""
         model = self.model
         memory = ConversationMemory(conversation_id, settings=model.settings, runtime=model.rt, kv=model.kv,
-                                    pool=model.pool, embedder=model.embedder, emit=self.emit)
+                                    pool=model.pool, embedder=model.embedder, emit=self.emit, chunks=model.chunks)
         return ConversationState(id=conversation_id, title=title, system_prompt=system_prompt, tools=tools,
                                  memory=memory, pinned=pinned)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..errors import EvokeError
 from ..events import EngineEvent, EventKind
+from ..kvcache.chunk_index import ChunkIndex
 from ..kvcache.pool import SavedPool
 from ..kvcache.prefixes import SharedPrefixes
 from ..kvcache.slots import SlotRegistry
@@ -45,6 +46,7 @@ class LoadedModel:
     embedder: Embedder              # replaced by `Engine.switch_embedder` only
     info: ModelInfo
     subscriptions: list[Subscription] = field(default_factory=list)
+    chunks: ChunkIndex = field(default_factory=ChunkIndex)   # decoded chunks of every open conversation
     closed: bool = False
 
     @property

@@ -36,6 +36,7 @@ class Reply:
     recovered: list[str]
     rebuild_s: float = 0.0    # a KV rebuild (from history) the turn waited for; counted in ttft_s
     rebuilt_tokens: int = 0   # tokens that rebuild decoded
+    reused_tokens: int = 0    # message tokens spliced from other conversations' K/V (not in prefill_tokens)
 
     @property
     def tokens_per_s(self) -> float:
@@ -151,12 +152,23 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     current: list[Block] = list(recovered)
     to_decode = [b for b in blocks if not (b.role == "file" and b.hash in reused)]   # identity hits came back
     last = to_decode.pop() if to_decode else None        # decoded with the reply's opening, in one call
+    reused: list[dict] = []
     try:
         for block in to_decode:
-            memory.append_decoded(block, current=current, cancel=cancel)
-            done += block.n_tokens
+            hit = memory.append_reused(block, current=current)     # another conversation's exact K/V
+            if hit is not None:
+                reused.append(hit)
+                done += hit["repaired"]                             # decoded afresh after the seam
+            else:
+                memory.append_decoded(block, current=current, cancel=cancel)
+                done += block.n_tokens
             if on_progress is not None:
-                on_progress(done, total)
+                on_progress(done + sum(r["tokens"] for r in reused), total)
+        if last is not None and (hit := memory.append_reused(last, current=current)) is not None:
+            reused.append(hit)
+            done += hit["repaired"]
+            last = None
+        memory.report_reuse(reused)
         question = [b for b in blocks if b.role == "user"][-1:]      # kept while the reply is written
         reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, current, started,
                           last_block=last, next_opening=next_opening, question=question)
@@ -166,6 +178,7 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
                       prefill_tokens=done, recovered=[])
         _close_reply(memory, rt, turn, opening, [], closing, "", current, next_opening=next_opening)
     reply.prefill_tokens = done
+    reply.reused_tokens = sum(r["tokens"] for r in reused)
     reply.recovered = [b.name for b in recovered]
     history.append({"role": "assistant", "content": reply.text, "evoke_turn": turn})
     memory.focus.update(memory.query)

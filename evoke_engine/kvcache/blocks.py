@@ -49,6 +49,7 @@ class Block:
     embedding: np.ndarray | None = None
     hash: str = field(default="")
     recoveries: int = 0
+    reused_from: str | None = None   # "<conversation>:<block> (slot|ram|disk, exact)" when spliced from another
 
     def __post_init__(self) -> None:
         if not self.hash:
@@ -68,7 +69,7 @@ class Block:
         return {"name": self.name, "role": self.role, "state": self.state.value,
                 "tokens": self.n_tokens, "pos": self.pos, "turn": self.turn,
                 "pinned": self.pinned, "shared": self.shared, "sibling_shared": self.sibling_shared,
-                "recoveries": self.recoveries}
+                "recoveries": self.recoveries, "reused_from": self.reused_from}
 
     def message_key(self) -> tuple[int, str]:
         """Which message of the history this block belongs to: (turn, "input" | "reply")."""

@@ -297,6 +297,16 @@ class SavedPool:
                 raise RestoreError(f"the packed bytes of {block.name} do not fit: {exc}") from exc
         return bytes(data), origin, n_tokens
 
+    def holds_exact(self, block: Block, origin_pos: int) -> bool:
+        """The pool holds the bytes of `block` as llama.cpp wrote them (not packed), saved at `origin_pos`."""
+        if block in self._ram:
+            saved = self._ram[block][0]
+            return isinstance(saved, SavedKV) and saved.origin_pos == origin_pos
+        if block in self._disk:
+            path, origin, _, _ = self._disk[block]
+            return path.suffix != ".kvq" and origin == origin_pos
+        return False
+
     def discard(self, block: Block) -> None:
         if block in self._ram:
             saved = self._ram.pop(block)[0]

@@ -5,6 +5,8 @@ Invariants: the only writer of block positions and states and of the slot's cell
 of the context is RAM or DISK exactly while the pool holds its bytes for this sequence (`bytes_moved`
 follows the pool), else DROPPED; victims are saved before any cell moves; cells a forked sibling shares are
 copied out before they move; shared (prefix) cells never move. It decides nothing: `ConversationMemory` does.
+While `exact` (every resident cell is what a fresh decode of the resident tokens from position 0 gives), blocks it
+decodes or splices exactly are published in the shared `ChunkIndex`; blocks whose cells move are forgotten there.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ..errors import InvariantError, RestoreError
 from ..runtime.kv import KVPrimitives, SavedKV
 from ..runtime.runtime import Runtime
 from .blocks import Block, BlockState, BlockTable
+from .chunk_index import ChunkIndex, ChunkSource, chain_hash, chain_of
 from .pool import SavedPool
 
 SavedBytes = tuple[bytes, int, int]          # (bytes, origin_pos, n_tokens): a snapshot's saved K/V
@@ -31,8 +34,12 @@ class ResidentSequence:
     """Mechanism for one conversation: append, take out (with or without bytes), splice back at the tail,
     remove for good, park and unpark, share into a fork. Every method keeps the table and the cells equal."""
 
-    def __init__(self, *, runtime: Runtime, kv: KVPrimitives, pool: SavedPool) -> None:
+    def __init__(self, *, runtime: Runtime, kv: KVPrimitives, pool: SavedPool,
+                 index: ChunkIndex | None = None, label: str = "") -> None:
         self.rt, self.kv, self.pool = runtime, kv, pool
+        self.label = label                       # the conversation's id, for events saying where K/V came from
+        self.index = index                       # decoded chunks of every open conversation (shared)
+        self.exact = True                        # resident cells == a fresh decode of the resident tokens
         self.table = BlockTable()
         self.seq: int | None = None              # the llama.cpp sequence (slot) while in one
         self.image: Block | None = None          # the slot's bytes while parked
@@ -54,6 +61,74 @@ class ResidentSequence:
         if self.image is None:
             return "none"
         return "disk" if self.image.state is BlockState.DISK else "ram"
+
+    # -- the chunk index ---------------------------------------------------------------------
+    def chain_key(self, block: Block) -> str:
+        """The prefix hash `block` would have appended at the tail now (resident tokens, then its own)."""
+        return chain_hash(chain_of(self.table.resident), block.tokens)
+
+    def _publish(self, blocks: Sequence[Block]) -> None:
+        """Register resident `blocks` (decoded or spliced exactly) in the index while the sequence is exact."""
+        if self.index is None or not self.exact or self.seq is None:
+            return
+        wanted = {b for b in blocks if b.role not in ("assistant", "image")}
+        key = ""
+        for block in self.table.resident:
+            key = chain_hash(key, block.tokens)
+            if block in wanted:
+                self.index.register(key, self, block)
+
+    def _moved(self, blocks: Iterable[Block], *, exact: bool = False) -> None:
+        """`blocks` leave their cells or positions: their index entries go; unless `exact`, the cells left are no
+        longer a fresh decode of the resident tokens, so nothing more is published."""
+        self.exact = self.exact and exact
+        if self.index is not None:
+            self.index.forget(self, blocks)
+
+    def lookup(self, block: Block, *, approximate: bool = False,
+               prefer: ResidentSequence | None = None) -> ChunkSource | None:
+        """Another conversation's exact K/V for `block` appended at the tail now; else, with `approximate`, the
+        K/V of the same tokens after another prefix held in a slot; or None."""
+        if self.index is None or self.seq is None:
+            return None
+        found = self.index.lookup(self.chain_key(block), exclude=self)
+        if found is None and approximate:
+            found = self.index.lookup_content(block.hash, exclude=self, prefer=prefer)
+            if found is not None and found.where != "slot":
+                return None                      # a part of pool bytes is not spliced: only slot cells
+        return found
+
+    def splice(self, block: Block, source: ChunkSource, *, repair_tokens: int = 0) -> None:
+        """Append `block` at the tail from `source`'s K/V: another slot's cells or the pool's bytes. An exact source
+        sits at the same positions (no forward pass, no re-anchor); an approximate one is re-anchored, after its
+        first `repair_tokens` are decoded afresh after the seam (they attend to this conversation), and the
+        sequence is no longer exact. RestoreError: nothing changed (the caller decodes instead)."""
+        at, n = self.active_tokens, block.n_tokens
+        if source.n_tokens != n or source.exact and source.origin != at:
+            raise InvariantError(f"{block.name}: a source at {source.origin} for the tail at {at}")
+        if not source.exact and (source.where != "slot" or repair_tokens >= n):
+            raise InvariantError(f"{block.name}: an approximate splice takes part of slot cells")
+        skip = 0 if source.exact else max(0, repair_tokens)
+        if source.where == "slot":
+            saved = self.kv.save(source.owner.seq, source.origin + skip, source.origin + n)
+        else:
+            try:
+                data, origin, n_tokens = self.pool.peek_bytes(source.block)
+            except OSError as exc:
+                raise RestoreError(f"the spill file of {source.block.name} is unreadable: {exc}") from exc
+            saved = SavedKV(bytearray(data), origin, n_tokens)
+        try:
+            if skip:
+                self._decode_at_tail(block.tokens[:skip], logits_last=False)
+            self.kv.restore(saved, self.seq, at + skip)
+        except BaseException:
+            self.kv.drop(self.seq, at, -1)
+            raise
+        self.table.append(block)
+        if source.exact:
+            self._publish([block])
+        else:
+            self.exact = False
 
     # -- the pool's reports -----------------------------------------------------------------
     def bytes_moved(self, block: Block, where: BlockState) -> None:
@@ -82,6 +157,7 @@ class ResidentSequence:
         if self.seq is not None or self.table.blocks:
             raise InvariantError("a snapshot is loaded into a fresh sequence, out of any slot")
         self.table = BlockTable.from_blocks(blocks)
+        self.exact = False                               # how the file's cells were made is not known
         for index, block in enumerate(self.table.blocks):
             if block.state is BlockState.RESIDENT:
                 continue
@@ -123,6 +199,7 @@ class ResidentSequence:
             raise
         for block in blocks:
             self.table.append(block)
+        self._publish(blocks)
 
     def extend_tail(self, block: Block, tokens: list[int], *, ahead: Sequence[int] = (),
                     logits_last: bool = True) -> None:
@@ -153,7 +230,13 @@ class ResidentSequence:
             raise InvariantError("shared prefix blocks never leave the context")
         saved = {block: self.kv.save(self.seq, block.pos, block.end) for block in victims} if keep_bytes else {}
         if victims:
-            self._unshare_from(min(b.pos for b in victims), leaving=victims)
+            first = min(b.pos for b in victims)
+            self._unshare_from(first, leaving=victims)
+            leaving = set(victims)
+            moved = [b for b in self.table.resident if b.pos > first and b not in leaving]
+            self._moved(moved, exact=not moved)
+            if not keep_bytes:
+                self._moved(victims)
         order = sorted(victims, key=lambda b: b.pos, reverse=True)
         for block in order:
             self.kv.evict(self.seq, block.pos, block.end)
@@ -171,9 +254,12 @@ class ResidentSequence:
         resident = sorted((b for b in doomed if b.state is BlockState.RESIDENT), key=lambda b: b.pos)
         if resident and self.seq is None:
             raise ValueError("a parked conversation's blocks are removed after it is back in its slot")
+        self._moved(doomed, exact=True)
         if resident:
             leaving = set(resident)
             first = resident[0].pos
+            self._moved([b for b in self.table.resident if b.pos > first and b not in leaving],
+                        exact=all(b in leaving for b in self.table.resident if b.pos >= first))
             if all(b in leaving for b in self.table.resident if b.pos >= first):
                 self.kv.drop(self.seq, first, -1)        # the tail: no cell moves
                 for block in reversed(resident):
@@ -204,6 +290,7 @@ class ResidentSequence:
     def restore(self, block: Block) -> None:
         """Splice a saved block's K/V back at the tail (RoPE re-anchor, no forward pass). RestoreError: the
         block stays saved when the splice failed, or is DROPPED when its bytes are gone."""
+        self._moved([block])                              # re-anchored: near, not equal, to a fresh decode
         try:
             saved = self.pool.take(block)
         except RestoreError:
@@ -256,6 +343,7 @@ class ResidentSequence:
         self.table.mark_sibling_shared()
         copies = [block.clone() for block in self.table.blocks]
         child.table = BlockTable.from_blocks(copies)
+        child.exact = False
         for block, copy in zip(self.table.blocks, copies, strict=True):
             if block.state is not BlockState.RESIDENT and block in self.pool:
                 child.table.mark_bytes(copy, self.pool.share(block, copy, child))
@@ -281,6 +369,7 @@ class ResidentSequence:
 
     def release(self) -> None:
         """Forget every byte this sequence holds (slot cells and pool entries): saved blocks are DROPPED."""
+        self._moved(self.table.blocks)
         if self.seq is not None:
             self.kv.drop(self.seq)
             self.seq = None

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import BudgetError, InvariantError, RestoreError
 from ..events import EngineEvent, EventKind
 from ..kvcache.blocks import Block, BlockState, BlockTable
+from ..kvcache.chunk_index import ChunkIndex, ChunkSource
 from ..kvcache.pool import SavedPool
 from ..kvcache.resident import ResidentSequence
 from ..runtime.kv import KVPrimitives
@@ -47,6 +48,8 @@ class Counters:
     breadcrumbs: int = 0
     max_active_at_turn_end: int = 0
     prefill_tokens: int = 0
+    reused_blocks: int = 0        # blocks spliced from another conversation's K/V (chunk index)
+    reused_tokens: int = 0
 
 
 def min_budget_tokens(prefix_tokens: int, settings: Settings) -> int:
@@ -64,13 +67,15 @@ def min_budget_tokens(prefix_tokens: int, settings: Settings) -> int:
 
 class ConversationMemory:
     def __init__(self, conversation_id: str, *, settings: Settings, runtime: Runtime, kv: KVPrimitives,
-                 pool: SavedPool, embedder: Embedder, emit: Callable[[EngineEvent], None]) -> None:
+                 pool: SavedPool, embedder: Embedder, emit: Callable[[EngineEvent], None],
+                 chunks: ChunkIndex | None = None) -> None:
         self.id = conversation_id
         self.settings = settings
         self.budget_tokens = settings.budget_tokens
         self.rt, self.embedder = runtime, embedder
         self.emit = emit
-        self.sequence = ResidentSequence(runtime=runtime, kv=kv, pool=pool)   # the only writer of the table
+        self.sequence = ResidentSequence(runtime=runtime, kv=kv, pool=pool, index=chunks,
+                                         label=conversation_id)                # the only writer of the table
         self.scorer = Scorer(settings)
         self.attention = AttentionSignal(kv.mirror)      # inert unless the capture is on
         self.focus = TaskFocus(ema=settings.focus_ema, snap_cosine=settings.focus_snap_cosine)
@@ -82,6 +87,7 @@ class ConversationMemory:
         self._query: np.ndarray | None = None
         self._query_ready = True
         self.last_decide_s = 0.0                 # the last recovery decision: embedding, signals, choosing
+        self._spliced_run: tuple | None = None   # (source block, our block, source owner) of the last splice
 
     # -- accounting (read only: `sequence` writes) --------------------------------------------
     @property
@@ -143,6 +149,55 @@ class ConversationMemory:
         self.make_room(block.n_tokens, current=current)
         self.sequence.append([block], cancel=cancel)
         self.counters.prefill_tokens += block.n_tokens
+
+    def append_reused(self, block: Block, *, current: Iterable[Block] = ()) -> dict | None:
+        """With `chunk_reuse` on: make room for `block` and splice it from another conversation's exact K/V when
+        the chunk index holds its prefix hash. Returns what was reused (for `report_reuse`), or None: nothing
+        changed but room, and the caller decodes it."""
+        if not self.settings.chunk_reuse or self.sequence.index is None or self.seq is None:
+            return None
+        self.make_room(block.n_tokens, current=current)
+        repair = self.settings.chunk_reuse_repair_tokens
+        source = self.sequence.lookup(block, approximate=self.settings.chunk_reuse_approximate
+                                      and block.n_tokens > repair,
+                                      prefer=self._spliced_run[2] if self._spliced_run else None)
+        if source is None:
+            self._spliced_run = None
+            return None
+        if not source.exact and self._continues_run(source):
+            repair = 0                  # the source's next block after the one just spliced: no seam between them
+        try:
+            self.sequence.splice(block, source, repair_tokens=repair)
+        except RestoreError as exc:
+            self.record_event(EventKind.ERROR, f"{block.name}: reuse failed ({exc}); decoding it", block)
+            return None
+        self._spliced_run = (source.block, block, source.owner)
+        how = "exact" if source.exact else f"repaired {repair}"
+        block.reused_from = f"{source.owner.label}:{source.block.name} ({source.where}, {how})"
+        repaired = 0 if source.exact else repair
+        self.counters.reused_blocks += 1
+        self.counters.reused_tokens += block.n_tokens - repaired
+        self.counters.prefill_tokens += repaired
+        return {"block": block.name, "from": f"{source.owner.label}:{source.block.name}", "where": source.where,
+                "exact": source.exact, "repaired": repaired, "tokens": block.n_tokens - repaired}
+
+    def _continues_run(self, source: ChunkSource) -> bool:
+        """`source` is the block right after the last spliced one in the same slot, and that splice is our tail."""
+        if self._spliced_run is None or not self.table.resident:
+            return False
+        previous, ours, _ = self._spliced_run
+        return (self.table.resident[-1] is ours and source.where == "slot" and previous.pos is not None
+                and previous.state is BlockState.RESIDENT and source.block.pos == previous.pos + previous.n_tokens
+                and any(b is previous for b in source.owner.table.resident))
+
+    def report_reuse(self, reused: Sequence[dict]) -> None:
+        """One BLOCKS_REUSED event for the blocks a message took from other conversations."""
+        if not reused:
+            return
+        tokens = sum(r["tokens"] for r in reused)
+        names = ", ".join(r["block"] for r in reused)
+        self.record_event(EventKind.BLOCKS_REUSED, f"reused {len(reused)} blocks ({tokens} tokens): {names}",
+                          detail={"blocks": list(reused), "tokens": tokens})
 
     def make_room(self, needed: int, *, current: Iterable[Block] = ()) -> None:
         if not self.eviction_enabled:
@@ -409,7 +464,8 @@ class ConversationMemory:
             cached_tokens=self.cached_tokens(), prefix_tokens=self.prefix_tokens, evictions=c.evictions,
             recoveries=c.recoveries, evicted_tokens=c.evicted_tokens, recovered_tokens=c.recovered_tokens,
             identity_hits=c.identity_hits, max_active_at_turn_end=c.max_active_at_turn_end,
-            prefill_tokens=c.prefill_tokens, turn=self.turn, memory=self.memory_location(),
+            prefill_tokens=c.prefill_tokens, reused_tokens=c.reused_tokens, turn=self.turn,
+            memory=self.memory_location(),
             recovery=self.settings.recovery, blocks=tuple(self._block_summaries()),
             events=tuple(e.as_dict() for e in list(self.events)[-50:]),
             recovery_decisions=tuple(self.decisions))

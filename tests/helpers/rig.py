@@ -15,6 +15,7 @@ from typing import Any
 
 from evoke_engine.events import EngineEvent
 from evoke_engine.kvcache.blocks import Block
+from evoke_engine.kvcache.chunk_index import ChunkIndex
 from evoke_engine.kvcache.pool import SavedPool
 from evoke_engine.memory.embedder import Embedder
 from evoke_engine.memory.memory import ConversationMemory
@@ -50,10 +51,13 @@ class Rig:
         assert len(tokens) == n
         return tokens
 
-    def memory(self, conversation_id: str = "c", seq: int = 0) -> ConversationMemory:
-        """A fresh conversation in slot `seq`, holding only the shared prefix (lifecycle's create)."""
-        memory = ConversationMemory(conversation_id, settings=self.settings, runtime=self.rt, kv=self.kv,
-                                    pool=self.pool, embedder=self.embedder, emit=self.events.append)
+    def memory(self, conversation_id: str = "c", seq: int = 0, *, chunks: ChunkIndex | None = None,
+               settings: Settings | None = None) -> ConversationMemory:
+        """A fresh conversation in slot `seq`, holding only the shared prefix (lifecycle's create); `chunks`: the
+        chunk index it shares with other conversations (none by default)."""
+        memory = ConversationMemory(conversation_id, settings=settings or self.settings, runtime=self.rt,
+                                    kv=self.kv, pool=self.pool, embedder=self.embedder, emit=self.events.append,
+                                    chunks=chunks)
         memory.sequence.adopt_prefix(Block(name=name, role=name, turn=0, tokens=list(tokens), text="", shared=True)
                                      for name, tokens in self.prefix)
         self.share_prefix(seq)
