@@ -12,13 +12,6 @@ from evoke_engine.kvcache.blocks import BlockState
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture
-def rig(tmp_path):
-    rig = Rig(tmp_path)
-    yield rig
-    rig.close()
-
-
 def _fill(rig, memory, priorities, n=16):
     return [rig.add(memory, "file", n, priority=p) for p in priorities]
 

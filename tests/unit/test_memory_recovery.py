@@ -12,13 +12,6 @@ from evoke_engine.kvcache.blocks import BlockState
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture
-def rig(tmp_path):
-    rig = Rig(tmp_path)
-    yield rig
-    rig.close()
-
-
 def _with_saved(rig, memory, **fields):
     """A conversation whose first file block (`fields` on it) was evicted, saved in the pool."""
     first = rig.add(memory, "file", 16, priority=0.01, **fields)

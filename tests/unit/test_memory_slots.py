@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from helpers.rig import Rig
 
 from evoke_engine.errors import RestoreError
 from evoke_engine.kvcache.blocks import BlockState
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def rig(tmp_path):
-    rig = Rig(tmp_path)
-    yield rig
-    rig.close()
 
 
 def _chat(rig, memory, n=4):

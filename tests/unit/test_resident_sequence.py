@@ -24,13 +24,6 @@ pytestmark = pytest.mark.unit
 ENGINE = Path(__file__).resolve().parents[2] / "evoke_engine"
 
 
-@pytest.fixture
-def rig(tmp_path):
-    rig = Rig(tmp_path)
-    yield rig
-    rig.close()
-
-
 def holds_exactly_its_table(rig: Rig, *memories) -> None:
     """Positions contiguous, states as the pool says, the slot's cells the table's blocks."""
     for memory in memories:

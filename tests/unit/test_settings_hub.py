@@ -10,7 +10,6 @@ import threading
 
 import pytest
 from helpers.clock import FakeClock
-from helpers.rig import Rig
 
 from evoke_engine.conversations.lifecycle import ConversationLifecycle, ConversationState
 from evoke_engine.conversations.loaded_model import follow_pool_settings, follow_ttl_settings
@@ -23,13 +22,6 @@ from evoke_engine.store.history import HistoryDB
 from evoke_engine.store.kvfiles import KVFileStore
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def rig(tmp_path):
-    rig = Rig(tmp_path)
-    yield rig
-    rig.close()
 
 
 def _fill(rig, memory, n_blocks, n=16):
