@@ -53,7 +53,7 @@ class FieldSpec:
     applies: str
     low: float | None = None
     high: float | None = None
-    choices: tuple[str, ...] | None = None
+    choices: tuple[Any, ...] | None = None      # values of the setting's type (shown as text)
     optional: bool = False    # None is a valid value (empty means "the default")
 
     @property
@@ -97,7 +97,7 @@ class FieldSpec:
         if value is None:
             return None if self.optional else f"{self.label}: a value is required"
         if self.choices and value not in self.choices:
-            return f"{self.label}: choose one of {', '.join(self.choices)}"
+            return f"{self.label}: choose one of {', '.join(map(str, self.choices))}"
         if self.low is not None and self.high is not None and not (self.low <= value <= self.high):
             return f"{self.label}: {self.format(value)} is outside {self.range_text()}"
         return None
@@ -181,6 +181,8 @@ def from_editor(spec: FieldSpec, shown: Any) -> Any:
         if not text.strip() and spec.optional:
             return None
         return text
+    if spec.kind == "choice":
+        return next((choice for choice in spec.choices or () if str(choice) == str(shown)), shown)
     return shown
 
 

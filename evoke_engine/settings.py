@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 APP_NAME = "evoke-desk"
 RECOVERY_BACKENDS = ("kv_restore", "breadcrumb", "discard", "none")
 KV_CACHE_TYPES = ("f16", "q8_0")
-POOL_BITS = (16, 8)                            # declared here only: pool.py takes it from here
+POOL_BITS = (16, 8, 4)                          # declared here only: pool.py takes it from here
 RECALL_SIGNALS = ("block", "lines", "lines+lexical", "block+lexical")   # recall_signals.SIGNALS
 ATTENTION_AGGREGATIONS = ("adakv", "mean")     # AttentionSignal.refresh(aggregation=...)
 ATTENTION_GQA = ("mean", "max")               # declared here only: attention.py takes it from here
@@ -40,7 +40,7 @@ KV_FILE_SETTINGS = ("model_path", "kv_cache_type", "n_ctx", "slots", "flash_atte
 
 def _setting(default: Any, description: str, *, group: str, applies: str = NOW,
              low: float | None = None, high: float | None = None,
-             choices: tuple[str, ...] | None = None) -> Any:
+             choices: tuple[Any, ...] | None = None) -> Any:
     meta = {"description": description, "group": group, "applies": applies,
             "low": low, "high": high, "choices": choices}
     return field(default=default, metadata=meta)
@@ -123,7 +123,7 @@ class Settings:
                               "(KIVI) to 0.51x the bytes, so the RAM budget holds ~2x the blocks (SmolLM2-135M: same "
                               "greedy tokens after a restore, logits within 0.81; ~6 ms to pack and ~6 ms to unpack "
                               "a 128-token block on 2 CPU cores). A q8_0 cache is kept as it is.",
-                              group="Memory", low=8, high=16)
+                              group="Memory", choices=POOL_BITS)
     spill_budget_bytes: int = _setting(4 << 30, "Disk for saved K/V blocks spilled past the RAM budget; past it "
                                        "the least recently used are dropped (their text still rebuilds them).",
                                        group="Memory", applies=RELOAD, low=0, high=1 << 44)

@@ -172,7 +172,7 @@ class SettingsDialog(QDialog):
             return edit
         if spec.kind == "choice":
             combo = QComboBox()
-            combo.addItems(list(spec.choices or ()))
+            combo.addItems([str(choice) for choice in spec.choices or ()])
             combo.setMaximumWidth(260)
             return combo
         if spec.kind == "bool":

@@ -43,6 +43,10 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evoke_engine.bench")
     sub = parser.add_subparsers(dest="name", required=True)
@@ -54,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-gpu-layers", type=int, default=-1)
     p.add_argument("--rpc", help="also split the model across RPC workers: auto (two on 127.0.0.1) or host:port,...")
     p.add_argument("--flash-attention", default="auto", choices=("auto", "on", "off"))
-    p = sub.add_parser("pool", help="host pool at 16 and 8 bits: bytes, pack/unpack time, logits after a splice")
+    p.add_argument("--pool-bits", default="", help="also the host pool at these bits (e.g. 16,8,4): RAM per saved "
+                   "token, take+splice time, logit difference against the 16-bit restore (bench pool's rows)")
+    p = sub.add_parser("pool", help="host pool at 16, 8 and 4 bits: bytes, pack/unpack time, logits after a splice")
+    p.add_argument("--bits", default="16,8,4")
     p.add_argument("--docs", type=int, default=6)
     p.add_argument("--trials", type=int, default=9)
     p.add_argument("--model", default=None)
@@ -71,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a Settings override for every run (repeatable), e.g. --set recovery_top_k=2")
     p.add_argument("--decoys", type=int, default=2, help="with --suite: look-alike facts per fact (difficulty)")
+    p.add_argument("--pool-bits", default="", help="passkey recall: each backend at each of these pool_bits (e.g. "
+                   "16,8,4), side by side")
     p.add_argument("--no-raw", action="store_true", help="with --suite: leave per-session rows out")
     p.add_argument("--no-model", action="store_true", help="with --suite: the model-free retrieval bench "
                    "(= bench retrieval)")
@@ -163,11 +172,12 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run(tuple(int(s) for s in args.sizes.split(",")), trials=args.trials, n_ctx=args.n_ctx,
                      model_path=args.model, n_gpu_layers=args.n_gpu_layers, rpc=args.rpc,
-                     flash_attention=args.flash_attention)
+                     flash_attention=args.flash_attention, pool_bits=_ints(args.pool_bits))
     elif args.name == "pool":
         from .pool import run
 
-        result = run(docs=args.docs, trials=args.trials, n_ctx=args.n_ctx, model_path=args.model)
+        result = run(docs=args.docs, trials=args.trials, n_ctx=args.n_ctx, model_path=args.model,
+                     bits=_ints(args.bits))
     elif args.name == "retrieval" or args.name == "recall" and args.suite and args.no_model:
         from .recall_suite import parse_overrides
         from .retrieval import run
@@ -189,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         from .recall_suite import parse_overrides
 
         result = run(seeds=args.seeds, budget=args.budget, overrides=parse_overrides(args.set),
-                     backends=tuple((args.backends or "none,discard,breadcrumb,kv_restore").split(",")))
+                     backends=tuple((args.backends or "none,discard,breadcrumb,kv_restore").split(",")),
+                     pool_bits=_ints(args.pool_bits))
     elif args.name == "endpoint":
         from .endpoint import run
 

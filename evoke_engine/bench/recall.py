@@ -12,6 +12,7 @@ import time
 
 from ..engine import Engine
 from ..settings import Settings
+from .recall_suite import wilson
 
 TOPICS = ["the harbour", "the old mill", "the library", "the orchard", "the train station", "the bakery",
           "the market square", "the river bridge", "the school", "the hill farm", "the lighthouse",
@@ -71,16 +72,21 @@ def run_one(engine: Engine, seed: int, *, fillers: int = 6) -> dict:
 
 
 def run(seeds: int = 10, budget: int = 512, backends: tuple[str, ...] = ("none", "discard", "breadcrumb",
-        "kv_restore"), home: str | None = None, overrides: dict | None = None) -> dict:
+        "kv_restore"), home: str | None = None, overrides: dict | None = None,
+        pool_bits: tuple[int, ...] = ()) -> dict:
+    """`pool_bits`: every backend at each of these `pool_bits` (rows named backend@bits), else at the settings'."""
     results = {}
-    for backend in backends:
-        settings = Settings(budget_tokens=budget, recovery=backend, n_ctx=8192, home=home, slots=2,
-                            **(overrides or {}))
+    arms = [(backend, bits) for backend in backends for bits in (pool_bits or (None,))]
+    for backend, bits in arms:
+        chosen = dict(overrides or {}) | ({} if bits is None else {"pool_bits": bits})
+        settings = Settings(budget_tokens=budget, recovery=backend, n_ctx=8192, home=home, slots=2, **chosen)
         started = time.perf_counter()
         with Engine(settings) as engine:
             runs = [run_one(engine, seed) for seed in range(seeds)]
-        results[backend] = {
-            "pass_rate": sum(r["passed"] for r in runs) / len(runs), "n": len(runs),
+        passed_runs = sum(r["passed"] for r in runs)
+        results[backend if bits is None else f"{backend}@{bits}"] = {
+            "pass_rate": passed_runs / len(runs), "n": len(runs), "pool_bits": settings.pool_bits,
+            "pass_rate_wilson95": [round(x, 3) for x in wilson(passed_runs, len(runs))],
             "evictions": sum(r["evictions"] for r in runs), "recoveries": sum(r["recoveries"] for r in runs),
             "runs_with_evictions_and_recoveries": sum(1 for r in runs if r["evictions"] and r["recoveries"]),
             "max_active_at_turn_end": max(r["max_active_at_turn_end"] for r in runs),

@@ -6,8 +6,11 @@ restore time includes re-anchoring and whatever K-shift cost the next decode pay
 
 from __future__ import annotations
 
+import shutil
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 from ..runtime.kv import KVCache, SavedKV
 from ..runtime.runtime import Runtime
@@ -114,14 +117,30 @@ def _run_one(settings: Settings, sizes: tuple[int, ...], trials: int, context_to
         rt.close()
 
 
+def _pool_rows(settings: Settings, bits: tuple[int, ...], trials: int) -> dict:
+    from . import pool
+
+    home = Path(tempfile.mkdtemp(prefix="bench-restore-pool-"))
+    rt = Runtime(settings)
+    try:
+        return pool.measure(rt, KVCache(rt), home, bits=bits, trials=max(trials, 5))
+    finally:
+        rt.close()
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def run(sizes: tuple[int, ...] = SIZES, trials: int = 5, n_ctx: int = 4096, model_path: str | None = None,
         context_tokens: int = 1536, n_gpu_layers: int = -1, rpc: str | None = None,
-        flash_attention: str = "auto") -> dict:
+        flash_attention: str = "auto", pool_bits: tuple[int, ...] = ()) -> dict:
     """`rpc`: also measure the model split evenly across this machine and RPC workers (`auto`: two started on
-    127.0.0.1), after the local model in the same run, with the split/local ratios per size."""
+    127.0.0.1), after the local model in the same run, with the split/local ratios per size. `pool_bits`: also
+    the host pool at those bits on the same model (`bench pool`'s rows: RAM per saved token, take+splice time,
+    logit difference against the 16-bit restore)."""
     settings = Settings(model_path=model_path, n_ctx=n_ctx, slots=2, n_gpu_layers=n_gpu_layers,
                         flash_attention=flash_attention)
     result = _run_one(settings, sizes, trials, context_tokens)
+    if pool_bits:
+        result["pool"] = _pool_rows(settings, pool_bits, trials)
     if not rpc:
         return result
     from ..runtime.rpc_worker import bench_workers, even_split

@@ -1,26 +1,33 @@
-"""8-bit host storage of saved K/V bytes: pack a sequence-state blob's f16 K and V to uint8, unpack to the blob.
+"""8- and 4-bit host storage of saved K/V bytes: pack a sequence-state blob's f16 K and V to codes, unpack to the blob.
 
 Owns the packed format and the walk of every K and V tensor of a one-sequence state blob (reanchor.parse
 finds the K rows only). KIVI-style: keys per channel (min and step over the block's tokens), values per
-token, per layer, with f16 minimum and step. Invariants: `unpack(pack(blob))` has the exact length and
-every byte outside the K/V data of `blob` (headers, positions, sequence ids); each value is within half a
-step (plus the f16 rounding of the result) of the original; `pack` returns None for anything it does not
-cover (a q8_0 cache, non-finite values, an unknown layout) and the caller keeps those bytes as they are;
-`unpack` raises UnfitPacked for packed bytes whose header, shapes or scales do not fit, writing nothing.
+token, per layer, with f16 minimum and step; at 4 bits, per group of 32 along that axis where it divides.
+Invariants: `unpack(pack(blob))` has the exact length and every byte outside the K/V data of `blob` (headers,
+positions, sequence ids); each value is within half a step (plus the f16 rounding of the result) of the
+original; `pack` returns None for anything it does not cover (a q8_0 cache, non-finite values, an unknown
+layout) and the caller keeps those bytes as they are; `unpack` raises UnfitPacked for packed bytes whose
+header, shapes or scales do not fit, writing nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
-MAGIC = b"EVKVQ8\x01\x00"             # format 1, 8 bits
+MAGIC_PREFIX = b"EVKVQ"                 # then format 2, bits (8 or 4), 0
 _HEAD = struct.Struct("<8sQI")          # magic, unpacked length, region count
-_REGION = struct.Struct("<QIII")        # offset, rows, cols, per_row
+_REGION = struct.Struct("<QIIII")       # offset, rows, cols, per_row, group
 _GGML_TYPE_F16 = 1
-LEVELS = 255
+BITS = (8, 4)
+GROUP_4BIT = 32                         # at 4 bits, one (minimum, step) per 32 values along the scaled axis
+
+
+def magic(bits: int) -> bytes:
+    return MAGIC_PREFIX + bytes([2, bits, 0])
 
 
 class UnfitPacked(ValueError):
@@ -29,20 +36,39 @@ class UnfitPacked(ValueError):
 
 @dataclass(frozen=True)
 class Region:
-    """An f16 matrix of `rows` x `cols` at `offset`; one (minimum, step) per row when `per_row`, else per column."""
+    """An f16 matrix of `rows` x `cols` at `offset`, scaled along each row (`per_row`: values per token) or each
+    column (keys per channel); `group` values along that axis share one (minimum, step) (0: the whole axis)."""
 
     offset: int
     rows: int
     cols: int
     per_row: bool
+    group: int = 0
 
     @property
     def nbytes(self) -> int:
         return self.rows * self.cols * 2
 
     @property
-    def n_scales(self) -> int:
+    def lines(self) -> int:
+        """Rows or columns: the lines along which values are scaled."""
         return self.rows if self.per_row else self.cols
+
+    @property
+    def length(self) -> int:
+        return self.cols if self.per_row else self.rows
+
+    @property
+    def n_scales(self) -> int:
+        return self.lines * (self.length // (self.group or self.length))
+
+    def code_bytes(self, bits: int) -> int:
+        return (self.rows * self.cols * bits + 7) // 8
+
+    def grouped(self, bits: int) -> Region:
+        """This region with the group `bits` use: the whole axis at 8 bits, GROUP_4BIT where it divides at 4."""
+        group = GROUP_4BIT if bits == 4 and self.length % GROUP_4BIT == 0 else 0
+        return dataclasses.replace(self, group=group)
 
 
 @dataclass
@@ -115,64 +141,103 @@ def _matrix(blob: bytes | bytearray | memoryview, region: Region) -> np.ndarray:
                          offset=region.offset).reshape(region.rows, region.cols)
 
 
-def _quantize(values: np.ndarray, per_row: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(minimum f16, step f16, codes uint8) with every value within step/2 of minimum + code * step."""
-    axis = 1 if per_row else 0
-    wide = values.astype(np.float32)
-    low = wide.min(axis=axis, keepdims=True)            # an f16 value: exact in f16
-    span = wide.max(axis=axis, keepdims=True) - low
-    step = (span / LEVELS).astype(np.float16)
-    short = step.astype(np.float32) * LEVELS < span     # f16 rounding went down: one ulp up covers the span
+def _lines(values: np.ndarray, region: Region) -> np.ndarray:
+    """The matrix as [line, group, value]: the axis scaled along is last, cut into the region's groups."""
+    lined = values if region.per_row else values.T
+    group = region.group or region.length
+    return lined.reshape(region.lines, region.length // group, group)
+
+
+def _unlined(grouped: np.ndarray, region: Region) -> np.ndarray:
+    lined = grouped.reshape(region.lines, region.length)
+    return lined if region.per_row else lined.T
+
+
+def _quantize(grouped: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(minimum f16, step f16, codes) per group, every value within step/2 of minimum + code * step."""
+    levels = (1 << bits) - 1
+    wide = grouped.astype(np.float32)
+    low = wide.min(axis=2, keepdims=True)               # an f16 value: exact in f16
+    span = wide.max(axis=2, keepdims=True) - low
+    step = (span / levels).astype(np.float16)
+    short = step.astype(np.float32) * levels < span     # f16 rounding went down: one ulp up covers the span
     step = np.where(short, np.nextafter(step, np.float16(np.inf)), step)
     divisor = np.where(step > 0, step.astype(np.float32), np.float32(1.0))
-    codes = np.clip(np.rint((wide - low) / divisor), 0, LEVELS).astype(np.uint8)
-    return low.astype(np.float16).ravel(), step.ravel(), codes
+    codes = np.clip(np.rint((wide - low) / divisor), 0, levels).astype(np.uint8)
+    return low.astype(np.float16).ravel(), step.ravel(), codes.ravel()
 
 
-def pack(blob: bytes | bytearray | memoryview) -> bytes | None:
-    """The packed form of a state blob, or None where it is not an f16 one-sequence blob with finite values."""
+def _code_bytes(codes: np.ndarray, bits: int) -> bytes:
+    if bits == 8:
+        return codes.tobytes()
+    padded = np.append(codes, np.uint8(0)) if codes.size % 2 else codes
+    return (padded[0::2] | (padded[1::2] << 4)).astype(np.uint8).tobytes()
+
+
+def _codes_of(packed: bytes | bytearray | memoryview, offset: int, count: int, bits: int) -> np.ndarray:
+    raw = np.frombuffer(packed, dtype=np.uint8, count=(count * bits + 7) // 8, offset=offset)
+    if bits == 8:
+        return raw
+    return np.stack([raw & 0x0F, raw >> 4], axis=1).ravel()[:count]
+
+
+def pack(blob: bytes | bytearray | memoryview, bits: int = 8) -> bytes | None:
+    """The packed form of a state blob at `bits` (8 or 4), or None where it is not an f16 one-sequence blob with
+    finite values."""
+    if bits not in BITS:
+        raise ValueError(f"kvquant packs at {BITS} bits, not {bits}")
     found = regions(blob)
     if found is None:
         return None
+    found = [region.grouped(bits) for region in found]
     payload: list[bytes] = []
     for region in found:
         values = _matrix(blob, region)
         if not np.isfinite(values).all():
             return None
-        low, step, codes = _quantize(values, region.per_row)
-        payload += [low.tobytes(), step.tobytes(), codes.tobytes()]
+        low, step, codes = _quantize(_lines(values, region), bits)
+        payload += [low.tobytes(), step.tobytes(), _code_bytes(codes, bits)]
     view = memoryview(blob).cast("B")
     skeleton = [bytes(view[start:end]) for start, end in _gaps(found, len(blob))]
-    table = b"".join(_REGION.pack(r.offset, r.rows, r.cols, int(r.per_row)) for r in found)
-    return b"".join([_HEAD.pack(MAGIC, len(blob), len(found)), table, *skeleton, *payload])
+    table = b"".join(_REGION.pack(r.offset, r.rows, r.cols, int(r.per_row), r.group) for r in found)
+    return b"".join([_HEAD.pack(magic(bits), len(blob), len(found)), table, *skeleton, *payload])
+
+
+def bits_of(data: bytes | bytearray | memoryview) -> int | None:
+    """8 or 4 for bytes `pack` wrote (by their magic; `unpack` checks the rest), None for anything else."""
+    head = bytes(data[:len(magic(8))])
+    return next((bits for bits in BITS if head == magic(bits)), None)
 
 
 def is_packed(data: bytes | bytearray | memoryview) -> bool:
-    return bytes(data[:len(MAGIC)]) == MAGIC
+    return bits_of(data) is not None
 
 
 def unpack(packed: bytes | bytearray | memoryview) -> bytearray:
     """The state blob `pack` was given, with K and V dequantized; UnfitPacked for bytes that do not fit."""
     try:
-        magic, length, count = _HEAD.unpack_from(packed, 0)
+        head, length, count = _HEAD.unpack_from(packed, 0)
     except struct.error as exc:
         raise UnfitPacked(f"packed K/V too short for its header ({len(packed)} bytes)") from exc
-    if magic != MAGIC:
+    bits = bits_of(head)
+    if bits is None:
         raise UnfitPacked("not packed K/V of this format")
     table_end = _HEAD.size + count * _REGION.size
     if count == 0 or table_end > len(packed):
         raise UnfitPacked(f"packed K/V names {count} tensors but holds {len(packed)} bytes")
-    found = [Region(o, r, c, bool(p)) for o, r, c, p in
+    found = [Region(o, r, c, bool(p), g) for o, r, c, p, g in
              (_REGION.unpack_from(packed, _HEAD.size + i * _REGION.size) for i in range(count))]
     cursor = 0
     for region in found:
         if region.offset < cursor or region.rows == 0 or region.cols == 0:
             raise UnfitPacked("packed K/V tensors overlap or are empty")
+        if region != region.grouped(bits):
+            raise UnfitPacked(f"packed K/V groups of {region.group} do not fit {bits}-bit packing")
         cursor = region.offset + region.nbytes
     if cursor > length:
         raise UnfitPacked("packed K/V tensors run past the blob")
     skeleton_bytes = length - sum(r.nbytes for r in found)
-    payload_bytes = sum(r.n_scales * 4 + r.rows * r.cols for r in found)
+    payload_bytes = sum(r.n_scales * 4 + r.code_bytes(bits) for r in found)
     if table_end + skeleton_bytes + payload_bytes != len(packed):
         raise UnfitPacked(f"packed K/V holds {len(packed)} bytes, its shapes need "
                           f"{table_end + skeleton_bytes + payload_bytes}")
@@ -186,15 +251,16 @@ def unpack(packed: bytes | bytearray | memoryview) -> bytearray:
         n = region.n_scales
         low = np.frombuffer(packed, dtype="<f2", count=n, offset=at).astype(np.float32)
         step = np.frombuffer(packed, dtype="<f2", count=n, offset=at + 2 * n).astype(np.float32)
-        codes = np.frombuffer(packed, dtype=np.uint8, count=region.rows * region.cols, offset=at + 4 * n)
-        at += 4 * n + region.rows * region.cols
+        codes = _codes_of(packed, at + 4 * n, region.rows * region.cols, bits)
+        at += 4 * n + region.code_bytes(bits)
         if not (np.isfinite(low).all() and np.isfinite(step).all() and (step >= 0).all()):
             raise UnfitPacked("packed K/V scales are not finite and non-negative")
-        shape = (region.rows, 1) if region.per_row else (1, region.cols)
-        values = (codes.reshape(region.rows, region.cols) * step.reshape(shape) + low.reshape(shape)).astype("<f2")
+        shape = (region.lines, n // region.lines, 1)
+        grouped = codes.reshape(shape[0], shape[1], -1) * step.reshape(shape) + low.reshape(shape)
+        values = _unlined(grouped, region).astype("<f2")
         if not np.isfinite(values).all():
             raise UnfitPacked("packed K/V values overflow f16")
         blob[region.offset:region.offset + region.nbytes] = values.tobytes()
-    if regions(blob) != found:
+    if [dataclasses.replace(r, group=0) for r in found] != regions(blob):
         raise UnfitPacked("the unpacked blob's layout does not match its packed tensors")
     return blob

@@ -7,7 +7,7 @@ bytes are (`put`/`share` return the tier, `where` tells it) and tells an entry's
 spill never takes `spill_bytes` past `spill_budget_bytes` nor the disk's free space under
 `reserve_bytes` (room the chat history needs); a parked conversation's slot image is never dropped (it
 stays in RAM instead); bytes shared by two blocks (a forked conversation) are counted once and freed when
-the last holder lets go. With `bits` 8, blocks are held packed (kvquant: RAM and `.kvq` spill files, counted
+the last holder lets go. With `bits` 8 or 4, blocks are held packed (kvquant: RAM and `.kvq` spill files, counted
 at their packed size) and unpacked on take; blocks kvquant does not cover (a q8_0 cache) and slot images are
 held as they are; packed bytes that do not unpack are a RestoreError (the entry is gone). Spill files live
 under one 0700 folder of this process, locked (flock) while the pool lives and removed by `close`; a new pool
@@ -29,7 +29,7 @@ from typing import Protocol
 
 from ..errors import RestoreError
 from ..runtime.kv import SavedKV
-from ..settings import POOL_BITS  # 16: the bytes as llama.cpp wrote them; 8: kvquant's packed form
+from ..settings import POOL_BITS  # 16: the bytes as llama.cpp wrote them; 8, 4: kvquant's packed forms
 from ..store.private import create_private, private_mkdir
 from . import kvquant
 from .blocks import Block, BlockState
@@ -199,7 +199,7 @@ class SavedPool:
         return self.where(block) or BlockState.DROPPED
 
     def set_bits(self, bits: int) -> None:
-        """Hold blocks put from now on at `bits` (16 as they are, 8 packed); blocks held stay as they are."""
+        """Hold blocks put from now on at `bits` (16 as they are, 8 or 4 packed); blocks held stay as they are."""
         if bits not in POOL_BITS:
             raise ValueError(f"pool bits must be one of {POOL_BITS}, got {bits}")
         self.bits = bits
@@ -207,7 +207,7 @@ class SavedPool:
     def _packed(self, block: Block, saved: SavedKV) -> SavedKV | PackedKV:
         if self.bits == 16 or block.role in NEVER_DROPPED:
             return saved
-        packed = kvquant.pack(saved.data)
+        packed = kvquant.pack(saved.data, self.bits)
         return saved if packed is None else PackedKV(packed, saved.origin_pos, saved.n_tokens)
 
     @staticmethod

@@ -1,6 +1,6 @@
-"""8-bit host storage of saved K/V: packing a state blob built in llama.cpp's one-sequence layout and back
-(exact layout, bounded error, per-channel keys and per-token values), unfit packed bytes refused, and the
-host pool holding packed blocks (RAM and spill files) at about half the bytes."""
+"""8- and 4-bit host storage of saved K/V: packing a state blob built in llama.cpp's one-sequence layout and back
+(exact layout, bounded error, per-channel keys and per-token values, groups of 32 at 4 bits), unfit packed bytes
+refused, and the host pool holding packed blocks (RAM and spill files) at about a half and a quarter of the bytes."""
 
 from __future__ import annotations
 
@@ -175,9 +175,12 @@ def test_the_pool_keeps_what_8_bits_does_not_cover_as_it_is(tmp_path):
     pool.put(block("q8"), SavedKV(bytearray(q8), 0, 16))
     pool.put(block("image", role="image"), SavedKV(bytearray(image), 0, 16))
     assert pool.ram_bytes == len(q8) + len(image)
+    pool.set_bits(4)
+    pool.put(block("q8 at 4"), SavedKV(bytearray(q8), 0, 16))
+    assert pool.ram_bytes == 2 * len(q8) + len(image)
     pool.set_bits(16)
     with pytest.raises(ValueError, match="pool bits"):
-        pool.set_bits(4)
+        pool.set_bits(2)
     pool.close()
 
 
@@ -190,4 +193,75 @@ def test_a_packed_spill_file_that_does_not_fit_is_a_restore_error_and_the_entry_
     with pytest.raises(RestoreError, match="do not fit"):
         pool.take(b)
     assert pool.where(b) is None and b not in pool and pool.spill_bytes == 0
+    pool.close()
+
+
+def _bound(before: np.ndarray, region: kvquant.Region, bits: int) -> np.ndarray:
+    """Half a step of each value's group (plus f16 rounding), in the tensor's own layout."""
+    grouped = kvquant._lines(before, region.grouped(bits))
+    span = grouped.max(axis=2, keepdims=True) - grouped.min(axis=2, keepdims=True)
+    step = np.broadcast_to(span / ((1 << bits) - 1), grouped.shape)
+    return kvquant._unlined(step, region.grouped(bits)) * 0.5 * (1 + 2 ** -9) + np.abs(before) * 2 ** -10
+
+
+@pytest.mark.parametrize("v_trans", [True, False])
+@pytest.mark.parametrize("n_cells", [128, 37])
+def test_4_bit_round_trip_keeps_the_layout_and_each_value_within_half_a_step_of_its_group(v_trans, n_cells):
+    blob = state_blob(n_cells, v_trans=v_trans, seed=5)
+    packed = kvquant.pack(blob, 4)
+    assert kvquant.bits_of(packed) == 4 and kvquant.bits_of(kvquant.pack(blob)) == 8
+    back = kvquant.unpack(packed)
+    found = kvquant.regions(blob)
+    assert kvquant.regions(back) == found
+    for start, end in kvquant._gaps(found, len(blob)):
+        assert back[start:end] == blob[start:end]
+    for region, before, after in zip(found, tensors(blob), tensors(back), strict=True):
+        assert (np.abs(after - before) <= _bound(before, region, 4)).all()
+    # 128 tokens: keys grouped 32 tokens per channel; 37 tokens: one group per channel (32 does not divide)
+    key_groups = 4 if n_cells == 128 else 1
+    assert kvquant.regions(blob)[0].grouped(4).n_scales == N_HEAD_KV * HEAD_DIM * key_groups
+
+
+def test_4_bit_is_about_a_quarter_of_the_bytes_and_groups_keep_an_outlier_local():
+    width = N_HEAD_KV * HEAD_DIM
+    rng = np.random.default_rng(2)
+    k = rng.normal(0, 1, (N_LAYER, 128, width))
+    k[:, 9, 3] = 300                         # one outlier key: only its group (tokens 0-31 of channel 3) pays
+    blob = state_blob(128, v_trans=False, k=k)
+    packed = kvquant.pack(blob, 4)
+    assert 0.25 < len(packed) / len(blob) < 0.4       # 32 channels: the scales of every group weigh
+    error = np.abs(tensors(kvquant.unpack(packed))[0] - tensors(blob)[0])     # layer 0 keys [token, channel]
+    assert error[:32, 3].max() > 1 and error[32:, 3].max() < 0.6 and np.delete(error, 3, axis=1).max() < 0.6
+
+
+def test_4_bit_packed_bytes_that_do_not_fit_are_refused():
+    blob = state_blob(64, v_trans=True)
+    packed = kvquant.pack(blob, 4)
+    head, region = kvquant._HEAD.size, kvquant._REGION.size
+    unfit = {
+        "truncated": packed[:-1],
+        "read as 8-bit": _corrupt(packed, 0, kvquant.magic(8)),
+        "group that does not divide": _corrupt(packed, head + 20, struct.pack("<I", 24)),
+        "no group at 4 bits": _corrupt(packed, head + region + 20, struct.pack("<I", 0)),
+    }
+    for what, data in unfit.items():
+        with pytest.raises(kvquant.UnfitPacked):
+            kvquant.unpack(data)
+            pytest.fail(what)
+    with pytest.raises(ValueError, match="bits"):
+        kvquant.pack(blob, 3)
+
+
+def test_the_pool_holds_4_bit_blocks_in_ram_and_spill_files(tmp_path):
+    blobs = [state_blob(128, v_trans=True, seed=s) for s in range(2)]
+    pool = SavedPool(1 << 30, tmp_path, bits=4)
+    blocks = [block(f"b{i}") for i in range(2)]
+    for b, blob in zip(blocks, blobs, strict=True):
+        pool.put(b, SavedKV(bytearray(blob), origin_pos=7, n_tokens=128))
+    assert pool.ram_bytes < 0.4 * sum(map(len, blobs))
+    pool.set_budget(0)
+    assert [pool.where(b) for b in blocks] == [BlockState.DISK, BlockState.DISK]
+    for b, blob in zip(blocks, blobs, strict=True):
+        back = pool.take(b)
+        assert len(back.data) == len(blob) and kvquant.regions(back.data) == kvquant.regions(blob)
     pool.close()
