@@ -1,18 +1,20 @@
 """Whether a structurally sound snapshot fits this engine, checked before any of it is applied: the same
 conversation and prefix tokens, the history SQLite holds, token ids of this vocabulary, K/V bytes of this
-model's layout. Vectors of another embedder are dropped (recomputed when a decision needs them) and the
-task focus recomputed from the user's messages. Invariant: only the decoded Snapshot is ever changed.
+model's layout (8- and 4-bit saved blocks checked whole, without dequantizing). Vectors of another embedder are
+dropped (recomputed when a decision needs them) and the task focus recomputed from the user's messages.
+Invariant: only the decoded Snapshot is ever changed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..kvcache import kvquant
 from ..kvcache.blocks import BlockState
 from ..memory.embedder import Embedder
 from ..memory.scorer import TaskFocus
 from ..memory.snapshot import Snapshot
-from ..memory.snapshot_check import check_blob, need
+from ..memory.snapshot_check import SnapshotError, check_blob, need
 from ..runtime import reanchor
 from ..settings import Settings
 from ..store.history import MessageRow
@@ -53,6 +55,12 @@ def _check_bytes(snapshot: Snapshot, n_layer: int, geometry: reanchor.RopeGeomet
     blobs += [(f"K/V of {snapshot.blocks[i].name}", saved) for i, saved in sorted(snapshot.saved.items())]
     signatures = set()
     for what, (data, origin, n_tokens) in blobs:
+        if kvquant.is_packed(data):              # an 8- or 4-bit block: checked whole, values not computed
+            need(what != "image", "the slot image is packed (only saved blocks may be)")
+            try:
+                data = kvquant.skeleton(data)
+            except kvquant.UnfitPacked as exc:
+                raise SnapshotError(f"{what}: {exc}") from exc
         signature = check_blob(what, data, origin, n_tokens)
         need(signature[3] == n_layer, f"{what}: {signature[3]} layers, this model has {n_layer}")
         need(geometry is None or reanchor.parse(data, geometry) is not None,

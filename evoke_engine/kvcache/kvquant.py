@@ -215,6 +215,16 @@ def is_packed(data: bytes | bytearray | memoryview) -> bool:
 
 def unpack(packed: bytes | bytearray | memoryview) -> bytearray:
     """The state blob `pack` was given, with K and V dequantized; UnfitPacked for bytes that do not fit."""
+    return _read(packed, values=True)
+
+
+def skeleton(packed: bytes | bytearray | memoryview) -> bytearray:
+    """The blob `unpack` would return with its K and V left zero: every check of `unpack` (shapes, scales, every
+    value finite) without the dequantizing, for checking a file before any of it is used."""
+    return _read(packed, values=False)
+
+
+def _read(packed: bytes | bytearray | memoryview, *, values: bool) -> bytearray:
     try:
         head, length, count = _HEAD.unpack_from(packed, 0)
     except struct.error as exc:
@@ -247,20 +257,23 @@ def unpack(packed: bytes | bytearray | memoryview) -> bytearray:
     for start, end in _gaps(found, length):
         blob[start:end] = source[at:at + end - start]
         at += end - start
+    levels = (1 << bits) - 1
     for region in found:
         n = region.n_scales
         low = np.frombuffer(packed, dtype="<f2", count=n, offset=at).astype(np.float32)
         step = np.frombuffer(packed, dtype="<f2", count=n, offset=at + 2 * n).astype(np.float32)
-        codes = _codes_of(packed, at + 4 * n, region.rows * region.cols, bits)
+        codes_at = at + 4 * n
         at += 4 * n + region.code_bytes(bits)
         if not (np.isfinite(low).all() and np.isfinite(step).all() and (step >= 0).all()):
             raise UnfitPacked("packed K/V scales are not finite and non-negative")
+        if not np.isfinite((low + levels * step).astype(np.float16)).all():
+            raise UnfitPacked("packed K/V values overflow f16")
+        if not values:
+            continue
+        codes = _codes_of(packed, codes_at, region.rows * region.cols, bits)
         shape = (region.lines, n // region.lines, 1)
         grouped = codes.reshape(shape[0], shape[1], -1) * step.reshape(shape) + low.reshape(shape)
-        values = _unlined(grouped, region).astype("<f2")
-        if not np.isfinite(values).all():
-            raise UnfitPacked("packed K/V values overflow f16")
-        blob[region.offset:region.offset + region.nbytes] = values.tobytes()
+        blob[region.offset:region.offset + region.nbytes] = _unlined(grouped, region).astype("<f2").tobytes()
     if [dataclasses.replace(r, group=0) for r in found] != regions(blob):
         raise UnfitPacked("the unpacked blob's layout does not match its packed tensors")
     return blob

@@ -205,6 +205,8 @@ class SavedPool:
         self.bits = bits
 
     def _packed(self, block: Block, saved: SavedKV) -> SavedKV | PackedKV:
+        if kvquant.is_packed(saved.data):          # a KV file held the block packed: it stays packed
+            return PackedKV(bytes(saved.data), saved.origin_pos, saved.n_tokens)
         if self.bits == 16 or block.role in NEVER_DROPPED:
             return saved
         packed = kvquant.pack(saved.data, self.bits)
@@ -296,6 +298,15 @@ class SavedPool:
             except kvquant.UnfitPacked as exc:
                 raise RestoreError(f"the packed bytes of {block.name} do not fit: {exc}") from exc
         return bytes(data), origin, n_tokens
+
+    def peek_stored(self, block: Block) -> tuple[bytes, int, int]:
+        """(bytes, origin_pos, n_tokens) as the pool stores them, packed ones packed (a KV file keeps them so:
+        `put` takes them back as they are)."""
+        if block in self._ram:
+            saved = self._ram[block][0]
+            return bytes(saved.data), saved.origin_pos, saved.n_tokens
+        path, origin, n_tokens, _ = self._disk[block]
+        return path.read_bytes(), origin, n_tokens
 
     def holds_exact(self, block: Block, origin_pos: int) -> bool:
         """The pool holds the bytes of `block` as llama.cpp wrote them (not packed), saved at `origin_pos`."""

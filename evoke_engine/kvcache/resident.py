@@ -364,8 +364,9 @@ class ResidentSequence:
         return None, []
 
     def saved_bytes(self) -> dict[int, SavedBytes]:
-        """The pool's bytes of the table's saved blocks, by block index (birth order)."""
-        return {i: self.pool.peek_bytes(b) for i, b in enumerate(self.table.blocks) if b in self.pool}
+        """The pool's bytes of the table's saved blocks, by block index (birth order), as the pool stores them
+        (8- and 4-bit ones packed: a KV file holds them at the pool's size)."""
+        return {i: self.pool.peek_stored(b) for i, b in enumerate(self.table.blocks) if b in self.pool}
 
     def release(self) -> None:
         """Forget every byte this sequence holds (slot cells and pool entries): saved blocks are DROPPED."""

@@ -19,7 +19,8 @@ import numpy as np
 from ..kvcache.blocks import BlockState, content_hash
 from ..settings import Settings
 
-FORMAT = 3               # 3: the image may end with the next message's opening ("ahead", its tokens)
+FORMAT = 4               # 4: a saved block's bytes may be kvquant's 8- or 4-bit packed form (the pool's)
+                         # 3: the image may end with the next message's opening ("ahead", its tokens)
                          # 2: the head names the embedder of its vectors ("embedder")
 MAX_AHEAD = 64           # tokens of a message's opening held ahead (a template's role header is a few)
 OLDEST_FORMAT = 1        # 1: no "embedder"; migrated by treating its vectors as of an unknown embedder
@@ -64,6 +65,8 @@ def migrate_head(head: Any) -> dict:
         head = {**head, "format": 2, "embedder": None}
     if head["format"] == 2:
         head = {**head, "format": 3, "ahead": []}
+    if head["format"] == 3:
+        head = {**head, "format": 4}                  # nothing to change: format 3 files hold f16 bytes only
     return head
 
 

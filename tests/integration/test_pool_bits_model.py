@@ -1,5 +1,5 @@
-"""8-bit host pool on the real embedded model: a block holding a passkey, evicted into the pool at 8 bits and
-spliced back, continues with the same greedy tokens as at 16 bits, for about half the pool's bytes."""
+"""8- and 4-bit host pool on the real embedded model: a block holding a passkey, evicted into the pool packed and
+spliced back, continues with the same greedy tokens as at 16 bits, for about a half and a third of the bytes."""
 
 from __future__ import annotations
 
@@ -24,23 +24,25 @@ def rig(tmp_path_factory):
 
 
 @pytest.mark.parametrize("seed", [0, 3])
-def test_an_8_bit_block_spliced_back_continues_like_a_16_bit_one_for_half_the_bytes(rig, tmp_path, seed):
+def test_a_packed_block_spliced_back_continues_like_a_16_bit_one_for_a_fraction_of_the_bytes(rig, tmp_path, seed):
     rt, kv = rig
     text, key = passkey_document(seed)
     tokens = rt.tokenize(text)
     p0, p1 = _needle_block(rt, tokens, key)
     runs = {}
-    for bits in (16, 8):
+    for bits in (16, 8, 4):
         pool = SavedPool(1 << 30, tmp_path / str(bits), bits=bits)
         runs[bits] = splice_round_trip(rt, kv, pool, tokens, p0, p1)
         assert pool.ram_bytes == 0
         pool.close()
-    (logits16, greedy16, bytes16), (logits8, greedy8, bytes8) = runs[16], runs[8]
+    logits16, greedy16, bytes16, _ = runs[16]
     assert key in rt.detokenize(greedy16).replace(" ", "")
-    assert greedy8 == greedy16
-    assert np.argmax(logits8) == np.argmax(logits16)
-    assert np.abs(logits8 - logits16).max() < 2.0
-    assert 0.5 < bytes8 / bytes16 < 0.53
+    for bits, (low, high) in {8: (0.5, 0.53), 4: (0.3, 0.33)}.items():
+        logits, greedy, held, _ = runs[bits]
+        assert greedy == greedy16, bits
+        assert np.argmax(logits) == np.argmax(logits16)
+        assert np.abs(logits - logits16).max() < 2.0
+        assert low < held / bytes16 < high
 
 
 def test_a_real_blob_is_walked_whole_and_its_k_rows_are_where_the_reanchor_parse_finds_them(rig):
@@ -53,6 +55,7 @@ def test_a_real_blob_is_walked_whole_and_its_k_rows_are_where_the_reanchor_parse
     if kv.geometry is not None:
         assert tuple(r.offset for r in found[:len(found) // 2]) == reanchor.parse(blob, kv.geometry).k_offsets
     assert kvquant.regions(kvquant.unpack(kvquant.pack(blob))) == found
+    assert kvquant.regions(kvquant.unpack(kvquant.pack(blob, 4))) == found
     kv.drop(0)
 
 
