@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--seeds", type=int, default=10, help="approximate rows: conversations with another first message")
     p.add_argument("--repairs", default="0,16", help="approximate rows: tokens recomputed after each seam")
+    p.add_argument("--no-endpoint", action="store_true", help="skip the rows through the OpenAI endpoint")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = automatic)")
     p = sub.add_parser("edit", help="regenerate, edit 3 turns back and fork against re-prefill")
     p.add_argument("--tokens", type=int, default=None)
@@ -232,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         from .reuse import run
 
         result = run(file_tokens=args.file_tokens, trials=args.trials, max_tokens=args.max_tokens,
-                     threads=args.threads, seeds=args.seeds, repairs=tuple(int(r) for r in args.repairs.split(",")))
+                     threads=args.threads, seeds=args.seeds, repairs=tuple(int(r) for r in args.repairs.split(",")),
+                     endpoint=not args.no_endpoint)
     elif args.name == "long":
         from .llama_server import check_binary
         from .long import DEFAULT_SYSTEMS, run

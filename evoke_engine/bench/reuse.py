@@ -7,7 +7,8 @@ fresh conversation with the same system prompt and the same attachment, with `ch
 the greedy continuation (temperature 0) of the probe question is compared token by token between on and off.
 The approximate rows: per seed a conversation whose first message differs (so only content hashes match) attaches
 the file, decoded (reference) and spliced with and without repair; the share of greedy tokens equal to the
-reference's over `max_tokens` is reported per arm.
+reference's over `max_tokens` is reported per arm. The endpoint rows: the same file re-sent through the OpenAI
+endpoint in a new session each trial (client-side TTFT), after a first session sent it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import dataclasses
 import logging
 import statistics
 import tempfile
+import time
 
 from .. import Engine, Settings
 from .paste import paste_text
@@ -45,6 +47,61 @@ def _share_equal(a: list[int], b: list[int], n: int) -> float:
 
 
 WORK = ("parser", "scheduler", "billing", "cache", "auth", "router", "exporter", "ledger", "metrics", "upload")
+
+
+ENDPOINT_SYSTEM = "You are a coding assistant. Answer briefly."
+
+
+def _stream(client, messages: list[dict], session: str, max_tokens: int) -> dict:
+    """One streamed greedy request: client-side TTFT, the reply and `usage.evoke`."""
+    started = time.perf_counter()
+    ttft, reply, usage = None, "", None
+    stream = client.chat.completions.create(model="evoke", messages=messages, max_tokens=max_tokens, temperature=0,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_headers={"X-Evoke-Session": session})
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                ttft = ttft if ttft is not None else time.perf_counter() - started
+                reply += choice.delta.content
+    extra = (usage.model_extra or {}).get("evoke", {}) if usage is not None else {}
+    return {"ttft_s": round(ttft if ttft is not None else time.perf_counter() - started, 4), "reply": reply,
+            "reused_tokens": extra.get("reused"), "decoded_tokens": extra.get("decoded"),
+            "conversation_id": extra.get("conversation_id")}
+
+
+def _endpoint(engine: Engine, name: str, text: str, trials: int, max_tokens: int) -> dict:
+    """Through the OpenAI endpoint: a first session sends the file; each trial a new session (its own
+    X-Evoke-Session) re-sends it with the probe, `chunk_reuse` on and off in turn; client-side TTFT."""
+    import openai
+
+    from ..server import EndpointServer, ServerConfig
+
+    def user(question: str) -> dict:
+        return {"role": "user", "content": f"[file {name}]\n{text.rstrip()}\n[end of file {name}]\n\n{question}"}
+
+    system = {"role": "system", "content": ENDPOINT_SYSTEM}
+    rows: dict[bool, list[dict]] = {True: [], False: []}
+    with EndpointServer(engine, ServerConfig(port=0), lifetime_s=3600) as server:
+        client = openai.OpenAI(base_url=server.address, api_key="bench", max_retries=0, timeout=600)
+        _stream(client, [system, user("Here is the file I work on today.")], f"first-{time.time_ns()}", 8)
+        for trial in range(trials):
+            for reuse in ((True, False) if trial % 2 == 0 else (False, True)):
+                engine.apply_settings(dataclasses.replace(engine.settings, chunk_reuse=reuse))
+                rows[reuse].append(_stream(client, [system, user(PROBE)], f"trial-{trial}-{reuse}-{time.time_ns()}",
+                                           max_tokens))
+                engine.release_conversation(rows[reuse][-1]["conversation_id"], persist=False)   # its slot is free
+                log.info("endpoint trial %d reuse %s: ttft %.3f s, reused %s", trial, reuse,
+                         rows[reuse][-1]["ttft_s"], rows[reuse][-1]["reused_tokens"])
+    med = {r: {k: statistics.median(row[k] for row in rows[r]) for k in ("ttft_s", "reused_tokens", "decoded_tokens")}
+           for r in (True, False)}
+    replies = [row["reply"] for r in (True, False) for row in rows[r]]
+    return {"reuse_on": med[True], "reuse_off": med[False],
+            "ttft_speedup": round(med[False]["ttft_s"] / med[True]["ttft_s"], 1),
+            "greedy_identical": all(reply == replies[0] for reply in replies), "reply": replies[0],
+            "raw": {"reuse_on": [dict(row, reply=None) for row in rows[True]],
+                    "reuse_off": [dict(row, reply=None) for row in rows[False]]}}
 
 
 def _approximate(engine: Engine, attachment: list, seeds: int, max_tokens: int, repairs: tuple[int, ...]) -> dict:
@@ -77,7 +134,7 @@ def _approximate(engine: Engine, attachment: list, seeds: int, max_tokens: int, 
 
 
 def run(*, file_tokens: int = 2000, trials: int = 5, max_tokens: int = 32, threads: int = 0, seeds: int = 10,
-        repairs: tuple[int, ...] = (0, 16)) -> dict:
+        repairs: tuple[int, ...] = (0, 16), endpoint: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="evoke-reuse-") as home:
         settings = Settings(home=home, temperature=0.0, n_threads=threads, n_ctx=32768, slots=4,
                             budget_tokens=6144, embedder="off")
@@ -102,6 +159,7 @@ def run(*, file_tokens: int = 2000, trials: int = 5, max_tokens: int = 32, threa
                              reply.reused_tokens)
             on, off = (engine.tokenize(texts[r][0], special=False) for r in (True, False))
             approximate = _approximate(engine, attachment, seeds, max_tokens, repairs) if seeds else {}
+            through_endpoint = _endpoint(engine, *attachment[0], trials, max_tokens) if endpoint else {}
     med = {r: {k: statistics.median(row[k] for row in rows[r]) for k in rows[r][0]} for r in (True, False)}
     return {"bench": "reuse", "file_tokens": file_tokens, "first_conversation_decoded": decoded,
             "trials": trials, "max_tokens": max_tokens,
@@ -110,4 +168,5 @@ def run(*, file_tokens: int = 2000, trials: int = 5, max_tokens: int = 32, threa
                       "greedy_identical": all(t == texts[False][0] for t in (*texts[True], *texts[False])),
                       "greedy_token_share": _share_equal(on, off, max_tokens),
                       "reply_on": texts[True][0], "reply_off": texts[False][0]},
-            "approximate": approximate, "raw": {"reuse_on": rows[True], "reuse_off": rows[False]}}
+            "approximate": approximate, "endpoint": through_endpoint,
+            "raw": {"reuse_on": rows[True], "reuse_off": rows[False]}}

@@ -337,6 +337,7 @@ class ChatService:
                 "total_tokens": prompt + int(reply.n_tokens),
                 "evoke": {"active": after.active_tokens, "budget": after.budget_tokens,
                           "cached": prompt - decoded, "decoded": decoded,
+                          "reused": int(getattr(reply, "reused_tokens", 0)),
                           "evictions": after.evictions - before.evictions,
                           "recoveries": after.recoveries - before.recoveries,
                           "conversation_id": prepared.conv.id, "route": prepared.route,
