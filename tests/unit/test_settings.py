@@ -69,3 +69,15 @@ def test_the_settings_a_kv_file_is_made_for_are_declared_once():
     assert tuple(inspect.signature(model_hash).parameters) == KV_FILE_SETTINGS
     assert all("re-reads its history" in SAVED_STATE_EFFECTS[name] for name in KV_FILE_SETTINGS)
     assert set(KV_FILE_SETTINGS) <= {f.name for f in dataclasses.fields(Settings)}
+
+
+def test_pool_bits_is_a_choice_of_16_8_4_in_the_panel_and_its_text_maps_back_to_the_number():
+    from app import settings_form as form
+
+    spec = next(s for s in form.field_specs(Settings) if s.name == "pool_bits")
+    assert spec.kind == "choice" and spec.choices == (16, 8, 4)
+    assert form.from_editor(spec, "4") == 4 and form.to_editor(spec, 8) == 8
+    assert spec.check(8) is None and "choose one of 16, 8, 4" in spec.check(12)
+    assert Settings(pool_bits=4).pool_bits == 4
+    with pytest.raises(ValueError, match="pool_bits"):
+        Settings(pool_bits=2)
