@@ -225,7 +225,7 @@ class Settings:
             if value is None:
                 continue
             if meta.get("choices") and value not in meta["choices"]:
-                raise ValueError(f"{f.name}={value!r}: choose one of {', '.join(meta['choices'])}")
+                raise ValueError(f"{f.name}={value!r}: choose one of {', '.join(map(str, meta['choices']))}")
             low, high = meta.get("low"), meta.get("high")
             if low is not None and not (low <= value <= high):
                 raise ValueError(f"{f.name}={value!r}: must lie in [{low}, {high}]")
