@@ -171,14 +171,14 @@ class ConversationMemory:
         except RestoreError as exc:
             self.record_event(EventKind.ERROR, f"{block.name}: reuse failed ({exc}); decoding it", block)
             return None
-        self._spliced_run = (source.block, block, source.owner)
+        self._spliced_run = (source.block, block, source.owner) if source.owner is not None else None
         how = "exact" if source.exact else f"repaired {repair}"
-        block.reused_from = f"{source.owner.label}:{source.block.name} ({source.where}, {how})"
+        block.reused_from = f"{source.label}:{source.block_name} ({source.where}, {how})"
         repaired = 0 if source.exact else repair
         self.counters.reused_blocks += 1
         self.counters.reused_tokens += block.n_tokens - repaired
         self.counters.prefill_tokens += repaired
-        return {"block": block.name, "from": f"{source.owner.label}:{source.block.name}", "where": source.where,
+        return {"block": block.name, "from": f"{source.label}:{source.block_name}", "where": source.where,
                 "exact": source.exact, "repaired": repaired, "tokens": block.n_tokens - repaired}
 
     def _continues_run(self, source: ChunkSource) -> bool:
@@ -402,7 +402,7 @@ class ConversationMemory:
         return Snapshot(conversation_id=self.id, prefix_key=prefix_key, turn=self.turn,
                         budget_tokens=self.budget_tokens, history=history, blocks=self.table.blocks,
                         image=image, saved=self.sequence.saved_bytes(), counters=asdict(self.counters), focus=focus,
-                        embedder=self.embedder.identity, ahead=ahead)
+                        embedder=self.embedder.identity, ahead=ahead, chunks=self.sequence.chunk_records())
 
     def load_snapshot(self, snapshot: Snapshot, prefix_tokens: int) -> None:
         """Adopt a snapshot's table while out of a slot; `unpark` then restores its image."""
@@ -417,7 +417,8 @@ class ConversationMemory:
         mismatch = total - shared + len(snapshot.ahead) != image_tokens
         if mismatch or (snapshot.image and snapshot.image[1] != prefix_tokens):
             raise SnapshotError("snapshot image does not match its block table")
-        self.sequence.load(snapshot.blocks, snapshot.saved, snapshot.image, snapshot.ahead, snapshot.turn)
+        self.sequence.load(snapshot.blocks, snapshot.saved, snapshot.image, snapshot.ahead, snapshot.turn,
+                           chunks=snapshot.chunks)
         self.turn = snapshot.turn
         self.budget_tokens = max(snapshot.budget_tokens, min_budget_tokens(prefix_tokens, self.settings))  # old files
         for key, value in snapshot.counters.items():
