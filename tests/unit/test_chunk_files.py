@@ -5,6 +5,9 @@ replaced is not used."""
 
 from __future__ import annotations
 
+import json
+import struct
+
 import numpy as np
 import pytest
 from helpers.state_blobs import N_LAYER, WIDTH, state_blob, tensors
@@ -15,7 +18,7 @@ from evoke_engine.kvcache.blocks import Block, BlockState
 from evoke_engine.kvcache.chunk_index import ChunkIndex, FileChunk, chain_hash
 from evoke_engine.kvcache.state_cells import cut
 from evoke_engine.memory.chunk_files import KVFileChunks
-from evoke_engine.memory.snapshot import Snapshot, encode_payload
+from evoke_engine.memory.snapshot import Snapshot, SnapshotError, decode_payload, encode_payload
 from evoke_engine.store.kvfiles import KVFileStore
 
 pytestmark = pytest.mark.unit
@@ -148,3 +151,29 @@ def test_a_head_that_is_not_a_snapshot_is_not_catalogued(store):
     store.write("short", "long", b"\x01")
     index, _ = catalogued(store)
     assert index.file_entries() == 0
+
+
+@pytest.mark.parametrize("chunks, reason", [
+    ({"9": ["0" * 32, 10]}, "names no block"),
+    ({"1": ["not a key", 10]}, "not \\[chain key, origin\\]"),
+    ({"1": ["0" * 32, 11]}, "its block at 10"),
+    ({"3": ["0" * 32, 40]}, "no saved bytes at origin 40"),
+    ([], "not an object"),
+])
+def test_a_head_whose_chunk_records_do_not_fit_its_table_is_refused(chunks, reason):
+    payload = bytearray(encode_payload(snapshot()[0]))
+    (length,) = struct.unpack_from("<I", payload)
+    head = json.loads(payload[4:4 + length])
+    head["chunks"] = chunks
+    raw = json.dumps(head).encode()
+    with pytest.raises(SnapshotError, match=reason):
+        decode_payload(struct.pack("<I", len(raw)) + raw + payload[4 + length:])
+
+
+def test_a_head_without_chunk_records_reads_as_none():
+    payload = bytearray(encode_payload(snapshot()[0]))
+    (length,) = struct.unpack_from("<I", payload)
+    head = json.loads(payload[4:4 + length])
+    del head["chunks"]                                             # written before KV files were a reuse source
+    raw = json.dumps(head).encode()
+    assert decode_payload(struct.pack("<I", len(raw)) + raw + payload[4 + length:]).chunks == {}
