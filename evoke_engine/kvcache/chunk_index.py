@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -60,10 +61,16 @@ class FileChunk:
     name: str
     origin: int
     n_tokens: int
+    nbytes: int = 0          # about what its K/V take in the file (what reading it is weighed against)
 
 
 class ChunkFiles(Protocol):
     """What the index asks of the KV files (memory.chunk_files.KVFileChunks)."""
+
+    def worth(self, chunk: FileChunk, run_bytes: int) -> bool:
+        """Reading `chunk`'s file now is worth it for a run of `run_bytes` of K/V spliced from it (the file is
+        read and verified whole, once per version)."""
+        ...
 
     def holds(self, key: str, chunk: FileChunk) -> bool:
         """The file is there, intact, and still records chain `key` for `chunk` with bytes that can be spliced."""
@@ -161,12 +168,28 @@ class ChunkIndex:
     def file_entries(self) -> int:
         return sum(len(chunks) for chunks in self._in_files.values())
 
-    def _in_file(self, key: str, exclude: str | None) -> ChunkSource | None:
-        """A file entry of `key` (not of conversation `exclude`) that `files` verified; files that fail go."""
-        if self.files is None:
+    def _in_file(self, key: str, exclude: str | None, following: Iterable[str]) -> ChunkSource | None:
+        """A file entry of `key` (not of conversation `exclude`) worth reading for the run it starts (this block
+        and those of `following`, the keys of the blocks after it, the same file holds; computed only as far as
+        needed) and that `files` verified; files that fail verification go."""
+        candidates = [c for c in self._in_files.get(key, ()) if c.conversation_id != exclude]
+        if self.files is None or not candidates:
             return None
-        for chunk in list(self._in_files.get(key, ())):
-            if chunk.conversation_id == exclude:
+        keys: list[str] = []
+        later_keys = iter(following)
+        for chunk in candidates:
+            run = chunk.nbytes
+            for at in itertools.count():
+                if at == len(keys):
+                    later = next(later_keys, None)
+                    if later is None:
+                        break
+                    keys.append(later)
+                same = [c for c in self._in_files.get(keys[at], ()) if c.conversation_id == chunk.conversation_id]
+                if not same:
+                    break
+                run += same[0].nbytes
+            if not self.files.worth(chunk, run):
                 continue
             if self.files.holds(key, chunk):
                 return ChunkSource(key, None, None, chunk.origin, chunk.n_tokens, "file", file=chunk)
@@ -202,9 +225,11 @@ class ChunkIndex:
         best = next((f for f in found if f.owner is prefer), found[0])
         return dataclasses.replace(best, exact=False)
 
-    def lookup(self, key: str, *, exclude: ChunkOwner | None = None, files: bool = True) -> ChunkSource | None:
+    def lookup(self, key: str, *, exclude: ChunkOwner | None = None, files: bool = True,
+               following: Iterable[str] = ()) -> ChunkSource | None:
         """A still-true source of chain `key` (not of `exclude`), preferring cells in a slot, then the pool, then
-        (with `files`) a verified KV file; stale entries go."""
+        (with `files`) a verified KV file worth reading for the run from `key` on (`following`: the keys of the
+        blocks meant to come next); stale entries go."""
         entries = self._entries.get(key, [])
         live = [e for e in entries if _where(e) is not None]
         if len(live) != len(entries):
@@ -215,7 +240,8 @@ class ChunkIndex:
         found = sorted((e for e in live if e.owner is not exclude and _where(e) != "parked"),
                        key=lambda e: _where(e) != "slot")
         if not found:
-            in_file = self._in_file(key, exclude.label if exclude is not None else None) if files else None
+            in_file = self._in_file(key, exclude.label if exclude is not None else None, following) if files \
+                else None
             if in_file is None:
                 self.misses += 1
             else:

@@ -85,13 +85,21 @@ class ResidentSequence:
         if self.index is not None:
             self.index.forget(self, blocks)
 
-    def lookup(self, block: Block, *, approximate: bool = False,
-               prefer: ResidentSequence | None = None) -> ChunkSource | None:
-        """Another conversation's exact K/V for `block` appended at the tail now; else, with `approximate`, the
-        K/V of the same tokens after another prefix held in a slot; or None."""
+    def lookup(self, block: Block, *, approximate: bool = False, prefer: ResidentSequence | None = None,
+               following: Sequence[Block] = ()) -> ChunkSource | None:
+        """Another conversation's exact K/V for `block` appended at the tail now (`following`: the blocks meant to
+        come after it, which weigh whether a KV file is worth reading); else, with `approximate`, the K/V of the
+        same tokens after another prefix held in a slot; or None."""
         if self.index is None or self.seq is None:
             return None
-        found = self.index.lookup(self.chain_key(block), exclude=self)
+        key = self.chain_key(block)
+
+        def later_keys():                        # hashed only as far as a KV file's run needs them
+            later = key
+            for after in following:
+                later = chain_hash(later, after.tokens)
+                yield later
+        found = self.index.lookup(key, exclude=self, following=later_keys())
         if found is None and approximate:
             found = self.index.lookup_content(block.hash, exclude=self, prefer=prefer)
             if found is not None and found.where != "slot":

@@ -30,20 +30,37 @@ log = logging.getLogger(__name__)
 
 PACKED_PREFIX = b"EVKVQ"          # the host pool's quantized payloads (kvquant.MAGIC and its variants)
 MAX_HEAD_BYTES = 64 << 20         # a head larger than this is not catalogued (it is still read when opened)
+# A file is read (and its digest checked) whole, once per version: it is worth it for a run of blocks whose K/V
+# take at least 1/MAX_READ_RATIO of the file. Reading and hashing a byte costs far less than decoding the token
+# it belongs to (CPU: about 1/600; a GPU prefill with a cold disk: 1/5 to 1/20), so 16 keeps a big file for a
+# small match (a common first line) off the first token's path and takes a file's attachment from it.
+MAX_READ_RATIO = 16
 
 
-def file_chunks(conversation_id: str, blocks: list[Block] | list[dict],
-                chunks: dict[int, tuple[str, int]]) -> list[tuple[str, FileChunk]]:
-    """(key, FileChunk) of a snapshot's exact blocks (`Snapshot.chunks`), with blocks as Blocks or head rows."""
+def file_chunks(conversation_id: str, blocks: list[Block] | list[dict], chunks: dict[int, tuple[str, int]],
+                sizes: dict[str, tuple[int, int]]) -> list[tuple[str, FileChunk]]:
+    """(key, FileChunk) of a snapshot's exact blocks (`Snapshot.chunks`), with blocks as Blocks or head rows;
+    `sizes`: bytes and tokens of its blobs ("image", and each saved block's index as a string)."""
     found = []
     for index, (key, origin) in sorted(chunks.items()):
         if not 0 <= index < len(blocks):
             continue
         block = blocks[index]
-        name, n_tokens = (block.name, block.n_tokens) if isinstance(block, Block) else \
-            (block["name"], len(block["tokens"]))
-        found.append((key, FileChunk(conversation_id, index, name, origin, n_tokens)))
+        if isinstance(block, Block):
+            name, n_tokens, resident = block.name, block.n_tokens, block.state is BlockState.RESIDENT
+        else:
+            name, n_tokens, resident = block["name"], len(block["tokens"]), block["state"] == "resident"
+        nbytes, tokens = sizes.get("image" if resident else str(index), (0, 1))
+        found.append((key, FileChunk(conversation_id, index, name, origin, n_tokens,
+                                     nbytes * n_tokens // max(1, tokens))))
     return found
+
+
+def _sizes(snapshot: Snapshot) -> dict[str, tuple[int, int]]:
+    blobs = {str(index): saved for index, saved in snapshot.saved.items()}
+    if snapshot.image is not None:
+        blobs["image"] = snapshot.image
+    return {key: (len(data), n_tokens) for key, (data, _origin, n_tokens) in blobs.items()}
 
 
 @dataclass
@@ -77,7 +94,8 @@ class KVFileChunks:
             if head is None:
                 continue
             try:
-                entries = file_chunks(conversation_id, head["blocks"], chunks_of(head))
+                sizes = {key: (int(span[1]), int(span[3])) for key, span in head["spans"].items()}
+                entries = file_chunks(conversation_id, head["blocks"], chunks_of(head), sizes)
             except (KeyError, TypeError, ValueError, IndexError):
                 continue
             if entries:
@@ -109,9 +127,18 @@ class KVFileChunks:
         """The snapshot was just written as its conversation's KV file: its exact blocks replace the file's."""
         self._opened = None
         index.set_file(snapshot.conversation_id,
-                       file_chunks(snapshot.conversation_id, snapshot.blocks, snapshot.chunks))
+                       file_chunks(snapshot.conversation_id, snapshot.blocks, snapshot.chunks, _sizes(snapshot)))
 
     # -- ChunkFiles -----------------------------------------------------------------------------
+    def worth(self, chunk: FileChunk, run_bytes: int) -> bool:
+        """The file is already read as it is now, or no larger than MAX_READ_RATIO times the run's K/V (a file
+        that is gone is worth a look: `holds` then finds it gone and the index forgets it)."""
+        version = self.store.version(chunk.conversation_id)
+        if version is None or self._opened is not None and self._opened.conversation_id == chunk.conversation_id \
+                and self._opened.version == version:
+            return True
+        return version[2] <= MAX_READ_RATIO * max(1, run_bytes)
+
     def holds(self, key: str, chunk: FileChunk) -> bool:
         opened = self._open(chunk.conversation_id)
         return opened is not None and self._span(opened, key, chunk) is not None

@@ -17,7 +17,8 @@ from evoke_engine.kvcache import kvquant
 from evoke_engine.kvcache.blocks import Block, BlockState
 from evoke_engine.kvcache.chunk_index import ChunkIndex, FileChunk, chain_hash
 from evoke_engine.kvcache.state_cells import cut
-from evoke_engine.memory.chunk_files import KVFileChunks
+from evoke_engine.memory import chunk_files
+from evoke_engine.memory.chunk_files import KVFileChunks, file_chunks
 from evoke_engine.memory.snapshot import Snapshot, SnapshotError, decode_payload, encode_payload
 from evoke_engine.store.kvfiles import KVFileStore
 
@@ -177,3 +178,19 @@ def test_a_head_without_chunk_records_reads_as_none():
     del head["chunks"]                                             # written before KV files were a reuse source
     raw = json.dumps(head).encode()
     assert decode_payload(struct.pack("<I", len(raw)) + raw + payload[4 + length:]).chunks == {}
+
+
+def test_a_file_is_read_only_for_a_run_worth_reading_it_for(store, monkeypatch):
+    shot, keys = snapshot()
+    store.write("a", "long", encode_payload(shot))
+    entries = dict(file_chunks("a", shot.blocks, shot.chunks, chunk_files._sizes(shot)))
+    whole_run = sum(chunk.nbytes for chunk in entries.values())
+    size = store.version("a")[2]
+    monkeypatch.setattr(chunk_files, "MAX_READ_RATIO", size / whole_run * 1.01)
+    index, files = catalogued(store)
+    assert index.lookup(keys["first"]) is None                    # one block: not worth reading the whole file
+    assert files.reads == 0 and index.file_entries() == 3         # nothing read, nothing forgotten
+    assert index.lookup(keys["first"], following=[keys["second"], "elsewhere", keys["saved"]]) is None
+    found = index.lookup(keys["first"], following=[keys["second"], keys["saved"]])    # the run of all three
+    assert found is not None and files.reads == 1
+    assert index.lookup(keys["second"]) is not None and files.reads == 1   # read already: any block is worth it

@@ -31,7 +31,8 @@ class FakeFiles:
 
     def write(self, rig: Rig, memory: ConversationMemory, chunks: ChunkIndex) -> None:
         snapshot = memory.snapshot("prefix", [])
-        for _key, chunk in file_chunks(memory.id, snapshot.blocks, snapshot.chunks):
+        entries = file_chunks(memory.id, snapshot.blocks, snapshot.chunks, {})
+        for _key, chunk in entries:
             block = snapshot.blocks[chunk.block_index]
             if block.state is BlockState.RESIDENT:
                 saved = rig.kv.save(memory.seq, chunk.origin, chunk.origin + chunk.n_tokens)
@@ -40,7 +41,10 @@ class FakeFiles:
                 saved = SavedKV(bytearray(data), origin, n_tokens)
             self.bytes[(memory.id, chunk.block_index)] = saved
         self.valid.add(memory.id)
-        chunks.set_file(memory.id, file_chunks(memory.id, snapshot.blocks, snapshot.chunks))
+        chunks.set_file(memory.id, entries)
+
+    def worth(self, chunk: FileChunk, run_bytes: int) -> bool:
+        return True
 
     def holds(self, key: str, chunk: FileChunk) -> bool:
         return chunk.conversation_id in self.valid and (chunk.conversation_id, chunk.block_index) in self.bytes
