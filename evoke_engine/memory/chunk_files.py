@@ -198,11 +198,11 @@ class KVFileChunks:
             offset, length, origin, n_tokens = span
             if not (origin <= chunk.origin and chunk.origin + chunk.n_tokens <= origin + n_tokens):
                 return None
-            return offset, length
-        span = opened.spans.get(str(index))
-        if span is None or span[2] != chunk.origin or span[3] != chunk.n_tokens:
-            return None
-        offset, length = span[0], span[1]
+        else:
+            span = opened.spans.get(str(index))
+            if span is None or span[2] != chunk.origin or span[3] != chunk.n_tokens:
+                return None
+            offset, length = span[0], span[1]
         if bytes(opened.body[offset:offset + len(PACKED_PREFIX)]) == PACKED_PREFIX:
             return None                                     # packed: near, not exact
         return offset, length
