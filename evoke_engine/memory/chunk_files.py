@@ -96,7 +96,7 @@ class KVFileChunks:
             try:
                 sizes = {key: (int(span[1]), int(span[3])) for key, span in head["spans"].items()}
                 entries = file_chunks(conversation_id, head["blocks"], chunks_of(head), sizes)
-            except (KeyError, TypeError, ValueError, IndexError):
+            except (AttributeError, KeyError, TypeError, ValueError, IndexError):     # a head not written by us
                 continue
             if entries:
                 index.set_file(conversation_id, entries)

@@ -194,3 +194,17 @@ def test_a_file_is_read_only_for_a_run_worth_reading_it_for(store, monkeypatch):
     found = index.lookup(keys["first"], following=[keys["second"], keys["saved"]])    # the run of all three
     assert found is not None and files.reads == 1
     assert index.lookup(keys["second"]) is not None and files.reads == 1   # read already: any block is worth it
+
+
+def test_a_head_of_odd_shapes_is_skipped_by_the_catalogue(store):
+    for name, head in [("spans", {"format": 3, "conversation_id": "spans", "blocks": [], "spans": [], "chunks": {}}),
+                       ("rows", {"format": 3, "conversation_id": "rows", "blocks": [7], "spans": {},
+                                 "chunks": {"0": ["0" * 32, 1]}}),
+                       ("records", {"format": 3, "conversation_id": "records", "blocks": [], "spans": {},
+                                    "chunks": {"x": 5}})]:
+        raw = json.dumps(head).encode()
+        store.write(name, "long", struct.pack("<I", len(raw)) + raw)
+    shot, _ = snapshot()
+    store.write("a", "long", encode_payload(shot))
+    index, _ = catalogued(store)
+    assert index.file_entries() == 3                               # only the good file's blocks
