@@ -40,7 +40,7 @@ class StateLayout:
 
     n_cells: int
     positions: np.ndarray            # per cell, in cell order
-    records: list[tuple[int, int]]   # per cell: (offset, length) of its pos / n_seq / seq ids record
+    records: list[tuple[int, int]] | None   # per cell: (offset, length) of its record; None: all 12 bytes from 16
     v_trans: int
     n_layer: int
     tensors: list[_Tensor]           # K of every layer, then V of every layer
@@ -51,15 +51,14 @@ def _need(condition: bool, reason: str) -> None:
         raise UnfitState(reason)
 
 
-def _cells(blob: Buffer, n_cells: int) -> tuple[np.ndarray, list[tuple[int, int]], int]:
-    """Positions and record spans of every cell, and the offset after them; one sequence per cell is the usual
-    case and is read in one numpy pass."""
+def _cells(blob: Buffer, n_cells: int) -> tuple[np.ndarray, list[tuple[int, int]] | None, int]:
+    """Positions and record spans of every cell (None: one sequence per cell, 12 bytes each, the usual case,
+    read in one numpy pass), and the offset after them."""
     end = _HEAD.size + 12 * n_cells
     if end <= len(blob):
         fixed = np.frombuffer(blob, dtype="<i4", count=3 * n_cells, offset=_HEAD.size).reshape(n_cells, 3)
         if (fixed[:, 1] == 1).all():
-            records = [(_HEAD.size + 12 * i, 12) for i in range(n_cells)]
-            return fixed[:, 0].astype(np.int64), records, end
+            return fixed[:, 0].astype(np.int64), None, end
     positions, records, offset = [], [], _HEAD.size
     for _ in range(n_cells):
         pos, n_seq = struct.unpack_from("<iI", blob, offset)
@@ -119,9 +118,13 @@ def cut(blob: Buffer, p0: int, p1: int) -> bytearray:
     n_cells, count = found.n_cells, len(picked)
     out = bytearray(source[:_HEAD.size - 4])
     out += struct.pack("<I", count)
-    for i in picked:
-        offset, length = found.records[i]
-        out += source[offset:offset + length]
+    if found.records is None:
+        cells = np.frombuffer(blob, dtype=np.uint8, count=12 * n_cells, offset=_HEAD.size).reshape(n_cells, 12)
+        out += cells[picked].tobytes()
+    else:
+        for i in picked:
+            offset, length = found.records[i]
+            out += source[offset:offset + length]
     out += _LAYERS.pack(found.v_trans, found.n_layer)
     for tensor in found.tensors:
         out += tensor.header
