@@ -163,26 +163,31 @@ class ResidentSequence:
         where = {id(block): (key, origin) for key, block, origin in self.index.entries_of(self)}
         return {i: where[id(b)] for i, b in enumerate(self.table.blocks) if id(b) in where}
 
-    def _adopt_records(self, records: dict[int, tuple[str, int]]) -> None:
+    def _adopt_records(self, records: dict[int, tuple[str, int]]) -> bool:
         """Register a loaded snapshot's exact blocks again: a resident one whose position and recomputed chain
         agree with its record (its cells come back byte for byte with the image), a saved one whose full-width
-        bytes the pool holds at its recorded origin."""
-        if self.index is None or not records:
-            return
+        bytes the pool holds at its recorded origin. False when a resident one does not check out."""
+        if self.index is None:
+            return False
         key = ""
         chains = {}
         for block in self.table.resident:
             key = chain_hash(key, block.tokens)
             chains[id(block)] = key
+        agree = True
         for index, (key, origin) in records.items():
             if not 0 <= index < len(self.table.blocks):
+                agree = False
                 continue
             block = self.table.blocks[index]
             if block.state is BlockState.RESIDENT:
-                if block.pos == origin and chains.get(id(block)) == key:
-                    self.index.register(key, self, block)
+                if block.pos != origin or chains.get(id(block)) != key:
+                    agree = False
+                    continue
+                self.index.register(key, self, block)
             elif self.pool.holds_exact(block, origin):
                 self.index.register(key, self, block, origin)
+        return agree
 
     # -- the pool's reports -----------------------------------------------------------------
     def bytes_moved(self, block: Block, where: BlockState) -> None:
@@ -205,14 +210,16 @@ class ResidentSequence:
             self.table.append(block)
 
     def load(self, blocks: list[Block], saved: dict[int, SavedBytes], image: SavedBytes | None, ahead: list[int],
-             turn: int, chunks: dict[int, tuple[str, int]] | None = None) -> None:
+             turn: int, chunks: dict[int, tuple[str, int]] | None = None, exact: bool = False) -> None:
         """Adopt a snapshot's blocks (birth order) out of a slot: saved bytes (by block index) go to the pool,
         blocks out of the context without any are DROPPED; `image` is parked for `unpark`; `chunks` (the
-        snapshot's exact blocks, `chunk_records`) go back into the index where they still check out."""
+        snapshot's exact blocks, `chunk_records`) go back into the index where they still check out, and the
+        sequence is `exact` as the snapshot says when they all do (the image comes back byte for byte at its
+        positions; a file that does not say is not known to be)."""
         if self.seq is not None or self.table.blocks:
             raise InvariantError("a snapshot is loaded into a fresh sequence, out of any slot")
         self.table = BlockTable.from_blocks(blocks)
-        self.exact = False                               # how the file's cells were made is not known
+        self.exact = False
         for index, block in enumerate(self.table.blocks):
             if block.state is BlockState.RESIDENT:
                 continue
@@ -227,7 +234,7 @@ class ResidentSequence:
             self.image = Block(name="slot-image", role="image", turn=turn, tokens=[], text="")
             self._hold(self.image, SavedKV(_writable(data), origin, n_tokens))
             self.image_ahead = list(ahead)
-        self._adopt_records(chunks or {})
+        self.exact = self._adopt_records(chunks or {}) and exact
 
     # -- decoding at the tail ----------------------------------------------------------------
     def _decode_at_tail(self, tokens: list[int], *, ahead: Sequence[int] = (), logits_last: bool = True,

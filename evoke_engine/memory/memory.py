@@ -405,7 +405,8 @@ class ConversationMemory:
         return Snapshot(conversation_id=self.id, prefix_key=prefix_key, turn=self.turn,
                         budget_tokens=self.budget_tokens, history=history, blocks=self.table.blocks,
                         image=image, saved=self.sequence.saved_bytes(), counters=asdict(self.counters), focus=focus,
-                        embedder=self.embedder.identity, ahead=ahead, chunks=self.sequence.chunk_records())
+                        embedder=self.embedder.identity, ahead=ahead, chunks=self.sequence.chunk_records(),
+                        exact=self.sequence.exact)
 
     def load_snapshot(self, snapshot: Snapshot, prefix_tokens: int) -> None:
         """Adopt a snapshot's table while out of a slot; `unpark` then restores its image."""
@@ -421,7 +422,7 @@ class ConversationMemory:
         if mismatch or (snapshot.image and snapshot.image[1] != prefix_tokens):
             raise SnapshotError("snapshot image does not match its block table")
         self.sequence.load(snapshot.blocks, snapshot.saved, snapshot.image, snapshot.ahead, snapshot.turn,
-                           chunks=snapshot.chunks)
+                           chunks=snapshot.chunks, exact=snapshot.exact)
         self.turn = snapshot.turn
         self.budget_tokens = max(snapshot.budget_tokens, min_budget_tokens(prefix_tokens, self.settings))  # old files
         for key, value in snapshot.counters.items():

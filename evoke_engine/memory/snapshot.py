@@ -37,6 +37,7 @@ class Snapshot:
     embedder: str | None = None          # identity of the embedder that computed the vectors (None: unknown)
     ahead: list[int] = field(default_factory=list)   # the next message's opening: the image's last cells
     chunks: dict[int, tuple[str, int]] = field(default_factory=dict)   # block index -> (chain key, origin): exact
+    exact: bool = False          # every resident cell was what a fresh decode of the resident tokens gives
 
 
 def _block_head(block: Block) -> dict:
@@ -64,7 +65,8 @@ def encode_payload(snapshot: Snapshot) -> bytes:
             "turn": snapshot.turn, "budget_tokens": snapshot.budget_tokens, "history": snapshot.history,
             "blocks": [_block_head(b) for b in snapshot.blocks], "spans": spans, "counters": snapshot.counters,
             "focus": snapshot.focus, "embedder": snapshot.embedder, "ahead": snapshot.ahead,
-            "chunks": {str(index): [key, origin] for index, (key, origin) in sorted(snapshot.chunks.items())}}
+            "chunks": {str(index): [key, origin] for index, (key, origin) in sorted(snapshot.chunks.items())},
+            "exact": snapshot.exact}
     head_bytes = json.dumps(head, separators=(",", ":")).encode()
     return struct.pack("<I", len(head_bytes)) + head_bytes + b"".join(blobs)
 
@@ -108,4 +110,4 @@ def decode_payload(payload: Buffer) -> Snapshot:
                     budget_tokens=head["budget_tokens"], history=head["history"], blocks=blocks,
                     image=blob("image"), saved=saved, counters=dict(head.get("counters", {})),
                     focus=None if focus is None else [float(x) for x in focus], embedder=head.get("embedder"),
-                    ahead=list(head["ahead"]), chunks=chunks_of(head))
+                    ahead=list(head["ahead"]), chunks=chunks_of(head), exact=head.get("exact", False))

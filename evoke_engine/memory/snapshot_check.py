@@ -195,6 +195,7 @@ def check_head(head: dict, body_len: int) -> None:
     _check_spans(head.get("spans"), rows, body_len, shared, own, len(ahead))
     if "chunks" in head:
         _check_chunks(head["chunks"], rows, head["spans"])
+    need(isinstance(head.get("exact", False), bool), "exact is not a boolean")
 
 
 def chunks_of(head: dict) -> dict[int, tuple[str, int]]:

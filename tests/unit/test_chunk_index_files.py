@@ -200,3 +200,44 @@ def test_a_record_that_does_not_check_out_is_not_registered(rig, chunks):
                                 embedder=rig.embedder, emit=rig.events.append, chunks=chunks)
     loaded.load_snapshot(decode_payload(payload), rig.prefix_tokens)
     assert len(chunks.entries_of(loaded.sequence)) == 1
+
+
+def reopened(rig: Rig, chunks: ChunkIndex, memory: ConversationMemory, seq: int, *, tamper=None) -> ConversationMemory:
+    """`memory` parked, written as a snapshot, released and loaded back into slot `seq` (a reopen from its file)."""
+    memory.park()
+    snapshot = memory.snapshot("prefix", [{"role": "user", "content": "x", "evoke_turn": 1}])
+    if tamper is not None:
+        tamper(snapshot)
+    payload = encode_payload(snapshot)
+    memory.release()
+    loaded = ConversationMemory(memory.id, settings=rig.settings, runtime=rig.rt, kv=rig.kv, pool=rig.pool,
+                                embedder=rig.embedder, emit=rig.events.append, chunks=chunks)
+    loaded.load_snapshot(decode_payload(payload), rig.prefix_tokens)
+    rig.enter_slot(loaded, seq)
+    return loaded
+
+
+def test_a_reopened_exact_conversation_stays_exact_and_publishes_what_it_decodes_next(rig, chunks):
+    first = rig.memory("a", 0, chunks=chunks)
+    rig.add(first, "file", 16)
+    loaded = reopened(rig, chunks, first, 1)
+    assert loaded.sequence.exact
+    later = rig.add(loaded, "file", 16)
+    assert any(block is later for _, block, _ in chunks.entries_of(loaded.sequence))
+
+
+@pytest.mark.parametrize("how", ["moved", "tampered"])
+def test_a_reopened_conversation_not_known_exact_publishes_nothing_new(rig, chunks, how):
+    first = rig.memory("a", 0, chunks=chunks)
+    blocks = [rig.add(first, "file", 16) for _ in range(2)]
+    tamper = None
+    if how == "moved":
+        first.sequence.evict([blocks[0]], keep_bytes=False)         # the later block moved: not a fresh decode
+    else:
+        def tamper(snapshot):
+            index, (key, origin) = max(snapshot.chunks.items())
+            snapshot.chunks[index] = (key[::-1], origin)
+    loaded = reopened(rig, chunks, first, 1, tamper=tamper)
+    assert not loaded.sequence.exact
+    later = rig.add(loaded, "file", 16)
+    assert not any(block is later for _, block, _ in chunks.entries_of(loaded.sequence))
