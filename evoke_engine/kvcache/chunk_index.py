@@ -165,8 +165,10 @@ class ChunkIndex:
             else:
                 del self._in_files[key]
 
-    def file_entries(self) -> int:
-        return sum(len(chunks) for chunks in self._in_files.values())
+    def file_entries(self, conversation_id: str | None = None) -> int:
+        """How many file entries the index holds (of `conversation_id`'s file only, when given)."""
+        return sum(1 for chunks in self._in_files.values() for c in chunks
+                   if conversation_id is None or c.conversation_id == conversation_id)
 
     def _in_file(self, key: str, exclude: str | None, following: Iterable[str]) -> ChunkSource | None:
         """A file entry of `key` (not of conversation `exclude`) worth reading for the run it starts (this block

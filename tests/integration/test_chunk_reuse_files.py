@@ -137,3 +137,19 @@ def test_a_kv_file_changed_after_it_was_indexed_is_not_used(tmp_path, change):
         decoded, decoded_logits = decoded_reference(engine)
         assert reply.text == decoded.text
         assert float(np.abs(logits - decoded_logits).max()) == 0.0
+
+
+def test_a_conversation_reopened_from_its_file_lends_from_its_slot_and_its_next_file(tmp_path):
+    with Engine(settings(tmp_path), prewarm=False, scheduler=False) as engine:
+        source_id, file_blocks = closed_with_the_file(engine)
+    with Engine(settings(tmp_path), prewarm=False, scheduler=False) as engine:
+        events: list = []
+        engine.subscribe(events.append)
+        engine.open_conversation(source_id)                              # restored from its KV file
+        assert any(e.kind is EventKind.KV_RESTORED and e.conversation_id == source_id for e in events)
+        reused, _, hits, _ = probe(engine, events)
+        assert [r["where"] for r in hits] == ["slot"] * len(file_blocks)      # its blocks registered again
+        assert reused.reused_tokens == sum(b["tokens"] for b in file_blocks)
+        engine.release_conversation(source_id)                           # written again: still lends them
+        assert engine.thread.call(lambda: engine.model.chunks.files.reads) == 0
+        assert engine.thread.call(lambda: engine.model.chunks.file_entries(source_id)) >= len(file_blocks)
