@@ -89,7 +89,12 @@ class KVFileChunks:
         """Read the head of every unexpired KV file (not its K/V, not its digest: each entry is verified before
         use) and give the index their exact blocks. Returns the number of entries."""
         started, total = time.perf_counter(), 0
-        for conversation_id in self.store.conversations():
+        try:
+            conversation_ids = self.store.conversations()
+        except OSError as exc:                    # a cache folder it cannot list: no file entries, the model loads
+            log.warning("chunk index: KV files not catalogued: %s", exc)
+            return 0
+        for conversation_id in conversation_ids:
             head = self._peek_head(conversation_id)
             if head is None:
                 continue
