@@ -145,8 +145,13 @@ class KVFileChunks:
         return version[2] <= MAX_READ_RATIO * max(1, run_bytes)
 
     def holds(self, key: str, chunk: FileChunk) -> bool:
-        opened = self._open(chunk.conversation_id)
-        return opened is not None and self._span(opened, key, chunk) is not None
+        try:
+            opened = self._open(chunk.conversation_id)
+            return opened is not None and self._span(opened, key, chunk) is not None
+        except Exception:  # noqa: BLE001 - a file that passed the store's checks yet breaks here is a bug to log;
+            log.exception("KV file of %s not used for chunk reuse", chunk.conversation_id)   # still only a cache
+            self._opened = None
+            return False
 
     def read(self, key: str, chunk: FileChunk) -> SavedKV:
         opened = self._open(chunk.conversation_id)
