@@ -28,7 +28,8 @@ class EventKind(enum.StrEnum):
     KV_REBUILDING = "kv_rebuilding"      # a KV rebuild from history in progress: tokens = done so far,
                                          # detail = {"done", "total", "messages"} (done == total at the end)
     BLOCKS_REUSED = "blocks_reused"      # a message's blocks spliced from another conversation's K/V (chunk index):
-                                         # detail = {"blocks": [{"block", "from", "where", "exact"}], "tokens"}
+                                         # detail = {"blocks": [{"block", "from", "where", "exact"}], "tokens"};
+                                         # where: slot, ram, disk (the pool) or file (a closed conversation's KV file)
     TURN_DONE = "turn_done"
     ERROR = "error"
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from ..errors import BudgetError, RestoreError
 from ..events import EngineEvent, EventKind
 from ..kvcache.prefixes import Prefix, system_message
+from ..memory.chunk_files import KVFileChunks
 from ..memory.memory import ConversationMemory, min_budget_tokens
 from ..memory.recovery import backend as recovery_backend
 from ..memory.snapshot import SnapshotError, decode_payload, encode_payload
@@ -293,9 +294,16 @@ class ConversationLifecycle:
                              conversation_id=state.id, tokens=restored))
         return True
 
+    def _remove_file(self, conversation_id: str) -> None:
+        """Delete the conversation's KV file; the chunk index stops offering its blocks."""
+        if self.model is not None:
+            self.model.chunks.forget_file(conversation_id)
+        if self.files is not None:
+            self.files.remove(conversation_id)
+
     def _reject_file(self, state: ConversationState, reason: str) -> bool:
         log.warning("KV file of %s: %s", state.id, reason)
-        self.files.remove(state.id)
+        self._remove_file(state.id)
         self.emit(EngineEvent(EventKind.KV_REBUILT, f"{reason}: rebuilt from history", conversation_id=state.id))
         return False
 
@@ -350,11 +358,14 @@ class ConversationLifecycle:
         if not state.history:
             return False
         try:
-            payload = encode_payload(state.memory.snapshot(state.prefix.key, state.history))
+            snapshot = state.memory.snapshot(state.prefix.key, state.history)
+            payload = encode_payload(snapshot)
             self.files.write(state.id, ttl_class or state.ttl_class, payload)
         except (StoreError, RemoteDeviceLost) as exc:       # a lost worker's K/V cannot be read: SQLite has the text
             self.emit(EngineEvent(EventKind.ERROR, f"could not save the KV cache: {exc}", conversation_id=state.id))
             return False
+        if self.model is not None and isinstance(self.model.chunks.files, KVFileChunks):
+            self.model.chunks.files.written(self.model.chunks, snapshot)     # its exact blocks, reusable from disk
         said = f"saved {len(payload) >> 20} MiB ({ttl_class or state.ttl_class})"
         self.emit(EngineEvent(EventKind.KV_PERSISTED, said, conversation_id=state.id,
                               tokens=state.memory.active_tokens))
@@ -381,13 +392,11 @@ class ConversationLifecycle:
             self.release(state, persist=False)
         self._stats.pop(conversation_id, None)
         self._rebuilds.pop(conversation_id, None)
-        if self.files is not None:
-            self.files.remove(conversation_id)
+        self._remove_file(conversation_id)
 
     def discard(self, state: ConversationState, reason: str) -> None:
         """Forget the conversation's KV (slot, pool, file): the next use rebuilds it from SQLite."""
         self.release(state, persist=False)
-        if self.files is not None:
-            self.files.remove(state.id)
+        self._remove_file(state.id)
         self.emit(EngineEvent(EventKind.KV_REBUILT, f"cache dropped ({reason}): it is rebuilt from history",
                               conversation_id=state.id))

@@ -20,6 +20,7 @@ from ..kvcache.chunk_index import ChunkIndex
 from ..kvcache.pool import SavedPool
 from ..kvcache.prefixes import SharedPrefixes
 from ..kvcache.slots import SlotRegistry
+from ..memory.chunk_files import KVFileChunks
 from ..memory.embedder import Embedder
 from ..runtime.attention import AttentionCapture, attach_capture
 from ..runtime.kv import KVCache
@@ -46,7 +47,7 @@ class LoadedModel:
     embedder: Embedder              # replaced by `Engine.switch_embedder` only
     info: ModelInfo
     subscriptions: list[Subscription] = field(default_factory=list)
-    chunks: ChunkIndex = field(default_factory=ChunkIndex)   # decoded chunks of every open conversation
+    chunks: ChunkIndex = field(default_factory=ChunkIndex)   # decoded chunks of open conversations and KV files
     closed: bool = False
 
     @property
@@ -80,10 +81,12 @@ class LoadedModel:
                                                                settings.slots, rt.flash_attention),
                                 settings.ttl_seconds(), clock=clock)
             files.check(fix=True)
+            chunks = ChunkIndex(files=KVFileChunks(files))
+            chunks.files.catalogue(chunks)           # closed conversations' KV files: exact blocks to reuse
             return cls(hub=hub, rt=rt, kv=kv, template=template,
                        prefixes=SharedPrefixes(rt, kv, template), pool=pool, slots=SlotRegistry(settings.slots),
                        files=files, attention=attention, embedder=Embedder(settings.embedder), info=rt.info(),
-                       subscriptions=follow_pool_settings(hub, pool))
+                       subscriptions=follow_pool_settings(hub, pool), chunks=chunks)
         except BaseException:
             if pool is not None:
                 pool.close()
@@ -114,6 +117,8 @@ class LoadedModel:
         for subscription in self.subscriptions:
             subscription.cancel()
         self.pool.close()
+        if isinstance(self.chunks.files, KVFileChunks):
+            self.chunks.files.close()
         self.prefixes.clear()
         self.rt.close()
         if self.attention is not None:

@@ -154,8 +154,9 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     last = to_decode.pop() if to_decode else None        # decoded with the reply's opening, in one call
     reused: list[dict] = []
     try:
-        for block in to_decode:
-            hit = memory.append_reused(block, current=current)     # another conversation's exact K/V
+        for at, block in enumerate(to_decode):
+            following = [*to_decode[at + 1:], *([last] if last is not None else [])]
+            hit = memory.append_reused(block, current=current, following=following)   # another's exact K/V
             if hit is not None:
                 reused.append(hit)
                 done += hit["repaired"]                             # decoded afresh after the seam

@@ -49,7 +49,7 @@ class Block:
     embedding: np.ndarray | None = None
     hash: str = field(default="")
     recoveries: int = 0
-    reused_from: str | None = None   # "<conversation>:<block> (slot|ram|disk, exact)" when spliced from another
+    reused_from: str | None = None   # "<conversation>:<block> (slot|ram|disk|file, exact)" when spliced from another
 
     def __post_init__(self) -> None:
         if not self.hash:

@@ -85,13 +85,21 @@ class ResidentSequence:
         if self.index is not None:
             self.index.forget(self, blocks)
 
-    def lookup(self, block: Block, *, approximate: bool = False,
-               prefer: ResidentSequence | None = None) -> ChunkSource | None:
-        """Another conversation's exact K/V for `block` appended at the tail now; else, with `approximate`, the
-        K/V of the same tokens after another prefix held in a slot; or None."""
+    def lookup(self, block: Block, *, approximate: bool = False, prefer: ResidentSequence | None = None,
+               following: Sequence[Block] = ()) -> ChunkSource | None:
+        """Another conversation's exact K/V for `block` appended at the tail now (`following`: the blocks meant to
+        come after it, which weigh whether a KV file is worth reading); else, with `approximate`, the K/V of the
+        same tokens after another prefix held in a slot; or None."""
         if self.index is None or self.seq is None:
             return None
-        found = self.index.lookup(self.chain_key(block), exclude=self)
+        key = self.chain_key(block)
+
+        def later_keys():                        # hashed only as far as a KV file's run needs them
+            later = key
+            for after in following:
+                later = chain_hash(later, after.tokens)
+                yield later
+        found = self.index.lookup(key, exclude=self, following=later_keys())
         if found is None and approximate:
             found = self.index.lookup_content(block.hash, exclude=self, prefer=prefer)
             if found is not None and found.where != "slot":
@@ -111,6 +119,8 @@ class ResidentSequence:
         skip = 0 if source.exact else max(0, repair_tokens)
         if source.where == "slot":
             saved = self.kv.save(source.owner.seq, source.origin + skip, source.origin + n)
+        elif source.where == "file":
+            saved = self._file_bytes(source)
         else:
             try:
                 data, origin, n_tokens = self.pool.peek_bytes(source.block)
@@ -129,6 +139,55 @@ class ResidentSequence:
             self._publish([block])
         else:
             self.exact = False
+
+    def _file_bytes(self, source: ChunkSource) -> SavedKV:
+        """The K/V of a file source (RestoreError: the file no longer has them, and the index forgets it)."""
+        files = self.index.files if self.index is not None else None
+        if files is None:
+            raise RestoreError(f"{source.block_name}: no KV files to read")
+        try:
+            saved = files.read(source.key, source.file)
+        except RestoreError:
+            self.index.forget_file(source.file.conversation_id)
+            raise
+        if saved.origin_pos != source.origin or saved.n_tokens != source.n_tokens:
+            raise InvariantError(f"{source.block_name}: the file gave {saved.n_tokens} tokens at {saved.origin_pos}")
+        return saved
+
+    def chunk_records(self) -> dict[int, tuple[str, int]]:
+        """Block index (birth order) -> (chain key, origin) of this sequence's blocks the index holds exactly now
+        (in the slot or its parked image at their position, or full-width in the pool): what a KV file written
+        now can offer other conversations."""
+        if self.index is None:
+            return {}
+        where = {id(block): (key, origin) for key, block, origin in self.index.entries_of(self)}
+        return {i: where[id(b)] for i, b in enumerate(self.table.blocks) if id(b) in where}
+
+    def _adopt_records(self, records: dict[int, tuple[str, int]]) -> bool:
+        """Register a loaded snapshot's exact blocks again: a resident one whose position and recomputed chain
+        agree with its record (its cells come back byte for byte with the image), a saved one whose full-width
+        bytes the pool holds at its recorded origin. False when a resident one does not check out."""
+        if self.index is None:
+            return False
+        key = ""
+        chains = {}
+        for block in self.table.resident:
+            key = chain_hash(key, block.tokens)
+            chains[id(block)] = key
+        agree = True
+        for index, (key, origin) in records.items():
+            if not 0 <= index < len(self.table.blocks):
+                agree = False
+                continue
+            block = self.table.blocks[index]
+            if block.state is BlockState.RESIDENT:
+                if block.pos != origin or chains.get(id(block)) != key:
+                    agree = False
+                    continue
+                self.index.register(key, self, block)
+            elif self.pool.holds_exact(block, origin):
+                self.index.register(key, self, block, origin)
+        return agree
 
     # -- the pool's reports -----------------------------------------------------------------
     def bytes_moved(self, block: Block, where: BlockState) -> None:
@@ -151,13 +210,16 @@ class ResidentSequence:
             self.table.append(block)
 
     def load(self, blocks: list[Block], saved: dict[int, SavedBytes], image: SavedBytes | None, ahead: list[int],
-             turn: int) -> None:
+             turn: int, chunks: dict[int, tuple[str, int]] | None = None, exact: bool = False) -> None:
         """Adopt a snapshot's blocks (birth order) out of a slot: saved bytes (by block index) go to the pool,
-        blocks out of the context without any are DROPPED; `image` is parked for `unpark`."""
+        blocks out of the context without any are DROPPED; `image` is parked for `unpark`; `chunks` (the
+        snapshot's exact blocks, `chunk_records`) go back into the index where they still check out, and the
+        sequence is `exact` as the snapshot says when they all do (the image comes back byte for byte at its
+        positions; a file that does not say is not known to be)."""
         if self.seq is not None or self.table.blocks:
             raise InvariantError("a snapshot is loaded into a fresh sequence, out of any slot")
         self.table = BlockTable.from_blocks(blocks)
-        self.exact = False                               # how the file's cells were made is not known
+        self.exact = False
         for index, block in enumerate(self.table.blocks):
             if block.state is BlockState.RESIDENT:
                 continue
@@ -172,6 +234,7 @@ class ResidentSequence:
             self.image = Block(name="slot-image", role="image", turn=turn, tokens=[], text="")
             self._hold(self.image, SavedKV(_writable(data), origin, n_tokens))
             self.image_ahead = list(ahead)
+        self.exact = self._adopt_records(chunks or {}) and exact
 
     # -- decoding at the tail ----------------------------------------------------------------
     def _decode_at_tail(self, tokens: list[int], *, ahead: Sequence[int] = (), logits_last: bool = True,

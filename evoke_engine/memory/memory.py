@@ -150,17 +150,20 @@ class ConversationMemory:
         self.sequence.append([block], cancel=cancel)
         self.counters.prefill_tokens += block.n_tokens
 
-    def append_reused(self, block: Block, *, current: Iterable[Block] = ()) -> dict | None:
+    def append_reused(self, block: Block, *, current: Iterable[Block] = (),
+                      following: Sequence[Block] = ()) -> dict | None:
         """With `chunk_reuse` on: make room for `block` and splice it from another conversation's exact K/V when
-        the chunk index holds its prefix hash. Returns what was reused (for `report_reuse`), or None: nothing
-        changed but room, and the caller decodes it."""
+        the chunk index holds its prefix hash (`following`: the message's blocks after it, which a KV file would
+        also give). Returns what was reused (for `report_reuse`), or None: nothing changed but room, and the
+        caller decodes it."""
         if not self.settings.chunk_reuse or self.sequence.index is None or self.seq is None:
             return None
         self.make_room(block.n_tokens, current=current)
         repair = self.settings.chunk_reuse_repair_tokens
         source = self.sequence.lookup(block, approximate=self.settings.chunk_reuse_approximate
                                       and block.n_tokens > repair,
-                                      prefer=self._spliced_run[2] if self._spliced_run else None)
+                                      prefer=self._spliced_run[2] if self._spliced_run else None,
+                                      following=following)
         if source is None:
             self._spliced_run = None
             return None
@@ -171,14 +174,14 @@ class ConversationMemory:
         except RestoreError as exc:
             self.record_event(EventKind.ERROR, f"{block.name}: reuse failed ({exc}); decoding it", block)
             return None
-        self._spliced_run = (source.block, block, source.owner)
+        self._spliced_run = (source.block, block, source.owner) if source.owner is not None else None
         how = "exact" if source.exact else f"repaired {repair}"
-        block.reused_from = f"{source.owner.label}:{source.block.name} ({source.where}, {how})"
+        block.reused_from = f"{source.label}:{source.block_name} ({source.where}, {how})"
         repaired = 0 if source.exact else repair
         self.counters.reused_blocks += 1
         self.counters.reused_tokens += block.n_tokens - repaired
         self.counters.prefill_tokens += repaired
-        return {"block": block.name, "from": f"{source.owner.label}:{source.block.name}", "where": source.where,
+        return {"block": block.name, "from": f"{source.label}:{source.block_name}", "where": source.where,
                 "exact": source.exact, "repaired": repaired, "tokens": block.n_tokens - repaired}
 
     def _continues_run(self, source: ChunkSource) -> bool:
@@ -402,7 +405,8 @@ class ConversationMemory:
         return Snapshot(conversation_id=self.id, prefix_key=prefix_key, turn=self.turn,
                         budget_tokens=self.budget_tokens, history=history, blocks=self.table.blocks,
                         image=image, saved=self.sequence.saved_bytes(), counters=asdict(self.counters), focus=focus,
-                        embedder=self.embedder.identity, ahead=ahead)
+                        embedder=self.embedder.identity, ahead=ahead, chunks=self.sequence.chunk_records(),
+                        exact=self.sequence.exact)
 
     def load_snapshot(self, snapshot: Snapshot, prefix_tokens: int) -> None:
         """Adopt a snapshot's table while out of a slot; `unpark` then restores its image."""
@@ -417,7 +421,8 @@ class ConversationMemory:
         mismatch = total - shared + len(snapshot.ahead) != image_tokens
         if mismatch or (snapshot.image and snapshot.image[1] != prefix_tokens):
             raise SnapshotError("snapshot image does not match its block table")
-        self.sequence.load(snapshot.blocks, snapshot.saved, snapshot.image, snapshot.ahead, snapshot.turn)
+        self.sequence.load(snapshot.blocks, snapshot.saved, snapshot.image, snapshot.ahead, snapshot.turn,
+                           chunks=snapshot.chunks, exact=snapshot.exact)
         self.turn = snapshot.turn
         self.budget_tokens = max(snapshot.budget_tokens, min_budget_tokens(prefix_tokens, self.settings))  # old files
         for key, value in snapshot.counters.items():

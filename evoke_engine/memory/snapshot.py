@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..kvcache.blocks import Block, BlockState
-from .snapshot_check import FORMAT, SnapshotError, check_head, focus_of, migrate_head, vector_of
+from .snapshot_check import FORMAT, SnapshotError, check_head, chunks_of, focus_of, migrate_head, vector_of
 
 __all__ = ["FORMAT", "Snapshot", "SnapshotError", "decode_payload", "encode_payload"]
 Buffer = bytes | bytearray | memoryview
@@ -36,6 +36,8 @@ class Snapshot:
     focus: list[float] | None = None
     embedder: str | None = None          # identity of the embedder that computed the vectors (None: unknown)
     ahead: list[int] = field(default_factory=list)   # the next message's opening: the image's last cells
+    chunks: dict[int, tuple[str, int]] = field(default_factory=dict)   # block index -> (chain key, origin): exact
+    exact: bool = False          # every resident cell was what a fresh decode of the resident tokens gives
 
 
 def _block_head(block: Block) -> dict:
@@ -62,7 +64,9 @@ def encode_payload(snapshot: Snapshot) -> bytes:
     head = {"format": FORMAT, "conversation_id": snapshot.conversation_id, "prefix_key": snapshot.prefix_key,
             "turn": snapshot.turn, "budget_tokens": snapshot.budget_tokens, "history": snapshot.history,
             "blocks": [_block_head(b) for b in snapshot.blocks], "spans": spans, "counters": snapshot.counters,
-            "focus": snapshot.focus, "embedder": snapshot.embedder, "ahead": snapshot.ahead}
+            "focus": snapshot.focus, "embedder": snapshot.embedder, "ahead": snapshot.ahead,
+            "chunks": {str(index): [key, origin] for index, (key, origin) in sorted(snapshot.chunks.items())},
+            "exact": snapshot.exact}
     head_bytes = json.dumps(head, separators=(",", ":")).encode()
     return struct.pack("<I", len(head_bytes)) + head_bytes + b"".join(blobs)
 
@@ -106,4 +110,4 @@ def decode_payload(payload: Buffer) -> Snapshot:
                     budget_tokens=head["budget_tokens"], history=head["history"], blocks=blocks,
                     image=blob("image"), saved=saved, counters=dict(head.get("counters", {})),
                     focus=None if focus is None else [float(x) for x in focus], embedder=head.get("embedder"),
-                    ahead=list(head["ahead"]))
+                    ahead=list(head["ahead"]), chunks=chunks_of(head), exact=head.get("exact", False))

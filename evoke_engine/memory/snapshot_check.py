@@ -196,6 +196,33 @@ def check_head(head: dict, body_len: int) -> None:
          f"ahead is not a list of at most {MAX_AHEAD} token ids")
     need(own > 0 or not ahead, "tokens held ahead of a conversation with no tokens of its own")
     _check_spans(head.get("spans"), rows, body_len, shared, own, len(ahead))
+    if "chunks" in head:
+        _check_chunks(head["chunks"], rows, head["spans"])
+    need(isinstance(head.get("exact", False), bool), "exact is not a boolean")
+
+
+def chunks_of(head: dict) -> dict[int, tuple[str, int]]:
+    """The head's exact blocks (optional "chunks": block index -> [chain key, origin]; absent in files written
+    before chunk reuse read KV files, and in older formats), after `check_head`."""
+    return {int(index): (key, origin) for index, (key, origin) in head.get("chunks", {}).items()}
+
+
+def _check_chunks(chunks: Any, rows: list[dict], spans: dict) -> None:
+    """Each record names a block by index, a 32-hex chain key and the origin of its bytes: a resident block's
+    position (its cells in the image) or its saved span's origin."""
+    need(isinstance(chunks, dict), "chunks is not an object")
+    for index, record in chunks.items():
+        need(isinstance(index, str) and index.isdigit() and str(int(index)) == index and int(index) < len(rows),
+             f"chunk {index!r} names no block")
+        need(isinstance(record, list) and len(record) == 2 and isinstance(record[0], str) and len(record[0]) == 32
+             and all(c in "0123456789abcdef" for c in record[0]) and is_int(record[1]),
+             f"chunk {index} is not [chain key, origin]")
+        row = rows[int(index)]
+        if row["state"] == BlockState.RESIDENT.value:
+            need(record[1] == row["pos"], f"chunk {index} at {record[1]}, its block at {row['pos']}")
+        else:
+            need(index in spans and spans[index][2] == record[1],
+                 f"chunk {index}: no saved bytes at origin {record[1]}")
 
 
 def check_blob(what: str, blob: bytes | bytearray | memoryview, origin: int, n_tokens: int) -> tuple:

@@ -299,6 +299,49 @@ class KVFileStore:
                 log.warning("cannot refresh mtime of KV cache file %s: %s", newest.path, error)
             return payload
 
+    def version(self, conversation_id: str) -> tuple[str, int, int, int] | None:
+        """What tells the conversation's newest file apart from any other version of it (name, inode, size,
+        mtime_ns: a rewrite, a touch or a removal changes it), or None when it has none. No checksum is read."""
+        with self._lock:
+            files = self._files_of(conversation_id)
+            if not files:
+                return None
+            try:
+                inode = files[0].path.stat().st_ino
+            except OSError:
+                return None
+            return files[0].path.name, inode, files[0].size, files[0].mtime_ns
+
+    def conversations(self) -> list[str]:
+        """Ids of this model's conversations with an unexpired file (no checksum is read)."""
+        with self._lock:
+            now = self._clock()
+            found = set()
+            for file in self._cache_files_in(self.directory):
+                parsed = parse_cache_file_name(file.path.name)
+                if parsed is not None and not self._is_expired(parsed[1], file.mtime, now):
+                    found.add(parsed[0])
+            return sorted(found)
+
+    def peek(self, conversation_id: str, offset: int, length: int) -> bytes | None:
+        """Up to `length` payload bytes at `offset` of the conversation's newest unexpired file, its header
+        checked (magic, version, model, length) but NOT its digest: for a catalogue whose entries a later `read`
+        verifies before any byte is used. None when there is no such file or its header does not check out."""
+        with self._lock:
+            files = self._files_of(conversation_id)
+            if not files or self._is_expired(parse_ttl_class(files[0].path.name), files[0].mtime, self._clock()):
+                return None
+            try:
+                with open(files[0].path, "rb") as file:
+                    header = validate_header(file.read(HEADER_SIZE), os.fstat(file.fileno()).st_size,
+                                             self.model_hash)
+                    if offset < 0 or offset >= header.payload_length:
+                        return b""
+                    file.seek(HEADER_SIZE + offset)
+                    return file.read(min(length, header.payload_length - offset))
+            except (InvalidKVFile, OSError):
+                return None
+
     def has(self, conversation_id: str) -> bool:
         """Whether an unexpired file exists for the conversation (no checksum; `read` may still say None)."""
         with self._lock:
