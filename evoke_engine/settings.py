@@ -27,7 +27,7 @@ APP_NAME = "evoke-desk"
 RECOVERY_BACKENDS = ("kv_restore", "breadcrumb", "discard", "none")
 KV_CACHE_TYPES = ("f16", "q8_0")
 POOL_BITS = (16, 8)                            # declared here only: pool.py takes it from here
-RECALL_SIGNALS = ("block", "lines", "lines+lexical", "block+lexical")   # recall_signals.SIGNALS
+RECALL_SIGNALS = ("block", "lines", "lines+lexical", "block+lexical", "lexical", "fused")   # recall_signals.MODES
 ATTENTION_AGGREGATIONS = ("adakv", "mean")     # AttentionSignal.refresh(aggregation=...)
 ATTENTION_GQA = ("mean", "max")               # declared here only: attention.py takes it from here
 NOW, RELOAD = "now", "reload"
@@ -99,7 +99,9 @@ class Settings:
     recovery_top_k: int = _setting(4, "Saved blocks considered for recovery per turn.",
                                    group="Memory", low=0, high=64)
     recall_signal: str = _setting("block", "How saved blocks are matched to a message for recovery: one vector "
-                                  "per block, or each line's vector (max), optionally fused with BM25 over lines.",
+                                  "per block, or each line's vector (max), optionally fused with BM25 over lines "
+                                  "(SQLite FTS5); 'lexical' is a code-aware BM25 alone (identifiers split on _, "
+                                  "camelCase and dots, numbers kept), 'fused' line vectors and that BM25 by rank.",
                                   group="Memory", choices=RECALL_SIGNALS)
     recall_user_margin: float = _setting(0.0, "A saved user message is recovered only as the best match by this "
                                          "similarity margin (0 off).", group="Memory", low=0.0, high=1.0)
