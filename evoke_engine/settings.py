@@ -108,6 +108,11 @@ class Settings:
     recovery_margin: float = _setting(-1.0, "Adaptive recovery width: saved blocks scoring within this margin of "
                                       "the best block (saved or resident) come back, up to recovery_top_k; -1 "
                                       "keeps the per-role resident gate.", group="Memory", low=-1.0, high=1.0)
+    recovery_overdraft_tokens: int = _setting(0, "Recover wider: a turn may bring back up to this many tokens past "
+                                              "the room under the budget (the splice is cheap); the turn runs over "
+                                              "the budget by at most this much and its end evicts back under it, "
+                                              "keeping the recovered blocks that ranked best (0 off).",
+                                              group="Memory", low=0, high=65536)
     chunk_reuse: bool = _setting(True, "Splice a message's blocks from another open conversation's K/V (in its slot or "
                                  "the host pool) when the same tokens follow the same prefix (a prefix-hash match: "
                                  "bit-identical to decoding them), instead of decoding them.", group="Memory")
