@@ -16,13 +16,14 @@ K1, B = 1.2, 0.75                    # the usual BM25 constants (Robertson et al
 RAW = re.compile(r"[A-Za-z0-9_]+")
 CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 # General English function words only (no workload's wording): they carry no topic.
-STOPWORDS = frozenset("""
+_FUNCTION_WORDS = """
 a about above after again against all also am an and any are as at be been before being below between both but by
 can could did do does doing down during each few for from further had has have having he her here hers him his how
 i if in into is it its itself just let me more most my no nor not now of off on once only or other our ours out over
 own same she should so some such than that the their theirs them then there these they this those through to too
 under until up very was we were what when where which while who whom why will with would you your yours
-""".split())
+"""
+STOPWORDS = frozenset(_FUNCTION_WORDS.split())
 
 
 def stem(word: str) -> str:

@@ -1,5 +1,5 @@
 """Recovery signals that see facts, not block averages: line-level dense max-similarity, BM25 over lines (SQLite
-FTS5, or the code-aware `lexical` module), their reciprocal-rank fusion, and the margin rule for the user's own messages.
+FTS5, or the code-aware `lexical` module), their reciprocal-rank fusion, and the margin rule for user messages.
 
 Invariants: pure ranking over plain blocks and one embedder (no llama.cpp); line vectors are cached
 per embedder by block content hash (an embedder switch never mixes vectors); mode "block" reproduces
