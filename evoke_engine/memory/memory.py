@@ -31,7 +31,7 @@ from ..stats import ConversationStats
 from .attention_signal import AttentionSignal
 from .embedder import Embedder
 from .policy import RecoveryPick, choose_recoveries, choose_victims, protected_blocks
-from .recall_signals import RecallSignal
+from .recall_signals import MODES, RecallSignal
 from .recall_signals import prepare as prepare_lines
 from .recovery import Breadcrumb, RecoveryBackend
 from .recovery import backend as recovery_backend
@@ -328,13 +328,13 @@ class ConversationMemory:
                               user_margin=self.settings.recall_user_margin)
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
         room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve)
-        wide = self.settings.recovery_overdraft_tokens if self.recovery.brings_back == "bytes" else 0
+        wide = self._overdraft_allowed()
         working = self._working_set(saved, residents, signal) if wide else None
         picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
                                   resident_best=signal.resident_best, top_k=self.settings.recovery_top_k,
                                   room_tokens=room + wide, identity_hashes=identity_hashes,
                                   tie_break=self.attention.last if self.attention.enabled else None,
-                                  margin=self.settings.recovery_margin,
+                                  margin=self.settings.recovery_margin if working is None else math.inf,
                                   eligible=None if working is None else working.__contains__)
         self.last_decide_s = time.perf_counter() - started
         self.overdraft = min(wide, max(0, sum(p.block.n_tokens for p in picks) - room))
@@ -353,10 +353,24 @@ class ConversationMemory:
                 self.counters.identity_hits += 1
         return recovered
 
+    def _overdraft_allowed(self) -> int:
+        """How far past the room this turn's recovery may go: `recovery_overdraft_tokens` when blocks come back as
+        bytes and a signal ranks them (an embedder, or the lexical signal alone), never past a slot context's own
+        cells (the budget and two blocks of slack stay free, as `LoadedModel.fit_warning` counts)."""
+        wide = self.settings.recovery_overdraft_tokens
+        ranked = self.embedder.enabled or MODES[self.settings.recall_signal][0] is None
+        if not wide or self.recovery.brings_back != "bytes" or not ranked or self.settings.recovery_top_k == 0:
+            return 0
+        if getattr(self.rt, "n_contexts", 1) > 1:
+            cells = getattr(self.rt, "n_ctx_per_context", 0)
+            wide = min(wide, max(0, cells - self.budget_tokens - 2 * self.settings.block_tokens))
+        return wide
+
     def _working_set(self, saved: list[Block], residents: list[Block], signal: RecallSignal) -> dict[Block, int]:
         """A wide recovery's working set: the `recovery_top_k` blocks, saved or resident, that the message ranks
-        highest (block -> rank). Its saved blocks may come back; its resident ones stay through the turn
-        (`turn_protected`), so a recovery never pushes out a resident block that ranks above it."""
+        highest (block -> rank). It is the gate (no margin or role gate: every signal's scale passes): its saved
+        blocks come back, its resident ones stay through the turn (`turn_protected`), so a recovery never pushes
+        out a resident block that ranks above it."""
         pool = [b for b in (*saved, *residents) if b.role != "breadcrumb"]
         order = sorted(pool, key=lambda b: signal.similarity(b), reverse=True)[:self.settings.recovery_top_k]
         working = {block: rank for rank, block in enumerate(order)}

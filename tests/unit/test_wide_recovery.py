@@ -118,3 +118,10 @@ def test_a_resident_block_that_ranks_in_the_working_set_is_not_pushed_out_by_a_r
     assert recovered == saved[:3] and memory.turn_protected == [star]
     _turn(rig, memory, recovered)
     assert star.state is BlockState.RESIDENT and memory.active_tokens <= memory.budget_tokens
+
+
+def test_without_a_signal_to_rank_by_there_is_no_working_set_and_no_overdraft(rig):
+    memory, saved = _conversation(rig, overdraft=48)
+    memory.embedder = rig.embedder                                   # off: only identity and named hits
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16, identity_hashes={saved[5].hash})
+    assert recovered == [saved[5]] and memory.overdraft == 0 and memory.turn_protected == []
