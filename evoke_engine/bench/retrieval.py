@@ -4,7 +4,8 @@ when the question is answered, measured on the memory manager alone (no model, n
 Invariants: every configuration replays the same generated sessions (`suite`: `recall_workload`, `heldout`:
 `retrieval_workload`) through `retrieval_sim.SimConversation`; a fact is in context only when every block that
 holds part of its line is resident when the reply would start; replies are canned text of realistic length;
-the line-vector cache is cleared per session, so deciding costs are a session's own.
+the line-vector cache is cleared per session, so deciding costs are a session's own; recovery precision is over
+what probe turns brought back, kept precision over what of it was still resident at those turns' ends.
 """
 
 from __future__ import annotations
@@ -193,5 +194,6 @@ def bars(result: dict) -> dict:
         out[key] = {"pooled": pooled, "pooled_ok": pooled >= (0.80 if budget <= 256 else 0.90),
                     "worst_type": worst, "worst_type_ge_0.75": worst is not None and worst >= 0.75,
                     "precision_ge_0.5": (row["recovery_precision"] or 0.0) >= 0.5,
+                    "kept_precision_ge_0.5": (row["kept_precision"] or 0.0) >= 0.5,      # what a wide turn kept
                     "decide_p50_le_30ms": (row["decide_ms"]["p50"] or 0.0) <= 30.0}
     return out
