@@ -398,8 +398,10 @@ class ConversationMemory:
             except RestoreError as exc:
                 self.record_event(EventKind.ERROR, f"could not restore {pick.block.name}: {exc}", pick.block)
                 return None
-            self.record_event(EventKind.RECOVERED, f"recovered {pick.block.name} ({pick.reason}, "
-                                                   f"similarity {pick.similarity:.2f})", pick.block, detail=detail)
+            how = f"{pick.reason}, {detail.get('signal', 'recall')} score {pick.similarity:.3g}"
+            how += ", past the room" if detail.get("past_room") else ""
+            self.record_event(EventKind.RECOVERED, f"recovered {pick.block.name} ({how})", pick.block,
+                              detail=dict(detail))        # a copy: the turn end adds kept_at_turn_end to the decision
             return pick.block
         if backend.brings_back == "marker":
             return self.add_breadcrumb(pick.block, detail)
