@@ -27,7 +27,7 @@ APP_NAME = "evoke-desk"
 RECOVERY_BACKENDS = ("kv_restore", "breadcrumb", "discard", "none")
 KV_CACHE_TYPES = ("f16", "q8_0")
 POOL_BITS = (16, 8, 4)                          # declared here only: pool.py takes it from here
-RECALL_SIGNALS = ("block", "lines", "lines+lexical", "block+lexical")   # recall_signals.SIGNALS
+RECALL_SIGNALS = ("block", "lines", "lines+lexical", "block+lexical", "lexical", "fused")   # recall_signals.MODES
 ATTENTION_AGGREGATIONS = ("adakv", "mean")     # AttentionSignal.refresh(aggregation=...)
 ATTENTION_GQA = ("mean", "max")               # declared here only: attention.py takes it from here
 NOW, RELOAD = "now", "reload"
@@ -96,16 +96,25 @@ class Settings:
                                  group="Memory", low=16, high=4096)
     recovery: str = _setting("kv_restore", "What happens to evicted blocks that are needed again.",
                              group="Memory", choices=RECOVERY_BACKENDS)
-    recovery_top_k: int = _setting(4, "Saved blocks considered for recovery per turn.",
+    recovery_top_k: int = _setting(6, "Saved blocks considered for recovery per turn (with an overdraft: the size "
+                                   "of the turn's working set, saved or resident).",
                                    group="Memory", low=0, high=64)
-    recall_signal: str = _setting("block", "How saved blocks are matched to a message for recovery: one vector "
-                                  "per block, or each line's vector (max), optionally fused with BM25 over lines.",
+    recall_signal: str = _setting("fused", "How saved blocks are matched to a message for recovery: one vector "
+                                  "per block, or each line's vector (max), optionally fused with BM25 over lines "
+                                  "(SQLite FTS5); 'lexical' is a code-aware BM25 alone (identifiers split on _, "
+                                  "camelCase and dots, numbers kept), 'fused' line vectors and that BM25 by rank.",
                                   group="Memory", choices=RECALL_SIGNALS)
     recall_user_margin: float = _setting(0.0, "A saved user message is recovered only as the best match by this "
                                          "similarity margin (0 off).", group="Memory", low=0.0, high=1.0)
     recovery_margin: float = _setting(-1.0, "Adaptive recovery width: saved blocks scoring within this margin of "
                                       "the best block (saved or resident) come back, up to recovery_top_k; -1 "
-                                      "keeps the per-role resident gate.", group="Memory", low=-1.0, high=1.0)
+                                      "keeps the per-role resident gate (with an overdraft the working set is the "
+                                      "gate instead).", group="Memory", low=-1.0, high=1.0)
+    recovery_overdraft_tokens: int = _setting(512, "Recover wider: a turn may bring back up to this many tokens past "
+                                              "the room under the budget (the splice is cheap); the turn runs over "
+                                              "the budget by at most this much and its end evicts back under it, "
+                                              "keeping the recovered blocks that ranked best (0 off).",
+                                              group="Memory", low=0, high=65536)
     chunk_reuse: bool = _setting(True, "Splice a message's blocks from another open conversation's K/V (in its slot or "
                                  "the host pool) when the same tokens follow the same prefix (a prefix-hash match: "
                                  "bit-identical to decoding them), instead of decoding them.", group="Memory")

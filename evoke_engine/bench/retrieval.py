@@ -4,7 +4,8 @@ when the question is answered, measured on the memory manager alone (no model, n
 Invariants: every configuration replays the same generated sessions (`suite`: `recall_workload`, `heldout`:
 `retrieval_workload`) through `retrieval_sim.SimConversation`; a fact is in context only when every block that
 holds part of its line is resident when the reply would start; replies are canned text of realistic length;
-the line-vector cache is cleared per session, so deciding costs are a session's own.
+the line-vector cache is cleared per session, so deciding costs are a session's own; recovery precision is over
+what probe turns brought back, kept precision over what of it was still resident at those turns' ends.
 """
 
 from __future__ import annotations
@@ -91,10 +92,14 @@ def replay(session: Session, settings: Settings, rt: VocabRuntime, embedder: Emb
                            "in_context": bool(own) and all(name in out["resident"] for name in own),
                            "recovered": recovered, "recovered_tokens": sum(n for _, n in recovered),
                            "recovered_fact_tokens": sum(n for name, n in recovered if name in own),
+                           "kept_tokens": sum(n for _, n in out["kept"]),
+                           "kept_fact_tokens": sum(n for name, n in out["kept"] if name in own),
                            "decide_ms": round(out["decide_ms"], 3)})
         blocks = [b for b in conv.memory.table.blocks if not b.shared]
         return {"seed": session.seed, "probes": probes, "decide_ms": conv.decide_ms, "turn_end_ms": conv.turn_end_ms,
                 "recovered_per_turn": conv.recovered_per_turn,
+                "over_budget_at_reply_start": max(a - settings.budget_tokens for a in conv.active_at_reply_start),
+                "over_budget_at_turn_end": max(a - settings.budget_tokens for a in conv.active_at_turn_end),
                 "block_tokens": {role: [b.n_tokens for b in blocks if b.role == role] for role in ("file", "user",
                                                                                               "assistant")},
                 "facts_cut": sum(len(v) > 1 for v in fact_blocks.values()), "facts": len(fact_blocks),
@@ -118,6 +123,8 @@ def summarize(runs: list[dict], types: tuple[str, ...]) -> dict:
 
     recovered = sum(p["recovered_tokens"] for p in probes)
     on_fact = sum(p["recovered_fact_tokens"] for p in probes)
+    kept = sum(p.get("kept_tokens", 0) for p in probes)
+    kept_on_fact = sum(p.get("kept_fact_tokens", 0) for p in probes)
     per_turn = [n for r in runs for n in r["recovered_per_turn"]]
     decide = [x for r in runs for x in r["decide_ms"]]
     turn_end = [x for r in runs for x in r["turn_end_ms"]]
@@ -127,6 +134,11 @@ def summarize(runs: list[dict], types: tuple[str, ...]) -> dict:
             "by_location": {w: rate([p for p in probes if p["where"] == w]) for w in ("file", "chat")},
             "recovery_precision": round(on_fact / recovered, 3) if recovered else None,
             "recovered_tokens_at_probes": recovered,
+            # of the recovered tokens still resident at the probe turn's end (a wide recovery evicts the rest)
+            "kept_precision": round(kept_on_fact / kept, 3) if kept else None,
+            "kept_tokens_at_probes": kept,
+            "max_over_budget_at_reply_start": max((r.get("over_budget_at_reply_start", 0) for r in runs), default=0),
+            "max_over_budget_at_turn_end": max((r.get("over_budget_at_turn_end", 0) for r in runs), default=0),
             "tokens_recovered_per_turn": round(statistics.mean(per_turn), 1) if per_turn else 0.0,
             "decide_ms": {"p50": _pct(decide, 50), "p95": _pct(decide, 95)},
             "turn_end_embedding_ms": {"p50": _pct(turn_end, 50), "p95": _pct(turn_end, 95)},
@@ -182,5 +194,6 @@ def bars(result: dict) -> dict:
         out[key] = {"pooled": pooled, "pooled_ok": pooled >= (0.80 if budget <= 256 else 0.90),
                     "worst_type": worst, "worst_type_ge_0.75": worst is not None and worst >= 0.75,
                     "precision_ge_0.5": (row["recovery_precision"] or 0.0) >= 0.5,
+                    "kept_precision_ge_0.5": (row["kept_precision"] or 0.0) >= 0.5,      # what a wide turn kept
                     "decide_p50_le_30ms": (row["decide_ms"]["p50"] or 0.0) <= 30.0}
     return out

@@ -100,6 +100,8 @@ class SimConversation:
         self.decide_ms: list[float] = []
         self.turn_end_ms: list[float] = []
         self.recovered_per_turn: list[int] = []
+        self.active_at_reply_start: list[int] = []   # a wide recovery may run over the budget within a turn
+        self.active_at_turn_end: list[int] = []      # never over it here
 
     def close(self) -> None:
         self.pool.close()
@@ -144,7 +146,7 @@ class SimConversation:
                                    reply_reserve=reserve, identity_hashes=new_hashes)
         self.decide_ms.append(memory.last_decide_s * 1000)
         reused = {b.hash for b in recovered if b.role == "file"}
-        current = list(recovered)
+        current = [*recovered, *memory.turn_protected]
         for block in blocks:
             if block.role == "file" and block.hash in reused:
                 continue
@@ -152,6 +154,7 @@ class SimConversation:
         question = [b for b in blocks if b.role == "user"][-1:]
         memory.make_room(len(opening) + 1, current=[*current, *question])
         resident = {b.name for b in memory.table.resident}
+        self.active_at_reply_start.append(memory.active_tokens)
         reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=list(opening), text="")
         memory.sequence.append([reply_block])
         self._grow_reply(reply_block, rt.tokenize(reply, parse_special=False)[:max_tokens], closing, turn,
@@ -162,14 +165,16 @@ class SimConversation:
         memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT])
         self.turn_end_ms.append((time.perf_counter() - started) * 1000)
         got = [(b.name, b.n_tokens) for b in recovered]
+        kept = [(b.name, b.n_tokens) for b in recovered if b.state is BlockState.RESIDENT]
         self.recovered_per_turn.append(sum(n for _, n in got))
-        return {"resident": resident, "recovered": got, "decide_ms": self.decide_ms[-1], "turn": turn}
+        self.active_at_turn_end.append(memory.active_tokens)
+        return {"resident": resident, "recovered": got, "kept": kept, "decide_ms": self.decide_ms[-1], "turn": turn}
 
     def _grow_reply(self, reply_block: Block, tokens: list[int], closing: list[int], turn: int,
                     protect: list[Block]) -> None:
-        memory, budget = self.memory, self.memory.budget_tokens
+        memory, budget = self.memory, self.memory.turn_limit_tokens      # the budget plus a wide recovery's overdraft
         part = 0
-        low = int(budget * self.settings.low_watermark)
+        low = int(memory.budget_tokens * self.settings.low_watermark) + memory.overdraft
         for at in range(0, len(tokens), REPLY_CHUNK):
             chunk = tokens[at:at + REPLY_CHUNK]
             if memory.eviction_enabled and memory.active_tokens + len(chunk) > budget:

@@ -99,9 +99,10 @@ class LoadedModel:
         """Why the slots' budgets may not fit in the context (an error event's text), or None when they fit."""
         s, rt = self.settings, self.rt
         if rt.n_contexts > 1:                       # each slot in its own context, with a copy of the prefix
-            cells, room = s.budget_tokens + 2 * s.block_tokens, rt.n_ctx_per_context
+            cells, room = s.budget_tokens + s.recovery_overdraft_tokens + 2 * s.block_tokens, rt.n_ctx_per_context
         else:
-            cells = shared_tokens + s.slots * max(0, s.budget_tokens - shared_tokens) + 2 * s.block_tokens
+            cells = (shared_tokens + s.slots * max(0, s.budget_tokens - shared_tokens) + s.recovery_overdraft_tokens
+                     + 2 * s.block_tokens)
             room = rt.n_ctx
         if cells > room:
             return (f"{s.slots} slots of {s.budget_tokens} tokens may not fit in a context of {room}; "

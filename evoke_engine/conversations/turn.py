@@ -149,7 +149,7 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
 
     # Decode the message in blocks, evicting between them when the budget needs it.
     done, total = 0, message_tokens
-    current: list[Block] = list(recovered)
+    current: list[Block] = [*recovered, *memory.turn_protected]     # a wide recovery keeps its working set
     to_decode = [b for b in blocks if not (b.role == "file" and b.hash in reused)]   # identity hits came back
     last = to_decode.pop() if to_decode else None        # decoded with the reply's opening, in one call
     reused: list[dict] = []
@@ -280,11 +280,12 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
                 ttft = first_at - started
             if piece and on_token is not None:
                 on_token(piece)
-            if memory.eviction_enabled and memory.active_tokens + 1 > memory.budget_tokens:
+            limit = memory.turn_limit_tokens             # the budget, plus a wide recovery's overdraft
+            if memory.eviction_enabled and memory.active_tokens + 1 > limit:
                 reply_block, part = _finish_older_part(memory, rt, reply_block, turn, part)
-                low = int(memory.budget_tokens * memory.settings.low_watermark)
+                low = int(memory.budget_tokens * memory.settings.low_watermark) + memory.overdraft
                 keeps = ([*current, *question, reply_block], [*question, reply_block], [reply_block])
-                if not memory.evict_within(memory.budget_tokens - 1, low, keeps):
+                if not memory.evict_within(limit - 1, low, keeps):
                     stopped = "budget"
                     memory.record_event(EventKind.ERROR, "reply stopped: the budget is full of protected blocks")
                     break

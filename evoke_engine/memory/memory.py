@@ -2,7 +2,8 @@
 
 Invariants (engine thread only): it decides and `ResidentSequence` (resident.py) acts: every change to
 positions, states and cells goes through `self.sequence`, which keeps the table equal to the slot; at every
-turn end `active_tokens <= budget_tokens` unless protected blocks alone exceed it (reported, never silent).
+turn end `active_tokens <= budget_tokens` unless protected blocks alone exceed it (reported, never silent); within a
+turn only a wide recovery's `overdraft` (at most `recovery_overdraft_tokens`) may run over it.
 A budget is at least `min_budget_tokens` of its prefix: then a reply of any length fits (`evict_within`
 gives up the turn's protections one by one, never the recent tail) and the budget never cuts it.
 """
@@ -30,7 +31,7 @@ from ..stats import ConversationStats
 from .attention_signal import AttentionSignal
 from .embedder import Embedder
 from .policy import RecoveryPick, choose_recoveries, choose_victims, protected_blocks
-from .recall_signals import RecallSignal
+from .recall_signals import MODES, RecallSignal
 from .recall_signals import prepare as prepare_lines
 from .recovery import Breadcrumb, RecoveryBackend
 from .recovery import backend as recovery_backend
@@ -88,6 +89,10 @@ class ConversationMemory:
         self._query_ready = True
         self.last_decide_s = 0.0                 # the last recovery decision: embedding, signals, choosing
         self._spliced_run: tuple | None = None   # (source block, our block, source owner) of the last splice
+        self.overdraft = 0                       # tokens this turn may run over the budget (a wide recovery)
+        self._recovered: list[tuple[Block, dict]] = []   # this turn's recoveries, best ranked first, and why
+        self.turn_protected: list[Block] = []    # resident blocks a wide recovery's working set keeps this turn
+        self._working: dict[Block, int] = {}     # that working set, block -> rank
 
     # -- accounting (read only: `sequence` writes) --------------------------------------------
     @property
@@ -202,13 +207,19 @@ class ConversationMemory:
         self.record_event(EventKind.BLOCKS_REUSED, f"reused {len(reused)} blocks ({tokens} tokens): {names}",
                           detail={"blocks": list(reused), "tokens": tokens})
 
+    @property
+    def turn_limit_tokens(self) -> int:
+        """The most active tokens this turn may hold: the budget, plus a wide recovery's overdraft until the turn
+        ends (a reply grows within it)."""
+        return self.budget_tokens + self.overdraft
+
     def make_room(self, needed: int, *, current: Iterable[Block] = ()) -> None:
         if not self.eviction_enabled:
             return
-        high = int(self.budget_tokens * self.settings.high_watermark)
+        high = int(self.budget_tokens * self.settings.high_watermark) + self.overdraft
         if self.active_tokens + needed > high:
-            low = int(self.budget_tokens * self.settings.low_watermark)
-            self.evict_to(max(0, low - needed), current=current)
+            low = int(self.budget_tokens * self.settings.low_watermark) + self.overdraft
+            self.evict_to(max(0, low - needed), current=[*current, *self.turn_protected])
 
     # -- eviction ---------------------------------------------------------------------------
     def ensure_embeddings(self, blocks: Iterable[Block]) -> None:
@@ -255,10 +266,16 @@ class ConversationMemory:
 
     def end_turn(self, *, keep: Iterable[Block] = ()) -> None:
         """Evict to the low watermark if the turn crossed the high one; `keep` (this turn's recoveries) stays
-        unless the budget needs its room."""
+        unless the budget needs its room, and then the worst kept goes first (`_kept_order`). A wide recovery's
+        overdraft ends here: the budget holds again."""
+        self.overdraft = 0
         if self.eviction_enabled and self.active_tokens > int(self.budget_tokens * self.settings.high_watermark):
+            kept = self._kept_order(list(dict.fromkeys([*keep, *self.turn_protected])))
             self.evict_within(self.budget_tokens, int(self.budget_tokens * self.settings.low_watermark),
-                              [list(keep), ()])
+                              [kept[:n] for n in range(len(kept), -1, -1)])
+        for block, detail in self._recovered:
+            detail["kept_at_turn_end"] = block.state is BlockState.RESIDENT
+        self._recovered, self.turn_protected, self._working = [], [], {}
         if self.active_tokens > self.budget_tokens and self.eviction_enabled:
             self.record_event(EventKind.ERROR, f"protected blocks hold {self.active_tokens} tokens, over the budget "
                               f"of {self.budget_tokens}")
@@ -267,6 +284,16 @@ class ConversationMemory:
         if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
             self.ensure_embeddings(b for b in self.table.resident if not b.shared)
             prepare_lines(self.embedder, self.settings.recall_signal, (b for b in self.table.resident if not b.shared))
+
+    def _kept_order(self, keep: list[Block]) -> list[Block]:
+        """This turn's recoveries (and a wide recovery's resident working set), the one to keep longest first: by the
+        reply's attention share when the capture is on (what the turn used), else by rank; other kept blocks first."""
+        rank = {block: i for i, (block, _) in enumerate(self._recovered)}
+        rank.update(self._working)                  # a wide recovery: its working set's joint rank
+        if self.attention.enabled:
+            self.attention.refresh(self.seq, self.table.resident, self.settings.attention_aggregation)
+        share = (lambda b: self.attention.value(b) or 0.0) if self.attention.enabled else (lambda b: 0.0)
+        return sorted(keep, key=lambda b: (b in rank, -share(b), rank.get(b, -1)))
 
     # -- blocks that leave for good (edits) and forks -----------------------------------------
     def remove_blocks(self, doomed: Iterable[Block]) -> None:
@@ -290,6 +317,7 @@ class ConversationMemory:
         """Bring back saved blocks this message needs, at the tail, before its tokens decode."""
         started = time.perf_counter()
         self.last_decide_s = 0.0
+        self.overdraft, self._recovered, self.turn_protected, self._working = 0, [], [], {}
         saved = self.candidates()
         if not saved or self.settings.recovery_top_k == 0 and not identity_hashes:
             return []
@@ -302,28 +330,64 @@ class ConversationMemory:
                               saved=saved, residents=residents, embedder=self.embedder,
                               user_margin=self.settings.recall_user_margin)
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
-        room = int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve
+        room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve)
+        wide = self._overdraft_allowed()
+        working = self._working_set(saved, residents, signal) if wide else None
         picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
                                   resident_best=signal.resident_best, top_k=self.settings.recovery_top_k,
-                                  room_tokens=max(0, room), identity_hashes=identity_hashes,
+                                  room_tokens=room + wide, identity_hashes=identity_hashes,
                                   tie_break=self.attention.last if self.attention.enabled else None,
-                                  margin=self.settings.recovery_margin)
+                                  margin=self.settings.recovery_margin if working is None else math.inf,
+                                  eligible=None if working is None else working.__contains__)
         self.last_decide_s = time.perf_counter() - started
+        self.overdraft = min(wide, max(0, sum(p.block.n_tokens for p in picks) - room))
         recovered: list[Block] = []
+        used = 0
         for pick in picks:
+            used += pick.block.n_tokens
             self.make_room(pick.block.n_tokens, current=recovered)
-            block = self._bring_back(pick, self._explain(pick, signal))
+            detail = self._explain(pick, signal, past_room=used > room)
+            block = self._bring_back(pick, detail)
             if block is None:
                 continue
             recovered.append(block)
+            self._recovered.append((block, detail))
             if pick.reason == "identity":
                 self.counters.identity_hits += 1
         return recovered
 
-    def _explain(self, pick, signal: RecallSignal) -> dict:
-        """The signal values that chose `pick` (in its event and `stats().recovery_decisions`)."""
+    def _overdraft_allowed(self) -> int:
+        """How far past the room this turn's recovery may go: `recovery_overdraft_tokens` when blocks come back as
+        bytes and a signal ranks them (an embedder, or the lexical signal alone), never past a slot context's own
+        cells (the budget and two blocks of slack stay free, as `LoadedModel.fit_warning` counts)."""
+        wide = self.settings.recovery_overdraft_tokens
+        ranked = self.embedder.enabled or MODES[self.settings.recall_signal][0] is None
+        if not wide or self.recovery.brings_back != "bytes" or not ranked or self.settings.recovery_top_k == 0:
+            return 0
+        if getattr(self.rt, "n_contexts", 1) > 1:
+            cells = getattr(self.rt, "n_ctx_per_context", 0)
+            wide = min(wide, max(0, cells - self.budget_tokens - 2 * self.settings.block_tokens))
+        return wide
+
+    def _working_set(self, saved: list[Block], residents: list[Block], signal: RecallSignal) -> dict[Block, int]:
+        """A wide recovery's working set: the `recovery_top_k` blocks, saved or resident, that the message ranks
+        highest (block -> rank). It is the gate (no margin or role gate: every signal's scale passes): its saved
+        blocks come back, its resident ones stay through the turn (`turn_protected`), so a recovery never pushes
+        out a resident block that ranks above it."""
+        pool = [b for b in (*saved, *residents) if b.role != "breadcrumb"]
+        order = sorted(pool, key=lambda b: signal.similarity(b), reverse=True)[:self.settings.recovery_top_k]
+        working = {block: rank for rank, block in enumerate(order)}
+        self.turn_protected = [b for b in order if b.state is BlockState.RESIDENT]
+        self._working = working
+        return working
+
+    def _explain(self, pick, signal: RecallSignal, *, past_room: bool = False) -> dict:
+        """The signal values that chose `pick` (in its event and `stats().recovery_decisions`); `past_room`: it came
+        back on the turn's overdraft (a wide recovery), and `kept_at_turn_end` says later whether it stayed."""
         detail = {"turn": self.turn, "block": pick.block.name, "reason": pick.reason,
                   "score": round(pick.similarity, 5), **signal.explain(pick.block)}
+        if past_room:
+            detail["past_room"] = True
         self.decisions.append(detail)
         return detail
 
@@ -337,8 +401,10 @@ class ConversationMemory:
             except RestoreError as exc:
                 self.record_event(EventKind.ERROR, f"could not restore {pick.block.name}: {exc}", pick.block)
                 return None
-            self.record_event(EventKind.RECOVERED, f"recovered {pick.block.name} ({pick.reason}, "
-                                                   f"similarity {pick.similarity:.2f})", pick.block, detail=detail)
+            how = f"{pick.reason}, {detail.get('signal', 'recall')} score {pick.similarity:.3g}"
+            how += ", past the room" if detail.get("past_room") else ""
+            self.record_event(EventKind.RECOVERED, f"recovered {pick.block.name} ({how})", pick.block,
+                              detail=dict(detail))        # a copy: the turn end adds kept_at_turn_end to the decision
             return pick.block
         if backend.brings_back == "marker":
             return self.add_breadcrumb(pick.block, detail)

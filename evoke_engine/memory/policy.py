@@ -62,7 +62,8 @@ def choose_recoveries(saved: list[Block], *, message: str, similarity: Callable[
                       resident_best: dict[str, float], top_k: int, room_tokens: int,
                       identity_hashes: set[str] = frozenset(),
                       tie_break: Callable[[Block], float] | None = None,
-                      margin: float | None = None) -> list[RecoveryPick]:
+                      margin: float | None = None,
+                      eligible: Callable[[Block], bool] | None = None) -> list[RecoveryPick]:
     """Identity hits and named blocks first, then similarity top-K past the resident gate.
     Equal similarities go to the higher `tie_break` (a saved block's last-known attention).
 
@@ -74,6 +75,7 @@ def choose_recoveries(saved: list[Block], *, message: str, similarity: Callable[
     With `margin` (adaptive width) the gate is instead: a saved block comes back when its score is within
     `margin` of the best score of any block, saved or resident (`resident_best` over every role), so one block
     comes back when the top is clearly ahead and several when the scores are close; still at most `top_k`.
+    `eligible` (a wide recovery's working set) limits the similarity picks further; identity and named hits stay.
     """
     picks: list[RecoveryPick] = []
     for block in saved:
@@ -83,7 +85,8 @@ def choose_recoveries(saved: list[Block], *, message: str, similarity: Callable[
             picks.append(RecoveryPick(block, "named", similarity(block)))
     chosen = {p.block for p in picks}
     tie = tie_break or (lambda _block: 0.0)
-    ranked = sorted((b for b in saved if b not in chosen), key=lambda b: (similarity(b), tie(b)), reverse=True)
+    ranked = sorted((b for b in saved if b not in chosen and (eligible is None or eligible(b))),
+                    key=lambda b: (similarity(b), tie(b)), reverse=True)
     best = max([similarity(b) for b in ranked[:1]] + list(resident_best.values()), default=-1.0)
     for block in ranked[:top_k]:
         sim = similarity(block)

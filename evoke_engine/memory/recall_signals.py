@@ -1,5 +1,5 @@
-"""Recovery signals that see facts, not block averages: line-level dense max-similarity, BM25 over
-lines (SQLite FTS5), their reciprocal-rank fusion, and the margin rule for the user's own messages.
+"""Recovery signals that see facts, not block averages: line-level dense max-similarity, BM25 over lines (SQLite
+FTS5, or the code-aware `lexical` module), their reciprocal-rank fusion, and the margin rule for user messages.
 
 Invariants: pure ranking over plain blocks and one embedder (no llama.cpp); line vectors are cached
 per embedder by block content hash (an embedder switch never mixes vectors); mode "block" reproduces
@@ -18,18 +18,27 @@ import numpy as np
 
 from ..kvcache.blocks import Block
 from ..settings import RECALL_SIGNALS as SIGNALS
+from . import lexical as code_lexical
 from .embedder import Embedder
 
 RRF_K = 60                        # the usual reciprocal-rank-fusion constant (Cormack et al.)
 CACHE_BLOCKS = 4096               # line vectors kept per embedder (LRU by block content hash)
 _MARKUP = re.compile(r"<\|[^|>]*\|>")
 _ROLE_LINE = re.compile(r"^(system|user|assistant|tool)$")
+_CASE_TURN = re.compile(r"[a-z][A-Z]")
+_FILE_MARK = re.compile(r"^\[(end of )?file [^\]\n]*\]$")      # turn.render_user_content's framing of a file
 _WORD = re.compile(r"[A-Za-z0-9]+")
 STOPWORDS = frozenset({
     "a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "does", "for", "from", "how", "i", "in",
     "is", "it", "its", "me", "my", "of", "on", "or", "our", "so", "that", "the", "their", "them", "there",
     "this", "to", "was", "we", "what", "when", "where", "which", "who", "whom", "why", "will", "with", "you",
     "your", "answer", "exact", "please", "reply", "just"})
+
+# mode -> (dense signal: "block" | "lines" | None, lexical signal: "fts5" | "code" | None)
+MODES: dict[str, tuple[str | None, str | None]] = {
+    "block": ("block", None), "lines": ("lines", None), "lines+lexical": ("lines", "fts5"),
+    "block+lexical": ("block", "fts5"), "lexical": (None, "code"), "fused": ("lines", "code")}
+assert set(MODES) == set(SIGNALS), "settings.RECALL_SIGNALS and recall_signals.MODES name the same modes"
 
 _line_cache: weakref.WeakKeyDictionary[Embedder, OrderedDict[str, tuple[list[str], np.ndarray | None]]] = \
     weakref.WeakKeyDictionary()
@@ -42,7 +51,7 @@ def block_lines(text: str) -> list[str]:
     pieces: list[str] = []
     for raw in text.splitlines():
         line = raw.strip()
-        if not line or _ROLE_LINE.match(line):
+        if not line or _ROLE_LINE.match(line) or _FILE_MARK.match(line):
             continue
         if len(line) > 240:
             pieces.extend(s.strip() for s in re.split(r"(?<=[.!?])\s+", line) if s.strip())
@@ -76,7 +85,7 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block]) -> dict[str, tuple
         elif block.hash not in missing:
             missing[block.hash] = block_lines(block.text)
     if missing:
-        flat = [line for lines in missing.values() for line in lines]
+        flat = [code_words(line) for lines in missing.values() for line in lines]
         vectors = embedder.embed(flat) if flat else None
         at = 0
         for key, lines in missing.items():
@@ -85,6 +94,17 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block]) -> dict[str, tuple
         while len(cache) > CACHE_BLOCKS:
             cache.popitem(last=False)
     return {b.hash: cache[b.hash] for b in blocks if b.hash in cache}
+
+
+def code_words(line: str) -> str:
+    """The line as the embedder reads it: identifiers split into words (`MAX_UPLOAD_CHUNK_BYTES = 4096` ->
+    `MAX UPLOAD CHUNK BYTES = 4096`, `maxConcurrentJobs` -> `max Concurrent Jobs`); prose is unchanged."""
+    def split(match: re.Match) -> str:
+        word = match.group(0)
+        if "_" not in word.strip("_") and not _CASE_TURN.search(word):
+            return word
+        return " ".join(p for piece in word.split("_") for p in code_lexical.CAMEL.findall(piece))
+    return code_lexical.RAW.sub(split, line)
 
 
 def query_terms(text: str) -> list[str]:
@@ -128,11 +148,12 @@ class RecallSignal:
             raise ValueError(f"recall signal {mode!r}: choose one of {', '.join(SIGNALS)}")
         self.mode = mode
         self.details: dict[Block, dict] = {}
+        dense_kind, lexical_kind = MODES[mode]
         pool = [*saved, *residents]
         block_cos = {b: _cos(b.embedding, query) for b in pool}
         dense = dict(block_cos)
         best_line: dict[Block, str] = {}
-        if mode.startswith("lines") and query is not None and embedder.enabled:
+        if dense_kind == "lines" and query is not None and embedder.enabled:
             vectors = line_vectors(embedder, pool)
             for block in pool:
                 lines, matrix = vectors.get(block.hash, ([], None))
@@ -142,23 +163,33 @@ class RecallSignal:
                     dense[block] = float(sims[i])
                     best_line[block] = lines[i]
         lexical: dict[Block, float] = {}
-        if mode.endswith("+lexical"):
-            by_hash = bm25_by_block({b.hash: block_lines(b.text) for b in pool}, query_text)
+        if lexical_kind is not None:
+            texts = {b.hash: block_lines(b.text) for b in pool}
+            by_hash = (bm25_by_block(texts, query_text) if lexical_kind == "fts5"
+                       else code_lexical.bm25_lines(texts, query_text))
             lexical = {b: by_hash[b.hash] for b in pool if b.hash in by_hash}
-        if lexical:
-            dense_rank, lexical_rank = _ranks(dense), _ranks(lexical)
+        dense_rank = _ranks(dense)
+        if dense_kind is None:                         # lexical alone: BM25, no hit scores 0
+            lexical_rank = code_lexical.ranks(lexical, pool)
+            score = {key: lexical.get(key, 0.0) for key in pool}
+        elif lexical_kind == "code":                   # both full lists, ties after the last hit (Cormack et al.)
+            lexical_rank = code_lexical.ranks(lexical, pool)
+            score = {key: 1 / (RRF_K + dense_rank[key]) + 1 / (RRF_K + lexical_rank[key]) for key in pool}
+        elif lexical:
+            lexical_rank = _ranks(lexical)
             score = {key: 1 / (RRF_K + dense_rank[key]) + (1 / (RRF_K + lexical_rank[key]) if key in lexical else 0.0)
                      for key in dense}
         else:
-            dense_rank, lexical_rank, score = _ranks(dense), {}, dict(dense)
+            lexical_rank, score = {}, dict(dense)
         self.score_of = score
         for block in pool:
             detail = {"signal": mode, "block_cosine": round(block_cos[block], 3)}
             if block in best_line:
                 detail.update(line_cosine=round(dense[block], 3), best_line=best_line[block][:100])
-            if mode.endswith("+lexical"):
-                detail.update(bm25=round(lexical.get(block, 0.0), 3), dense_rank=dense_rank[block],
-                              lexical_rank=lexical_rank.get(block), fused=round(score[block], 5))
+            if lexical_kind is not None:
+                detail.update(bm25=round(lexical.get(block, 0.0), 3), lexical_rank=lexical_rank.get(block))
+                if dense_kind is not None:
+                    detail.update(dense_rank=dense_rank[block], fused=round(score[block], 5))
             self.details[block] = detail
         self._gate_user(saved, dense, score, user_margin)
         self.resident_best: dict[str, float] = {}
@@ -196,7 +227,7 @@ def _cos(a: np.ndarray | None, b: np.ndarray | None) -> float:
 
 def prepare(embedder: Embedder, mode: str, blocks: Iterable[Block]) -> None:
     """Embed the lines of `blocks` now (turn end), so a later recovery finds them cached."""
-    if mode.startswith("lines") and embedder.enabled:
+    if MODES[mode][0] == "lines" and embedder.enabled:
         line_vectors(embedder, blocks)
 
 

@@ -1,0 +1,127 @@
+"""Recover wider, keep what is used (`recovery_overdraft_tokens`): a turn brings back its working set past the room,
+runs over the budget by at most the overdraft, and its end evicts back under the budget, worst-ranked first."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from helpers.rig import Rig
+
+from evoke_engine.kvcache.blocks import BlockState
+
+pytestmark = pytest.mark.unit
+
+AXES = 8
+
+
+class AxisEmbedder:
+    """Every message embeds to the first axis: a block's cosine with a message is what the test sets."""
+
+    enabled = True
+    identity = "axis"
+
+    def embed(self, texts):
+        return np.stack([self.embed_one(t) for t in texts]) if texts else None
+
+    def embed_one(self, text):
+        v = np.zeros(AXES, dtype=np.float32)
+        v[0] = 1.0
+        return v
+
+
+def _vector(cosine: float) -> np.ndarray:
+    v = np.zeros(AXES, dtype=np.float32)
+    v[0], v[1] = cosine, float(np.sqrt(max(0.0, 1 - cosine * cosine)))
+    return v
+
+
+@pytest.fixture
+def rig(tmp_path):
+    rig = Rig(tmp_path, recall_signal="block", recovery_top_k=4, recovery_margin=1.0)
+    yield rig
+    rig.close()
+
+
+def _conversation(rig, overdraft: int):
+    """Six saved file blocks (cosines 0.9 .. 0.4 with any message) and the rest (cosine 0.1), half of it saved."""
+    settings = dataclasses.replace(rig.settings, recovery_overdraft_tokens=overdraft)
+    memory = rig.memory(settings=settings)
+    saved = [rig.add(memory, "file", 16, priority=0.01) for _ in range(6)]
+    for _ in range(12):
+        rig.add(memory, "file", 16, priority=0.9)
+    memory.end_turn()
+    assert all(b.state is BlockState.RAM for b in saved)
+    memory.embedder = AxisEmbedder()
+    for block in memory.table.blocks:
+        block.embedding = None if block.shared else _vector(0.1)
+    for block, cosine in zip(saved, (0.9, 0.8, 0.7, 0.6, 0.5, 0.4), strict=True):
+        block.embedding = _vector(cosine)
+    memory.turn += 1
+    memory.set_query("where is it?")
+    return memory, saved
+
+
+def _turn(rig, memory, recovered):
+    """The message and a reply decoded (within the turn's limit), then the turn's end."""
+    current = [*recovered, *memory.turn_protected]
+    rig.add(memory, "user", 16, current=current, turn=memory.turn)
+    rig.add(memory, "assistant", 16, current=current, turn=memory.turn)
+    assert memory.active_tokens <= memory.turn_limit_tokens
+    memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT])
+
+
+def test_without_an_overdraft_a_recovery_brings_back_only_what_fits_the_room(rig):
+    memory, saved = _conversation(rig, overdraft=0)
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
+    assert recovered == saved[:2] and memory.overdraft == 0          # room: 184 - 16 - 120 - 16 = 32 tokens
+
+
+def test_a_wide_recovery_brings_back_its_working_set_past_the_room_and_says_so(rig):
+    memory, saved = _conversation(rig, overdraft=48)
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
+    assert recovered == saved[:4]
+    assert memory.overdraft == 32 and memory.turn_limit_tokens == memory.budget_tokens + 32
+    decisions = {d["block"]: d for d in memory.decisions}
+    assert [decisions[b.name].get("past_room", False) for b in recovered] == [False, False, True, True]
+
+
+def test_the_overdraft_caps_how_wide_a_turn_recovers(rig):
+    memory, saved = _conversation(rig, overdraft=16)
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
+    assert recovered == saved[:3] and memory.overdraft == 16
+
+
+def test_the_turn_end_holds_the_budget_and_keeps_the_best_ranked_recoveries(rig):
+    memory, saved = _conversation(rig, overdraft=48)
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
+    _turn(rig, memory, recovered)
+    assert memory.overdraft == 0 and memory.turn_limit_tokens == memory.budget_tokens
+    assert memory.active_tokens <= memory.budget_tokens
+    assert memory.counters.max_active_at_turn_end <= memory.budget_tokens
+    kept = [b.state is BlockState.RESIDENT for b in recovered]
+    assert kept == sorted(kept, reverse=True) and kept[0]           # the worst ranked left first
+    decisions = {d["block"]: d for d in memory.decisions}
+    assert [decisions[b.name]["kept_at_turn_end"] for b in recovered] == kept
+    assert rig.kv.layout(memory.seq) == rig.expected_layout(memory)
+    memory.check()
+
+
+def test_a_resident_block_that_ranks_in_the_working_set_is_not_pushed_out_by_a_recovery(rig):
+    memory, saved = _conversation(rig, overdraft=48)
+    resident = [b for b in memory.table.resident if not b.shared and b.role == "file"]
+    star = resident[0]
+    star.embedding = _vector(0.95)                                   # ranks first: it stays, three saved come back
+    star.priority = 0.001                                            # the eviction scorer alone would drop it first
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
+    assert recovered == saved[:3] and memory.turn_protected == [star]
+    _turn(rig, memory, recovered)
+    assert star.state is BlockState.RESIDENT and memory.active_tokens <= memory.budget_tokens
+
+
+def test_without_a_signal_to_rank_by_there_is_no_working_set_and_no_overdraft(rig):
+    memory, saved = _conversation(rig, overdraft=48)
+    memory.embedder = rig.embedder                                   # off: only identity and named hits
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16, identity_hashes={saved[5].hash})
+    assert recovered == [saved[5]] and memory.overdraft == 0 and memory.turn_protected == []
