@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from helpers.chunk_reuse import attach, copy_of
 from helpers.rig import Rig
 
 from evoke_engine.events import EventKind
@@ -26,26 +27,6 @@ def rig(tmp_path):
 @pytest.fixture
 def chunks() -> ChunkIndex:
     return ChunkIndex()
-
-
-def copy_of(block: Block) -> Block:
-    """The same tokens as `block`, a new block (the same file attached in another conversation)."""
-    return Block(name=block.name, role=block.role, turn=block.turn, tokens=list(block.tokens), text=block.text)
-
-
-def attach(rig: Rig, memory: ConversationMemory, blocks: list[Block]) -> list[dict]:
-    """A turn's prefill: each block reused when the index has it, else decoded."""
-    hits = []
-    for block in blocks:
-        hit = memory.append_reused(block)
-        if hit is None:
-            memory.append_decoded(block)
-        else:
-            hits.append(hit)
-    memory.report_reuse(hits)
-    memory.check()
-    assert rig.kv.layout(memory.seq) == rig.expected_layout(memory)
-    return hits
 
 
 def file_in(rig: Rig, memory: ConversationMemory, n_blocks: int = 3) -> list[Block]:

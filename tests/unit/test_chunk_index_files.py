@@ -6,6 +6,7 @@ the blocks the index holds exactly, and a loaded one registers them again."""
 from __future__ import annotations
 
 import pytest
+from helpers.chunk_reuse import attach, copy_of
 from helpers.rig import Rig
 
 from evoke_engine.errors import RestoreError
@@ -72,24 +73,6 @@ def files() -> FakeFiles:
 @pytest.fixture
 def chunks(files) -> ChunkIndex:
     return ChunkIndex(files=files)
-
-
-def copy_of(block: Block) -> Block:
-    return Block(name=block.name, role=block.role, turn=block.turn, tokens=list(block.tokens), text=block.text)
-
-
-def attach(rig: Rig, memory: ConversationMemory, blocks: list[Block]) -> list[dict]:
-    hits = []
-    for block in blocks:
-        hit = memory.append_reused(block)
-        if hit is None:
-            memory.append_decoded(block)
-        else:
-            hits.append(hit)
-    memory.report_reuse(hits)
-    memory.check()
-    assert rig.kv.layout(memory.seq) == rig.expected_layout(memory)     # the cells hold the right tokens
-    return hits
 
 
 def closed_with_file(rig: Rig, chunks: ChunkIndex, files: FakeFiles, name: str = "a") -> list[Block]:
