@@ -107,6 +107,13 @@ def code_words(line: str) -> str:
     return code_lexical.RAW.sub(split, line)
 
 
+def lexical_lines(block: Block) -> list[str]:
+    """The block's lines as the code-aware BM25 reads them: a file's lines carry its path (`lib/db.py`: `lib db py`),
+    so a question that names the module ("the DB helper") meets every line of it, not only the framing line."""
+    lines = block_lines(block.text)
+    return [f"{line} {block.file_name}" for line in lines] if block.file_name else lines
+
+
 def query_terms(text: str) -> list[str]:
     seen: list[str] = []
     for word in _WORD.findall(text.lower()):
@@ -164,9 +171,10 @@ class RecallSignal:
                     best_line[block] = lines[i]
         lexical: dict[Block, float] = {}
         if lexical_kind is not None:
-            texts = {b.hash: block_lines(b.text) for b in pool}
-            by_hash = (bm25_by_block(texts, query_text) if lexical_kind == "fts5"
-                       else code_lexical.bm25_lines(texts, query_text))
+            if lexical_kind == "fts5":
+                by_hash = bm25_by_block({b.hash: block_lines(b.text) for b in pool}, query_text)
+            else:
+                by_hash = code_lexical.bm25_lines({b.hash: lexical_lines(b) for b in pool}, query_text)
             lexical = {b: by_hash[b.hash] for b in pool if b.hash in by_hash}
         dense_rank = _ranks(dense)
         if dense_kind is None:                         # lexical alone: BM25, no hit scores 0

@@ -10,7 +10,7 @@ import pytest
 
 from evoke_engine.kvcache.blocks import Block, BlockState
 from evoke_engine.memory.lexical import bm25_lines, ranks, stem, terms
-from evoke_engine.memory.recall_signals import RecallSignal, block_lines, code_words
+from evoke_engine.memory.recall_signals import RecallSignal, block_lines, code_words, lexical_lines
 
 pytestmark = pytest.mark.unit
 
@@ -75,9 +75,9 @@ class ConstantEmbedder:
         return np.ones(4, dtype=np.float32) / 2
 
 
-def _block(name: str, text: str, cosine: float, embedder) -> Block:
+def _block(name: str, text: str, cosine: float, embedder, file_name: str | None = None) -> Block:
     block = Block(name=name, role="file", turn=1, tokens=[zlib.crc32(text.encode()) % 1000, len(text)], text=text,
-                  state=BlockState.RAM)
+                  state=BlockState.RAM, file_name=file_name)
     block.embedding = np.array([cosine, np.sqrt(1 - cosine ** 2), 0, 0], dtype=np.float32)
     return block
 
@@ -96,6 +96,21 @@ def test_a_block_naming_the_asked_identifier_ranks_first_and_the_decision_says_w
     detail = signal.explain(best)
     assert detail["signal"] == mode and detail["bm25"] > 0 and detail["lexical_rank"] == 1
     assert ("dense_rank" in detail) == (mode == "fused")
+
+
+def test_a_question_naming_the_module_meets_every_line_of_its_file_not_only_the_framing():
+    """The second block of lib/db.py has no `db` in its text; its path carries it."""
+    embedder = ConstantEmbedder()
+    query = "How long does the DB helper wait before it gives up?"
+    body = "def connect(host, port=5432, timeout_ms=750):\n    return open_link(host, port, timeout_ms)"
+    blocks = [_block("file:lib/http.py#1", body.replace("5432", "8080").replace("750", "900"), 0.3, embedder,
+                     file_name="lib/http.py"),
+              _block("file:lib/db.py#1", body, 0.3, embedder, file_name="lib/db.py")]
+    assert lexical_lines(blocks[1]) == [f"{line} lib/db.py" for line in block_lines(body)]
+    signal = RecallSignal("fused", query_text=query, query=embedder.embed_one(query), saved=blocks, residents=[],
+                          embedder=embedder)
+    assert signal.explain(blocks[1])["lexical_rank"] == 1 and signal.explain(blocks[1])["bm25"] > 0
+    assert signal.explain(blocks[0])["bm25"] == 0.0                  # lib/http.py: no term of the question
 
 
 def test_fused_is_reciprocal_rank_fusion_over_both_full_lists():
