@@ -3,9 +3,10 @@ when the question is answered, measured on the memory manager alone (no model, n
 
 Invariants: every configuration replays the same generated sessions (`suite`: `recall_workload`, `heldout`:
 `retrieval_workload`) through `retrieval_sim.SimConversation`; a fact is in context only when every block that
-holds part of its line is resident when the reply would start; replies are canned text of realistic length;
-the line-vector cache is cleared per session, so deciding costs are a session's own; recovery precision is over
-what probe turns brought back, kept precision over what of it was still resident at those turns' ends.
+holds part of its line is resident when the reply would start; replies are canned text of realistic length, a
+probe's reply a reader's (`reader`: the value when the fact is in context); the line-vector cache is cleared per
+session, so deciding costs are a session's own; recovery precision is over what probe turns brought back, kept
+precision over what of it was still resident at those turns' ends (the turn end keeps what the reply used).
 """
 
 from __future__ import annotations
@@ -56,6 +57,15 @@ def canned_reply(kind: str, rng: random.Random) -> str:
     return rng.choice(CANNED.get(kind, CANNED["short"]))
 
 
+def reader(fact_blocks: list[str], value: str, unsure: str):
+    """A probe's reply as a reader that can use its context writes it: the fact's value when every block holding
+    the fact is resident as the reply starts, else `unsure` (the 135M model cannot read paraphrases; this is the
+    reader the measure presumes). What the turn end keeps of a wide recovery is judged by this reply's words."""
+    def reply(resident: set[str]) -> str:
+        return f"It is {value}." if fact_blocks and all(name in resident for name in fact_blocks) else unsure
+    return reply
+
+
 def sessions(family: str, seeds: range, *, probes: int = 3, decoys: int = 2) -> list[Session]:
     if family == "suite":
         from .recall_workload import make_session
@@ -78,6 +88,8 @@ def replay(session: Session, settings: Settings, rt: VocabRuntime, embedder: Emb
     try:
         for turn in session.turns:
             reply = getattr(turn, "reply", "") or canned_reply(turn.kind, rng)
+            if turn.fact is not None:
+                reply = reader(fact_blocks.get(id(turn.fact), []), turn.fact.value, reply)
             out = conv.send(turn.text, turn.attachments, reply, turn.max_tokens)
             stated = turn.text + "".join(body for _, body in turn.attachments)
             for fact in session.facts:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,10 +124,10 @@ class SimConversation:
         end = at + len(line.strip())
         return [name for start, stop, name in spans if start < end and stop > at]
 
-    def send(self, text: str, attachments: list[tuple[str, str]], reply: str, max_tokens: int,
-             probe_lines: dict[str, str] | None = None) -> dict:
-        """One turn. `probe_lines` (block names of the probed fact, looked up by the caller) are checked resident
-        when the reply would start; returns what the turn recovered and cost."""
+    def send(self, text: str, attachments: list[tuple[str, str]], reply: str | Callable[[set[str]], str],
+             max_tokens: int) -> dict:
+        """One turn; `reply` is its text, or a reader: given the names of the blocks resident when the reply
+        starts, the text it writes. Returns what was resident then, what the turn recovered and kept, its cost."""
         memory, rt = self.memory, self.rt
         memory.turn += 1
         turn = memory.turn
@@ -155,6 +156,7 @@ class SimConversation:
         memory.make_room(len(opening) + 1, current=[*current, *question])
         resident = {b.name for b in memory.table.resident}
         self.active_at_reply_start.append(memory.active_tokens)
+        reply = reply(resident) if callable(reply) else reply
         reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=list(opening), text="")
         memory.sequence.append([reply_block])
         self._grow_reply(reply_block, rt.tokenize(reply, parse_special=False)[:max_tokens], closing, turn,
@@ -162,7 +164,7 @@ class SimConversation:
         self.history.append({"role": "assistant", "content": reply, "evoke_turn": turn})
         memory.focus.update(memory.query)
         started = time.perf_counter()
-        memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT])
+        memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT], reply=reply)
         self.turn_end_ms.append((time.perf_counter() - started) * 1000)
         got = [(b.name, b.n_tokens) for b in recovered]
         kept = [(b.name, b.n_tokens) for b in recovered if b.state is BlockState.RESIDENT]

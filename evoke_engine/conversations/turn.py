@@ -183,7 +183,7 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     reply.recovered = [b.name for b in recovered]
     history.append({"role": "assistant", "content": reply.text, "evoke_turn": turn})
     memory.focus.update(memory.query)
-    memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT])
+    memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT], reply=reply.text)
     return reply
 
 

@@ -31,7 +31,7 @@ from ..stats import ConversationStats
 from .attention_signal import AttentionSignal
 from .embedder import Embedder
 from .policy import RecoveryPick, choose_recoveries, choose_victims, protected_blocks
-from .recall_signals import MODES, RecallSignal
+from .recall_signals import MODES, RecallSignal, reply_grounding
 from .recall_signals import prepare as prepare_lines
 from .recovery import Breadcrumb, RecoveryBackend
 from .recovery import backend as recovery_backend
@@ -244,12 +244,19 @@ class ConversationMemory:
         self.attention.refresh(self.seq, self.table.resident, self.settings.attention_aggregation)
         victims = choose_victims(self.table, target_tokens=target_tokens, protected=protected,
                                  score=self.score)
+        self._evict(victims)
+        return victims
+
+    def _evict(self, victims: list[Block], because: str = "") -> None:
+        """Evict `victims` the way the recovery backend keeps them (bytes to the pool, or dropped), with events."""
+        if not victims:
+            return
         prepare_lines(self.embedder, self.settings.recall_signal, victims)   # now, not in a later decision
+        why = f": {because}" if because else ""
         for block in self.sequence.evict(victims, keep_bytes=self.recovery.keeps_bytes):
             self.counters.evictions += 1
             self.counters.evicted_tokens += block.n_tokens
-            self.record_event(EventKind.EVICTED, f"evicted {block.name} ({block.n_tokens} tokens)", block)
-        return victims
+            self.record_event(EventKind.EVICTED, f"evicted {block.name} ({block.n_tokens} tokens){why}", block)
 
     def evict_within(self, limit: int, target: int, keeps: Sequence[Iterable[Block]]) -> bool:
         """Evict to `target` keeping `keeps[0]`; while active tokens stay over `limit`, evict to `limit`
@@ -264,13 +271,18 @@ class ConversationMemory:
         """The smallest budget this conversation accepts (`min_budget_tokens` of its prefix)."""
         return min_budget_tokens(self.prefix_tokens, self.settings)
 
-    def end_turn(self, *, keep: Iterable[Block] = ()) -> None:
-        """Evict to the low watermark if the turn crossed the high one; `keep` (this turn's recoveries) stays
-        unless the budget needs its room, and then the worst kept goes first (`_kept_order`). A wide recovery's
-        overdraft ends here: the budget holds again."""
+    def end_turn(self, *, keep: Iterable[Block] = (), reply: str = "") -> None:
+        """Keep what the `reply` used (`recovery_keep_used`: when it quoted a block, this turn's other recoveries
+        leave), then evict to the low watermark if the turn crossed the high one; `keep` (this turn's recoveries)
+        stays unless the budget needs its room, and then the worst kept goes first (`_kept_order`). A wide
+        recovery's overdraft ends here: the budget holds again."""
         self.overdraft = 0
+        used = self._reply_used(reply)
+        if used and self.settings.recovery_keep_used and self.eviction_enabled:
+            unused = [b for b, _ in self._recovered if b.state is BlockState.RESIDENT and b not in used]
+            self._evict(unused, because="the reply did not use it")
         if self.eviction_enabled and self.active_tokens > int(self.budget_tokens * self.settings.high_watermark):
-            kept = self._kept_order(list(dict.fromkeys([*keep, *self.turn_protected])))
+            kept = self._kept_order(list(dict.fromkeys([*keep, *self.turn_protected])), used)
             self.evict_within(self.budget_tokens, int(self.budget_tokens * self.settings.low_watermark),
                               [kept[:n] for n in range(len(kept), -1, -1)])
         for block, detail in self._recovered:
@@ -285,15 +297,27 @@ class ConversationMemory:
             self.ensure_embeddings(b for b in self.table.resident if not b.shared)
             prepare_lines(self.embedder, self.settings.recall_signal, (b for b in self.table.resident if not b.shared))
 
-    def _kept_order(self, keep: list[Block]) -> list[Block]:
-        """This turn's recoveries (and a wide recovery's resident working set), the one to keep longest first: by the
-        reply's attention share when the capture is on (what the turn used), else by rank; other kept blocks first."""
+    def _reply_used(self, reply: str) -> dict[Block, int]:
+        """The blocks from before this turn that the reply quoted (`reply_grounding` against the message), among
+        this turn's recoveries and what was resident; each recovery's decision records its count."""
+        if not self._recovered or not reply.strip():
+            return {}
+        earlier = [b for b in self.table.resident if not b.shared and b.turn < self.turn]
+        used = reply_grounding(reply, self._query_text, dict.fromkeys([*earlier, *(b for b, _ in self._recovered)]))
+        for block, detail in self._recovered:
+            detail["reply_used"] = used.get(block, 0)
+        return used
+
+    def _kept_order(self, keep: list[Block], used: dict[Block, int]) -> list[Block]:
+        """This turn's recoveries (and a wide recovery's resident working set), the one to keep longest first: what
+        the reply `used`, then the reply's attention share when the capture is on, then rank; other kept blocks
+        first."""
         rank = {block: i for i, (block, _) in enumerate(self._recovered)}
         rank.update(self._working)                  # a wide recovery: its working set's joint rank
         if self.attention.enabled:
             self.attention.refresh(self.seq, self.table.resident, self.settings.attention_aggregation)
         share = (lambda b: self.attention.value(b) or 0.0) if self.attention.enabled else (lambda b: 0.0)
-        return sorted(keep, key=lambda b: (b in rank, -share(b), rank.get(b, -1)))
+        return sorted(keep, key=lambda b: (b in rank, -used.get(b, 0), -share(b), rank.get(b, -1)))
 
     # -- blocks that leave for good (edits) and forks -----------------------------------------
     def remove_blocks(self, doomed: Iterable[Block]) -> None:

@@ -114,6 +114,26 @@ def lexical_lines(block: Block) -> list[str]:
     return [f"{line} {block.file_name}" for line in lines] if block.file_name else lines
 
 
+def reply_grounding(reply: str, message: str, blocks: Iterable[Block]) -> dict[Block, int]:
+    """The blocks the reply's words came from: for each term of `reply` that is not in `message` (an echo of the
+    question is no evidence) and occurs in exactly one of `blocks`, that block gets a count. `It is 9085.` grounds
+    the one block holding `pool_size: 9085`; a reply of common words grounds nothing. Model-agnostic (read from
+    the reply's text, with `lexical.terms`); blocks without such a term are absent."""
+    asked = set(code_lexical.terms(message))
+    said = {t for t in code_lexical.terms(reply) if t not in asked}
+    if not said:
+        return {}
+    holders: dict[str, list[Block]] = {}
+    for block in blocks:
+        for term in said & set(code_lexical.terms(" ".join(lexical_lines(block)))):
+            holders.setdefault(term, []).append(block)
+    counts: dict[Block, int] = {}
+    for owners in holders.values():
+        if len(owners) == 1:
+            counts[owners[0]] = counts.get(owners[0], 0) + 1
+    return counts
+
+
 def query_terms(text: str) -> list[str]:
     seen: list[str] = []
     for word in _WORD.findall(text.lower()):

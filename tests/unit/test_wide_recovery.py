@@ -63,13 +63,13 @@ def _conversation(rig, overdraft: int):
     return memory, saved
 
 
-def _turn(rig, memory, recovered):
+def _turn(rig, memory, recovered, reply: str = "", reply_tokens: int = 16):
     """The message and a reply decoded (within the turn's limit), then the turn's end."""
     current = [*recovered, *memory.turn_protected]
     rig.add(memory, "user", 16, current=current, turn=memory.turn)
-    rig.add(memory, "assistant", 16, current=current, turn=memory.turn)
+    rig.add(memory, "assistant", reply_tokens, current=current, turn=memory.turn)
     assert memory.active_tokens <= memory.turn_limit_tokens
-    memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT])
+    memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT], reply=reply)
 
 
 def test_without_an_overdraft_a_recovery_brings_back_only_what_fits_the_room(rig):
@@ -105,6 +105,53 @@ def test_the_turn_end_holds_the_budget_and_keeps_the_best_ranked_recoveries(rig)
     decisions = {d["block"]: d for d in memory.decisions}
     assert [decisions[b.name]["kept_at_turn_end"] for b in recovered] == kept
     assert rig.kv.layout(memory.seq) == rig.expected_layout(memory)
+    memory.check()
+
+
+def _quotable(saved):
+    for i, block in enumerate(saved):
+        block.text = f"upload_chunk_bytes_{i} = {4096 + i}"            # what a reply can quote
+
+
+def test_the_turn_end_keeps_what_the_reply_used_and_lets_the_other_recoveries_go(rig):
+    memory, saved = _conversation(rig, overdraft=48)
+    _quotable(saved)
+    events = []
+    memory.emit = events.append
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
+    assert recovered == saved[:4]
+    _turn(rig, memory, recovered, reply="It is 4099.")
+    assert [b.state for b in recovered] == [BlockState.RAM] * 3 + [BlockState.RESIDENT]   # the used one, ranked last
+    decisions = {d["block"]: d for d in memory.decisions}
+    assert [decisions[b.name]["reply_used"] for b in recovered] == [0, 0, 0, 1]
+    assert [decisions[b.name]["kept_at_turn_end"] for b in recovered] == [False, False, False, True]
+    assert {e.block for e in events if "the reply did not use it" in e.message} == {b.name for b in saved[:3]}
+    assert rig.kv.layout(memory.seq) == rig.expected_layout(memory)
+    memory.check()
+
+
+def test_a_reply_that_quotes_no_block_of_its_own_lets_no_recovery_go(rig):
+    memory, saved = _conversation(rig, overdraft=48)
+    _quotable(saved)
+    question = "where is upload_chunk_bytes_2?"
+    memory.set_query(question)
+    recovered = memory.recover(question, message_tokens=120, reply_reserve=16)
+    _turn(rig, memory, recovered, reply="Sure: upload_chunk_bytes_2 is one of the upload chunk settings.")
+    decisions = {d["block"]: d for d in memory.decisions}
+    assert all(decisions[b.name]["reply_used"] == 0 for b in recovered)   # it echoes the question, or common words
+    assert recovered[0].state is BlockState.RESIDENT                   # the budget's order alone, as before
+
+
+def test_when_the_budget_needs_room_the_used_recovery_stays_before_better_ranked_ones(rig):
+    memory, saved = _conversation(rig, overdraft=48)
+    memory.settings = dataclasses.replace(memory.settings, recovery_keep_used=False)
+    _quotable(saved)
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
+    for block in memory.table.resident:
+        block.pinned = block.pinned or block.role == "file" and block not in recovered   # the room must come from them
+    _turn(rig, memory, recovered, reply="It is 4099.")
+    assert saved[3].state is BlockState.RESIDENT                       # ranked last of four, but the reply used it
+    assert any(b.state is not BlockState.RESIDENT for b in saved[:3]) and memory.active_tokens <= memory.budget_tokens
     memory.check()
 
 
