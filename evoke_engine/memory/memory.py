@@ -3,7 +3,8 @@
 Invariants (engine thread only): it decides and `ResidentSequence` (resident.py) acts: every change to
 positions, states and cells goes through `self.sequence`, which keeps the table equal to the slot; at every
 turn end `active_tokens <= budget_tokens` unless protected blocks alone exceed it (reported, never silent); within a
-turn only a wide recovery's `overdraft` (at most `recovery_overdraft_tokens`) may run over it.
+turn only a wide recovery's `overdraft` (at most `recovery_overdraft_tokens`) may run over it; a turn's end keeps
+the recovery its reply quoted before the others (`recovery_keep_used`: the others leave; their bytes stay saved).
 A budget is at least `min_budget_tokens` of its prefix: then a reply of any length fits (`evict_within`
 gives up the turn's protections one by one, never the recent tail) and the budget never cuts it.
 """
