@@ -115,8 +115,8 @@ class Settings:
                                               "the budget by at most this much and its end evicts back under it, "
                                               "keeping the recovered blocks that ranked best (0 off).",
                                               group="Memory", low=0, high=65536)
-    recovery_keep_used: bool = _setting(True, "Keep what the reply used: at a turn's end, the blocks brought back for it "
-                                        "by similarity stay only if the reply quoted them (a term, not in the "
+    recovery_keep_used: bool = _setting(True, "Keep what the reply used: at a turn's end, the blocks brought back for "
+                                        "it by similarity stay only if the reply quoted them (a term, not in the "
                                         "message, that only that block holds); the others leave the context (their "
                                         "bytes stay saved and splice back in milliseconds when a later message ranks "
                                         "them again). Re-attached and named files always stay.", group="Memory")
