@@ -3,8 +3,8 @@
 Invariants (engine thread only): it decides and `ResidentSequence` (resident.py) acts: every change to
 positions, states and cells goes through `self.sequence`, which keeps the table equal to the slot; at every
 turn end `active_tokens <= budget_tokens` unless protected blocks alone exceed it (reported, never silent); within a
-turn only a wide recovery's `overdraft` (at most `recovery_overdraft_tokens`) may run over it; a similarity recovery
-is a loan for its turn: it stays past the turn's end only if the reply quoted it (`recovery_keep_used`).
+turn only a wide recovery's `overdraft` (at most `recovery_overdraft_tokens`) may run over it; a turn's end keeps
+the recovery its reply quoted before the others (`recovery_keep_used`: the others leave; their bytes stay saved).
 A budget is at least `min_budget_tokens` of its prefix: then a reply of any length fits (`evict_within`
 gives up the turn's protections one by one, never the recent tail) and the budget never cuts it.
 """
@@ -273,15 +273,14 @@ class ConversationMemory:
         return min_budget_tokens(self.prefix_tokens, self.settings)
 
     def end_turn(self, *, keep: Iterable[Block] = (), reply: str = "") -> None:
-        """Keep what the `reply` used (`recovery_keep_used`: this turn's similarity recoveries that the reply did not
-        quote leave; identity and named ones stay), then evict to the low watermark if the turn crossed the high one;
-        `keep` (this turn's recoveries) stays unless the budget needs its room, and then the worst kept goes first
-        (`_kept_order`). A wide recovery's overdraft ends here: the budget holds again."""
+        """Keep what the `reply` used (`recovery_keep_used`: when it quoted a block, this turn's other recoveries
+        leave), then evict to the low watermark if the turn crossed the high one; `keep` (this turn's recoveries)
+        stays unless the budget needs its room, and then the worst kept goes first (`_kept_order`). A wide
+        recovery's overdraft ends here: the budget holds again."""
         self.overdraft = 0
         used = self._reply_used(reply)
-        if self.settings.recovery_keep_used and self.eviction_enabled and reply.strip():
-            unused = [b for b, detail in self._recovered if b.state is BlockState.RESIDENT and b not in used
-                      and detail["reason"] == "similar"]
+        if used and self.settings.recovery_keep_used and self.eviction_enabled:
+            unused = [b for b, _ in self._recovered if b.state is BlockState.RESIDENT and b not in used]
             self._evict(unused, because="the reply did not use it")
         if self.eviction_enabled and self.active_tokens > int(self.budget_tokens * self.settings.high_watermark):
             kept = self._kept_order(list(dict.fromkeys([*keep, *self.turn_protected])), used)

@@ -21,11 +21,8 @@ def document(fact: str, at: int) -> str:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    # The narrow recovery (no overdraft): a wide one's working set protects its resident members through each turn,
-    # so the handbook's fact block never leaves before the probe and there is nothing to bring back and explain.
     settings = Settings(home=str(tmp_path_factory.mktemp("recall")), budget_tokens=384, n_ctx=4096, slots=2,
-                        recall_signal="lines+lexical", recall_user_margin=0.1, tools_enabled=False,
-                        recovery_overdraft_tokens=0)
+                        recall_signal="lines+lexical", recall_user_margin=0.1, tools_enabled=False)
     with Engine(settings, prewarm=False) as eng:
         yield eng
 

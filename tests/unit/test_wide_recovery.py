@@ -130,9 +130,7 @@ def test_the_turn_end_keeps_what_the_reply_used_and_lets_the_other_recoveries_go
     memory.check()
 
 
-def test_a_reply_that_quotes_no_block_lets_every_similarity_recovery_go(rig):
-    """An echo of the question, or common words, is no evidence of use: the turn's loans all go back (a later
-    message that ranks them splices them back)."""
+def test_a_reply_that_quotes_no_block_of_its_own_lets_no_recovery_go(rig):
     memory, saved = _conversation(rig, overdraft=48)
     _quotable(saved)
     question = "where is upload_chunk_bytes_2?"
@@ -140,16 +138,7 @@ def test_a_reply_that_quotes_no_block_lets_every_similarity_recovery_go(rig):
     recovered = memory.recover(question, message_tokens=120, reply_reserve=16)
     _turn(rig, memory, recovered, reply="Sure: upload_chunk_bytes_2 is one of the upload chunk settings.")
     decisions = {d["block"]: d for d in memory.decisions}
-    assert all(decisions[b.name]["reply_used"] == 0 for b in recovered)
-    assert recovered and all(b.state is BlockState.RAM for b in recovered)
-    memory.check()
-
-
-def test_with_keep_used_off_a_recovery_stays_while_the_budget_has_room(rig):
-    memory, saved = _conversation(rig, overdraft=48)
-    memory.settings = dataclasses.replace(memory.settings, recovery_keep_used=False)
-    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
-    _turn(rig, memory, recovered, reply="I could not find it.")
+    assert all(decisions[b.name]["reply_used"] == 0 for b in recovered)   # it echoes the question, or common words
     assert recovered[0].state is BlockState.RESIDENT                   # the budget's order alone, as before
 
 
