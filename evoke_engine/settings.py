@@ -96,7 +96,7 @@ class Settings:
                                  group="Memory", low=16, high=4096)
     recovery: str = _setting("kv_restore", "What happens to evicted blocks that are needed again.",
                              group="Memory", choices=RECOVERY_BACKENDS)
-    recovery_top_k: int = _setting(6, "Saved blocks considered for recovery per turn (with an overdraft: the size "
+    recovery_top_k: int = _setting(8, "Saved blocks considered for recovery per turn (with an overdraft: the size "
                                    "of the turn's working set, saved or resident).",
                                    group="Memory", low=0, high=64)
     recall_signal: str = _setting("fused", "How saved blocks are matched to a message for recovery: one vector "
@@ -110,7 +110,7 @@ class Settings:
                                       "the best block (saved or resident) come back, up to recovery_top_k; -1 "
                                       "keeps the per-role resident gate (with an overdraft the working set is the "
                                       "gate instead).", group="Memory", low=-1.0, high=1.0)
-    recovery_overdraft_tokens: int = _setting(512, "Recover wider: a turn may bring back up to this many tokens past "
+    recovery_overdraft_tokens: int = _setting(768, "Recover wider: a turn may bring back up to this many tokens past "
                                               "the room under the budget (the splice is cheap); the turn runs over "
                                               "the budget by at most this much and its end evicts back under it, "
                                               "keeping the recovered blocks that ranked best (0 off).",

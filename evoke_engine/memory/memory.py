@@ -358,6 +358,8 @@ class ConversationMemory:
         room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve)
         wide = self._overdraft_allowed()
         working = self._working_set(saved, residents, signal) if wide else None
+        if working:
+            saved = saved + self._move_best_to_tail(working)
         picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
                                   resident_best=signal.resident_best, top_k=self.settings.recovery_top_k,
                                   room_tokens=room + wide, identity_hashes=identity_hashes,
@@ -380,6 +382,20 @@ class ConversationMemory:
             if pick.reason == "identity":
                 self.counters.identity_hits += 1
         return recovered
+
+    def _move_best_to_tail(self, working: dict[Block, int]) -> list[Block]:
+        """A wide recovery's best match, when it is resident but out of the recent tail, leaves and comes back with
+        the turn's recoveries (a splice each way, no forward pass), so it sits next to the message: models read a
+        block near the question better than one deep in the context (Liu et al., "Lost in the Middle"). The block
+        out, or nothing."""
+        best = min(working, key=working.__getitem__)
+        tail = int(self.budget_tokens * self.settings.tail_fraction)
+        if (best.state is not BlockState.RESIDENT or best.pinned or best is self.table.blocks[0]
+                or best.end > self.active_tokens - tail):
+            return []
+        self.turn_protected = [b for b in self.turn_protected if b is not best]
+        self._evict([best], because="the message's best match, moved next to it")
+        return [best] if best.state in (BlockState.RAM, BlockState.DISK) else []
 
     def _overdraft_allowed(self) -> int:
         """How far past the room this turn's recovery may go: `recovery_overdraft_tokens` when blocks come back as

@@ -159,12 +159,27 @@ def test_a_resident_block_that_ranks_in_the_working_set_is_not_pushed_out_by_a_r
     memory, saved = _conversation(rig, overdraft=48)
     resident = [b for b in memory.table.resident if not b.shared and b.role == "file"]
     star = resident[0]
-    star.embedding = _vector(0.95)                                   # ranks first: it stays, three saved come back
+    star.embedding = _vector(0.85)                                   # ranks second: it stays, three saved come back
     star.priority = 0.001                                            # the eviction scorer alone would drop it first
     recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
     assert recovered == saved[:3] and memory.turn_protected == [star]
     _turn(rig, memory, recovered)
     assert star.state is BlockState.RESIDENT and memory.active_tokens <= memory.budget_tokens
+
+
+def test_the_best_match_resident_deep_in_the_context_moves_next_to_the_message(rig):
+    memory, saved = _conversation(rig, overdraft=48)
+    events = []
+    memory.emit = events.append
+    star = [b for b in memory.table.resident if not b.shared and b.role == "file"][0]
+    star.embedding = _vector(0.95)                                   # the best match, far from the tail
+    old_pos = star.pos
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
+    assert recovered == [star, *saved[:3]] and star not in memory.turn_protected
+    assert star.state is BlockState.RESIDENT and star.pos > old_pos
+    assert any(e.block == star.name and "moved next to it" in e.message for e in events)
+    assert rig.kv.layout(memory.seq) == rig.expected_layout(memory)
+    memory.check()
 
 
 def test_without_a_signal_to_rank_by_there_is_no_working_set_and_no_overdraft(rig):
