@@ -116,9 +116,10 @@ class Settings:
                                               "keeping the recovered blocks that ranked best (0 off).",
                                               group="Memory", low=0, high=65536)
     recovery_keep_used: bool = _setting(True, "Keep what the reply used: when a reply quotes a block (a term of it, "
-                                        "not in the message, that only that block holds), the turn's other recoveries "
-                                        "leave the context at its end (their bytes stay saved and splice back in "
-                                        "milliseconds when a later message ranks them again).", group="Memory")
+                                        "not in the message, that only that block holds), the turn's other "
+                                        "similarity recoveries leave the context at its end (their bytes stay saved "
+                                        "and splice back in milliseconds when a later message ranks them again); "
+                                        "re-attached and named files stay.", group="Memory")
     chunk_reuse: bool = _setting(True, "Splice a message's blocks from another open conversation's K/V (in its slot or "
                                  "the host pool) when the same tokens follow the same prefix (a prefix-hash match: "
                                  "bit-identical to decoding them), instead of decoding them.", group="Memory")

@@ -4,7 +4,7 @@ Invariants (engine thread only): it decides and `ResidentSequence` (resident.py)
 positions, states and cells goes through `self.sequence`, which keeps the table equal to the slot; at every
 turn end `active_tokens <= budget_tokens` unless protected blocks alone exceed it (reported, never silent); within a
 turn only a wide recovery's `overdraft` (at most `recovery_overdraft_tokens`) may run over it; a turn's end keeps
-the recovery its reply quoted before the others (`recovery_keep_used`: the others leave; their bytes stay saved).
+the recovery its reply quoted before the others (`recovery_keep_used`: other similarity recoveries leave, saved).
 A budget is at least `min_budget_tokens` of its prefix: then a reply of any length fits (`evict_within`
 gives up the turn's protections one by one, never the recent tail) and the budget never cuts it.
 """
@@ -31,7 +31,7 @@ from ..settings import Settings
 from ..stats import ConversationStats
 from .attention_signal import AttentionSignal
 from .embedder import Embedder
-from .policy import RecoveryPick, choose_recoveries, choose_victims, protected_blocks
+from .policy import RecoveryPick, choose_recoveries, choose_victims, named_in, protected_blocks
 from .recall_signals import MODES, RecallSignal, reply_grounding
 from .recall_signals import prepare as prepare_lines
 from .recovery import Breadcrumb, RecoveryBackend
@@ -273,14 +273,15 @@ class ConversationMemory:
         return min_budget_tokens(self.prefix_tokens, self.settings)
 
     def end_turn(self, *, keep: Iterable[Block] = (), reply: str = "") -> None:
-        """Keep what the `reply` used (`recovery_keep_used`: when it quoted a block, this turn's other recoveries
-        leave), then evict to the low watermark if the turn crossed the high one; `keep` (this turn's recoveries)
-        stays unless the budget needs its room, and then the worst kept goes first (`_kept_order`). A wide
-        recovery's overdraft ends here: the budget holds again."""
+        """Keep what the `reply` used (`recovery_keep_used`: when it quoted a block, this turn's other similarity
+        recoveries leave), then evict to the low watermark if the turn crossed the high one; `keep` (this turn's
+        recoveries) stays unless the budget needs its room, and then the worst kept goes first (`_kept_order`). A
+        wide recovery's overdraft ends here: the budget holds again."""
         self.overdraft = 0
         used = self._reply_used(reply)
         if used and self.settings.recovery_keep_used and self.eviction_enabled:
-            unused = [b for b, _ in self._recovered if b.state is BlockState.RESIDENT and b not in used]
+            unused = [b for b, detail in self._recovered if b.state is BlockState.RESIDENT and b not in used
+                      and detail["reason"] == "similar"]      # a re-attached or named file stays: it was asked for
             self._evict(unused, because="the reply did not use it")
         if self.eviction_enabled and self.active_tokens > int(self.budget_tokens * self.settings.high_watermark):
             kept = self._kept_order(list(dict.fromkeys([*keep, *self.turn_protected])), used)
@@ -358,8 +359,9 @@ class ConversationMemory:
         room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve)
         wide = self._overdraft_allowed()
         working = self._working_set(saved, residents, signal) if wide else None
-        if working:
-            saved = saved + self._move_best_to_tail(working)
+        asked_for = bool(identity_hashes) or any(named_in(message, b) for b in saved)
+        if working and not asked_for:                # what the message re-attaches or names comes back first
+            saved = saved + self._move_best_to_tail(working, room + wide)
         picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
                                   resident_best=signal.resident_best, top_k=self.settings.recovery_top_k,
                                   room_tokens=room + wide, identity_hashes=identity_hashes,
@@ -383,15 +385,15 @@ class ConversationMemory:
                 self.counters.identity_hits += 1
         return recovered
 
-    def _move_best_to_tail(self, working: dict[Block, int]) -> list[Block]:
+    def _move_best_to_tail(self, working: dict[Block, int], room_tokens: int) -> list[Block]:
         """A wide recovery's best match, when it is resident but out of the recent tail, leaves and comes back with
         the turn's recoveries (a splice each way, no forward pass), so it sits next to the message: models read a
-        block near the question better than one deep in the context (Liu et al., "Lost in the Middle"). The block
-        out, or nothing."""
+        block near the question better than one deep in the context (Liu et al., "Lost in the Middle"). Only when
+        it fits the turn's `room_tokens` (it comes back first); the block out, or nothing."""
         best = min(working, key=working.__getitem__)
         tail = int(self.budget_tokens * self.settings.tail_fraction)
         if (best.state is not BlockState.RESIDENT or best.pinned or best is self.table.blocks[0]
-                or best.end > self.active_tokens - tail):
+                or best.end > self.active_tokens - tail or best.n_tokens > room_tokens):
             return []
         self.turn_protected = [b for b in self.turn_protected if b is not best]
         self._evict([best], because="the message's best match, moved next to it")

@@ -182,6 +182,33 @@ def test_the_best_match_resident_deep_in_the_context_moves_next_to_the_message(r
     memory.check()
 
 
+def test_the_best_match_stays_in_place_when_it_would_not_fit_the_turns_room(rig):
+    memory, saved = _conversation(rig, overdraft=0)
+    memory.settings = dataclasses.replace(memory.settings, recovery_overdraft_tokens=8)
+    star = [b for b in memory.table.resident if not b.shared and b.role == "file"][0]
+    star.embedding = _vector(0.95)
+    position = star.pos
+    recovered = memory.recover("where is it?", message_tokens=184, reply_reserve=16)   # no room, 8 past it
+    assert star.n_tokens > 8 and star not in recovered
+    assert star.state is BlockState.RESIDENT and star.pos == position
+    memory.check()
+
+
+def test_a_named_file_and_the_used_block_both_stay(rig):
+    memory, saved = _conversation(rig, overdraft=48)
+    _quotable(saved)
+    saved[0].file_name = "limits.py"
+    question = "what is in limits.py?"
+    memory.set_query(question)
+    recovered = memory.recover(question, message_tokens=120, reply_reserve=16)
+    decisions = {d["block"]: d for d in memory.decisions}
+    assert decisions[saved[0].name]["reason"] == "named" and saved[3] in recovered
+    _turn(rig, memory, recovered, reply="It is 4099.")
+    assert saved[0].state is BlockState.RESIDENT and saved[3].state is BlockState.RESIDENT   # asked for; used
+    assert all(b.state is BlockState.RAM for b in recovered if b not in (saved[0], saved[3]))
+    memory.check()
+
+
 def test_without_a_signal_to_rank_by_there_is_no_working_set_and_no_overdraft(rig):
     memory, saved = _conversation(rig, overdraft=48)
     memory.embedder = rig.embedder                                   # off: only identity and named hits
