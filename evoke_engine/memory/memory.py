@@ -359,9 +359,8 @@ class ConversationMemory:
         room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve)
         wide = self._overdraft_allowed()
         working = self._working_set(saved, residents, signal) if wide else None
-        asked_for = bool(identity_hashes) or any(named_in(message, b) for b in saved)
-        if working and not asked_for:                # what the message re-attaches or names comes back first
-            saved = saved + self._move_best_to_tail(working, room + wide)
+        if working and not (identity_hashes or any(named_in(message, b) for b in saved)):
+            saved = saved + self._move_best_to_tail(working, room + wide)   # re-attached or named files come first
         picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
                                   resident_best=signal.resident_best, top_k=self.settings.recovery_top_k,
                                   room_tokens=room + wide, identity_hashes=identity_hashes,
