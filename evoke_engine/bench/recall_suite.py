@@ -63,11 +63,14 @@ def _fact_blocks(blocks: list[dict], line: str) -> set[str]:
 def run_session(engine: Engine, session: Session) -> dict:
     conv = engine.new_conversation(system_prompt=SYSTEM, tools=[])
     turns, probes = [], []
+    last_decided = 0
     for turn in session.turns:
         started_wall, started = time.time(), time.perf_counter()
         reply = conv.send(turn.text, attachments=turn.attachments, max_tokens=turn.max_tokens, temperature=0)
         seconds = time.perf_counter() - started
         stats = conv.stats().as_dict()
+        decisions = [d for d in stats.get("recovery_decisions", []) if d["turn"] > last_decided]   # this turn's
+        last_decided = max((d["turn"] for d in decisions), default=last_decided)
         recovered = _recovered_since(stats, started_wall)
         row = {"kind": turn.kind, "seconds": round(seconds, 3), "recovered": recovered}
         if turn.fact is not None:
@@ -76,6 +79,7 @@ def run_session(engine: Engine, session: Session) -> dict:
             row["blocks"] = {b["name"]: b["state"] for b in stats["blocks"]}
             row["explained"] = [e["detail"] for e in stats.get("events", [])
                                 if e["kind"] == "recovered" and e["time"] >= started_wall and e.get("detail")]
+            row["decisions"] = decisions
             probes.append(row)
         turns.append(row)
     blocks = conv.blocks(with_text=True)
@@ -130,7 +134,41 @@ def summarize(sessions: list[dict]) -> dict:
             "tokens_recovered_per_turn": round(statistics.mean(per_turn), 1) if per_turn else 0.0,
             "evictions": sum(s["evictions"] for s in sessions), "recoveries": sum(s["recoveries"] for s in sessions),
             "max_active_at_turn_end": max((s["max_active_at_turn_end"] for s in sessions), default=0),
-            "p50_turn_s": round(statistics.median(seconds), 3) if seconds else None}
+            "p50_turn_s": round(statistics.median(seconds), 3) if seconds else None,
+            **({"attention_rerank": rerank} if (rerank := attention_rerank(probes)) else {})}
+
+
+def attention_rerank(probes: list[dict]) -> dict | None:
+    """The model as retriever, measured (needs `attention_capture`): at the probes where the fact's block was one of
+    the turn's similarity recoveries, its rank among them by the signal's order (the decision's score), by the
+    message's attention as the reply starts (`ConversationMemory.note_message_attention`; per block and per token)
+    and by the two orders fused (rank sum of the signal's and the per-token attention's).
+    None when no decision carries the attention."""
+    orders: dict[str, list[int]] = {"signal": [], "attention": [], "attention_per_token": [], "fused": []}
+    keys = {"signal": "score", "attention": "message_attention", "attention_per_token": "message_attention_per_token"}
+    candidates = []
+    for probe in probes:
+        similar = [d for d in probe.get("decisions", []) if d["reason"] == "similar"]
+        own = set(probe["fact_blocks"])
+        if not similar or not any(d["block"] in own for d in similar):
+            continue
+        if any(d.get("message_attention") is None for d in similar):
+            continue
+        candidates.append(len(similar))
+        rank: dict[str, dict[str, int]] = {}
+        for name, key in keys.items():
+            ranked = sorted(similar, key=lambda d: -(d.get(key) or 0.0))
+            rank[name] = {d["block"]: i + 1 for i, d in enumerate(ranked)}
+        rank["fused"] = {b: 1 + sum(rank["signal"][c] + rank["attention_per_token"][c] <
+                                    rank["signal"][b] + rank["attention_per_token"][b] for c in rank["signal"])
+                         for b in rank["signal"]}        # the two orders' rank sum (ties share the better rank)
+        for name in orders:
+            orders[name].append(min(rank[name][b] for b in own if b in rank[name]))
+    n = len(orders["signal"])
+    if not n:
+        return None
+    return {"probes": n, "candidates_mean": round(statistics.mean(candidates), 1),
+            **{name: {f"top{k}": sum(r <= k for r in ranks) for k in (1, 2, 3)} for name, ranks in orders.items()}}
 
 
 def _ratios(summary: dict, ceiling: dict) -> dict:

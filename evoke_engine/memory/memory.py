@@ -310,6 +310,22 @@ class ConversationMemory:
             detail["reply_used"] = used.get(block, 0)
         return used
 
+    def note_message_attention(self) -> None:
+        """The model as a judge of this turn's recoveries: with the capture on, read how much the message's own
+        queries (its last ones, decoded with the reply's opening) attend to each recovered block, as the reply is
+        about to start, into its decision: `message_attention` (the block's share, 1 = the most attended resident
+        block) and `message_attention_per_token` (its share per token, 1 = the densest of this turn's
+        recoveries). Recorded for `bench recall --suite` to rank against the signal's order; it decides nothing."""
+        if not self.attention.enabled or not self._recovered:
+            return
+        self.attention.refresh(self.seq, self.table.resident, self.settings.attention_aggregation)
+        density = {b: (self.attention.value(b) or 0.0) / max(1, b.n_tokens) for b, _ in self._recovered}
+        top = max(density.values(), default=0.0)
+        for block, detail in self._recovered:
+            share = self.attention.value(block)
+            detail["message_attention"] = None if share is None else round(share, 4)
+            detail["message_attention_per_token"] = round(density[block] / top, 4) if top > 0 else None
+
     def _kept_order(self, keep: list[Block], used: dict[Block, int]) -> list[Block]:
         """This turn's recoveries (and a wide recovery's resident working set), the one to keep longest first: what
         the reply `used`, then the reply's attention share when the capture is on, then rank; other kept blocks

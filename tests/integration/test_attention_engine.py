@@ -34,6 +34,11 @@ def test_capture_follows_the_engine_through_eviction_and_recovery(engine):
     conv.check()
     stats = conv.stats()
     assert stats.evictions > 0 and stats.recoveries > 0
+    # the model as judge of the turn's recoveries: what the message attended to is on each decision, for the record
+    last_turn = [d for d in stats.recovery_decisions if d["turn"] == stats.turn]
+    assert last_turn and all(d["message_attention"] is not None and 0.0 <= d["message_attention"] <= 1.0
+                             for d in last_turn)
+    assert max(d["message_attention_per_token"] for d in last_turn) == 1.0
 
     def compare() -> tuple[int, int]:
         memory = engine.lifecycle.get(conv.id).memory
