@@ -31,10 +31,12 @@ class ConversationStats:
     blocks: tuple[dict[str, Any], ...] = ()    # `Block.summary()` of every block, birth order
     events: tuple[dict[str, Any], ...] = ()    # the latest events, `EngineEvent.as_dict()`
     recovery_decisions: tuple[dict[str, Any], ...] = ()   # per recovered block, the signal values that chose it
+    reply_context: tuple[str, ...] = ()  # names of the blocks resident when the last reply started (what it read)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (lists, not tuples) for JSON and Qt signals: a copy of each row, not a deep copy (the window
         converts a snapshot of hundreds of blocks at every refresh on its GUI thread)."""
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "blocks": [dict(b) for b in self.blocks],
                 "events": [dict(e) for e in self.events],
-                "recovery_decisions": [dict(d) for d in self.recovery_decisions]}
+                "recovery_decisions": [dict(d) for d in self.recovery_decisions],
+                "reply_context": list(self.reply_context)}

@@ -3,7 +3,8 @@
 Invariants: every backend and budget replays the same generated sessions (`recall_workload`), greedy,
 through the real Engine, one engine for the whole run (settings applied between configurations);
 `none` is the ceiling and runs once (it never evicts, so the budget does not change it); a probe
-passes only when its answer's whole tokens are in the reply.
+passes only when its answer's whole tokens are in the reply; its fact is in context when every block holding
+part of its line was resident as the reply started (`stats().reply_context`), as `bench retrieval` reads it.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def run_session(engine: Engine, session: Session) -> dict:
         if turn.fact is not None:
             row["reply"] = reply.strip()[:120]
             row["passed"] = passed(reply, turn.fact)
-            row["blocks"] = {b["name"]: b["state"] for b in stats["blocks"]}
+            row["blocks"] = {b["name"]: b["state"] for b in stats["blocks"]}       # after the turn's end
+            row["reply_context"] = set(stats["reply_context"])                       # as the reply started
             row["explained"] = [e["detail"] for e in stats.get("events", [])
                                 if e["kind"] == "recovered" and e["time"] >= started_wall and e.get("detail")]
             row["decisions"] = decisions
@@ -92,10 +94,12 @@ def run_session(engine: Engine, session: Session) -> dict:
         own = _fact_blocks(blocks, fact.statement)
         row.update({"type": fact.kind, "where": "chat" if fact.where == "chat" else "file", "value": fact.value,
                     "question": fact.question, "overlap": round(overlap(fact), 2), "fact_blocks": sorted(own),
-                    "fact_block_in_context": bool(own) and all(row["blocks"].get(name) == "resident" for name in own),
+                    "fact_block_in_context": bool(own) and all(name in row["reply_context"] for name in own),
+                    "fact_block_resident_after_turn": bool(own) and all(row["blocks"].get(name) == "resident"
+                                                                        for name in own),
                     "recovered_tokens": sum(t for _, t in row["recovered"]),
                     "recovered_fact_tokens": sum(t for name, t in row["recovered"] if name in probed_blocks)})
-        del row["blocks"]
+        del row["blocks"], row["reply_context"]
     return {"seed": session.seed, "probes": probes, "turn_seconds": [t["seconds"] for t in turns],
             "recovered_tokens_per_turn": [sum(n for _, n in t["recovered"]) for t in turns],
             "evictions": stats["evictions"], "recoveries": stats["recoveries"],
@@ -123,6 +127,9 @@ def summarize(sessions: list[dict]) -> dict:
     in_context = sum(p["fact_block_in_context"] for p in probes)
     return {"fact_block_in_context_at_probe": round(in_context / max(1, len(probes)), 3),
             "fact_block_in_context_wilson95": wilson(in_context, len(probes)),
+            # after the turn's end: a wide recovery's overdraft and what the reply did not use have left by then
+            "fact_block_resident_after_turn": round(sum(p.get("fact_block_resident_after_turn", False)
+                                                        for p in probes) / max(1, len(probes)), 3),
             "fact_block_in_context_per_type": {
                 kind: wilson(sum(p["fact_block_in_context"] for p in probes if p["type"] == kind),
                              sum(p["type"] == kind for p in probes)) for kind in FACT_TYPES},
@@ -141,7 +148,7 @@ def summarize(sessions: list[dict]) -> dict:
 def attention_rerank(probes: list[dict]) -> dict | None:
     """The model as retriever, measured (needs `attention_capture`): at the probes where the fact's block was one of
     the turn's similarity recoveries, its rank among them by the signal's order (the decision's score), by the
-    message's attention as the reply starts (`ConversationMemory.note_message_attention`; per block and per token)
+    message's attention as the reply starts (`ConversationMemory.reply_starts`; per block and per token)
     and by the two orders fused (rank sum of the signal's and the per-token attention's).
     None when no decision carries the attention."""
     orders: dict[str, list[int]] = {"signal": [], "attention": [], "attention_per_token": [], "fused": []}
@@ -149,7 +156,7 @@ def attention_rerank(probes: list[dict]) -> dict | None:
     candidates = []
     for probe in probes:
         similar = [d for d in probe.get("decisions", []) if d["reason"] == "similar"]
-        own = set(probe["fact_blocks"])
+        own = set(probe.get("fact_blocks", ()))
         if not similar or not any(d["block"] in own for d in similar):
             continue
         if any(d.get("message_attention") is None for d in similar):

@@ -154,7 +154,8 @@ class SimConversation:
             memory.append_decoded(block, current=current)
         question = [b for b in blocks if b.role == "user"][-1:]
         memory.make_room(len(opening) + 1, current=[*current, *question])
-        resident = {b.name for b in memory.table.resident}
+        memory.reply_starts()
+        resident = set(memory.reply_context)
         self.active_at_reply_start.append(memory.active_tokens)
         reply = reply(resident) if callable(reply) else reply
         reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=list(opening), text="")

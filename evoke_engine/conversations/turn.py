@@ -249,7 +249,7 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     memory.sequence.append([*([last_block] if last_block is not None else []), reply_block])
     if last_block is not None:
         memory.counters.prefill_tokens += last_block.n_tokens
-    memory.note_message_attention()          # with the capture on: what the message attends to, for the record
+    memory.reply_starts()          # what the reply reads; with the capture on, what the message attends to
 
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     generated: list[int] = []

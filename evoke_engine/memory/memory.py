@@ -94,6 +94,7 @@ class ConversationMemory:
         self._recovered: list[tuple[Block, dict]] = []   # this turn's recoveries, best ranked first, and why
         self.turn_protected: list[Block] = []    # resident blocks a wide recovery's working set keeps this turn
         self._working: dict[Block, int] = {}     # that working set, block -> rank
+        self.reply_context: tuple[str, ...] = ()  # blocks resident when the last reply started (a turn end may evict)
 
     # -- accounting (read only: `sequence` writes) --------------------------------------------
     @property
@@ -310,12 +311,15 @@ class ConversationMemory:
             detail["reply_used"] = used.get(block, 0)
         return used
 
-    def note_message_attention(self) -> None:
-        """The model as a judge of this turn's recoveries: with the capture on, read how much the message's own
-        queries (its last ones, decoded with the reply's opening) attend to each recovered block, as the reply is
-        about to start, into its decision: `message_attention` (the block's share, 1 = the most attended resident
-        block) and `message_attention_per_token` (its share per token, 1 = the densest of this turn's
-        recoveries). Recorded for `bench recall --suite` to rank against the signal's order; it decides nothing."""
+    def reply_starts(self) -> None:
+        """The message is decoded and the reply is about to start: note what the reply reads (`reply_context`; a
+        wide recovery's overdraft leaves at the turn end, so the blocks resident after the turn are fewer) and, with
+        the capture on, how much the message's own queries (its last ones, decoded with the reply's opening) attend
+        to each of this turn's recoveries, into its decision: `message_attention` (the block's share, 1 = the most
+        attended resident block) and `message_attention_per_token` (per token, 1 = the densest of this turn's
+        recoveries). The model as a judge of the recoveries, for the record (`bench recall --suite`): it decides
+        nothing."""
+        self.reply_context = tuple(b.name for b in self.table.resident if not b.shared)
         if not self.attention.enabled or not self._recovered:
             return
         self.attention.refresh(self.seq, self.table.resident, self.settings.attention_aggregation)
@@ -597,4 +601,4 @@ class ConversationMemory:
             memory=self.memory_location(),
             recovery=self.settings.recovery, blocks=tuple(self._block_summaries()),
             events=tuple(e.as_dict() for e in list(self.events)[-50:]),
-            recovery_decisions=tuple(self.decisions))
+            recovery_decisions=tuple(self.decisions), reply_context=self.reply_context)
