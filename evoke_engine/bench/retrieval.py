@@ -28,7 +28,7 @@ from .recall_workload import Session
 from .retrieval_sim import SimConversation, VocabRuntime
 
 log = logging.getLogger(__name__)
-FAMILIES = ("suite", "heldout")
+FAMILIES = ("suite", "heldout", "day")
 
 CANNED = {
     "attach": ["OK, I have read the files.", "OK. I read them; ask me anything about them."],
@@ -75,6 +75,10 @@ def sessions(family: str, seeds: range, *, probes: int = 3, decoys: int = 2) -> 
         from .retrieval_workload import make_session as make_heldout
 
         return [make_heldout(seed, probes=probes) for seed in seeds]
+    if family == "day":
+        from .day_workload import make_session as make_day
+
+        return [make_day(seed, probes=probes) for seed in seeds]
     raise ValueError(f"unknown workload family {family!r}; valid: {', '.join(FAMILIES)}")
 
 
