@@ -11,9 +11,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_no_eviction_keeps_every_fact_in_context_and_kv_restore_reports_the_headline():
-    result = retrieval.run(families=("suite", "heldout"), seeds=1, seed_start=0, budgets=(512,),
+    result = retrieval.run(families=retrieval.FAMILIES, seeds=1, seed_start=0, budgets=(512,),
                            backends=("none", "kv_restore"), keep_sessions=True)
-    for family in ("suite", "heldout"):
+    for family in retrieval.FAMILIES:
         ceiling = result["results"][f"{family}/none@512"]
         assert ceiling["fact_block_in_context"]["rate"] == 1.0
         assert ceiling["facts_cut_between_blocks"] == 0
@@ -24,4 +24,4 @@ def test_no_eviction_keeps_every_fact_in_context_and_kv_restore_reports_the_head
             assert all(probe["fact_blocks"] for probe in run["probes"])       # every fact line was found
             for decision in run["decisions"]:                                   # every recovery is explained
                 assert {"block", "reason", "score", "signal"} <= set(decision)
-    assert set(result["bars"]) == {"suite/kv_restore@512", "heldout/kv_restore@512"}
+    assert set(result["bars"]) == {f"{family}/kv_restore@512" for family in retrieval.FAMILIES}
