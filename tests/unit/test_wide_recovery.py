@@ -108,6 +108,22 @@ def test_the_turn_end_holds_the_budget_and_keeps_the_best_ranked_recoveries(rig)
     memory.check()
 
 
+def test_the_reply_context_is_what_was_resident_as_the_reply_started_not_after_the_turn(rig):
+    memory, saved = _conversation(rig, overdraft=48)
+    _quotable(saved)
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
+    current = [*recovered, *memory.turn_protected]
+    rig.add(memory, "user", 16, current=current, turn=memory.turn)
+    memory.reply_starts()
+    assert set(memory.reply_context) == {b.name for b in memory.table.resident if not b.shared}
+    assert {b.name for b in recovered} <= set(memory.reply_context)
+    rig.add(memory, "assistant", 16, current=current, turn=memory.turn)
+    memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT], reply="It is 4099.")
+    left = [b for b in recovered if b.state is not BlockState.RESIDENT]
+    assert left and all(b.name in memory.stats().reply_context for b in left)    # read before the turn end let go
+    assert memory.stats().as_dict()["reply_context"] == list(memory.reply_context)
+
+
 def _quotable(saved):
     for i, block in enumerate(saved):
         block.text = f"upload_chunk_bytes_{i} = {4096 + i}"            # what a reply can quote
