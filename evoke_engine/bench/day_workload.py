@@ -13,6 +13,7 @@ import random
 import re
 
 from .recall_workload import Fact, Session, Turn
+from .retrieval_workload import file_with
 
 FACT_TYPES = ("sql", "container", "build", "go", "proxy", "cluster", "env", "chat")
 
@@ -176,13 +177,6 @@ ACKS = ["Thanks, got it.", "OK, I read through it.", "Noted, I'll keep that in m
 PROBE_REPLIES = ["Let me look back at what you shared.", "I'd need to check the earlier files."]
 
 
-def _file(kind: str, facts: list[str], rng: random.Random) -> str:
-    lines = list(FILLER[kind])
-    for line in facts:
-        lines.insert(rng.randint(1, len(lines)), line)
-    return "\n".join(lines)
-
-
 def make_session(seed: int, *, probes: int = 4) -> Session:
     """A working day: facts of every type arrive in files (two or three to a message) and in chat, between
     fillers; `probes` facts (their types rotate with the seed) are asked in the order they came, each at least
@@ -202,7 +196,8 @@ def make_session(seed: int, *, probes: int = 4) -> Session:
             if rank == 0:
                 facts.append(Fact(kind=kind, frame=index, statement=text, question=rng.choice(asks), value=value,
                                   answer_tokens=[value], where="chat" if file_kind == "chat" else f"file:{file_kind}"))
-    files = [(rng.choice(FILE_NAMES[kind]), _file(kind, lines, rng)) for kind, lines in lines_by_kind.items()]
+    files = [(rng.choice(FILE_NAMES[kind]), file_with(FILLER[kind], lines, rng))
+             for kind, lines in lines_by_kind.items()]
     rng.shuffle(files)
     pool = rng.sample(FILLER_TURNS, len(FILLER_TURNS))
 

@@ -167,8 +167,9 @@ FILLER_TURNS = [
 PROBE_REPLIES = ["Looking back at what you shared, let me check.", "I would need to look at the files again."]
 
 
-def _file(kind: str, facts: list[str], rng: random.Random) -> str:
-    lines = list(FILLER[kind])
+def file_with(filler: list[str], facts: list[str], rng: random.Random) -> str:
+    """A file's text: its `filler` lines with each fact line inserted at a seeded place after the first."""
+    lines = list(filler)
     for line in facts:
         lines.insert(rng.randint(1, len(lines)), line)
     return "\n".join(lines)
@@ -200,7 +201,8 @@ def make_session(seed: int, *, probes: int = 3) -> Session:
         if chat_fact.statement in lines:
             lines.remove(chat_fact.statement)
     chat_fact.where = "chat"
-    attachments = [(rng.choice(FILE_NAMES[kind]), _file(kind, lines, rng)) for kind, lines in placed.items() if lines]
+    attachments = [(rng.choice(FILE_NAMES[kind]), file_with(FILLER[kind], lines, rng))
+                   for kind, lines in placed.items() if lines]
     rng.shuffle(attachments)
     trace = "Traceback (most recent call last):\n" + "\n".join(
         [f'  File "app/main.py", line {rng.randint(10, 60)}, in run', *trace_lines,
