@@ -19,6 +19,8 @@ from pathlib import Path
 
 import llama_cpp as ll
 
+from ..errors import ModelLoadError
+
 LLAMA_LIB_DIR = Path(ll.__file__).resolve().parent / "lib"
 _GPU_TYPES = {1, 2}                  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
 _NVIDIA_LIBS = ("libcudart.so", "libcublasLt.so", "libcublas.so")
@@ -126,7 +128,8 @@ def _preload_nvidia_runtime() -> None:
 @functools.lru_cache(maxsize=1)
 def load_backends() -> str:
     """Register llama.cpp's backends (a build with run-time backends has none until this);
-    EVOKE_GPU=cpu hides the GPUs first. Returns a notice when the CUDA backend did not load."""
+    EVOKE_GPU=cpu hides the GPUs first. Returns a notice when the CUDA backend did not load; ModelLoadError when
+    the CPU backend did not (a CUDA wheel built without its CPU modules: llama.cpp would crash at the model load)."""
     if os.environ.get("EVOKE_GPU", "").lower() == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     lib = _ggml()
@@ -137,6 +140,10 @@ def load_backends() -> str:
     lib.ggml_backend_load_all_from_path(str(LLAMA_LIB_DIR).encode())
     names = {lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode()
              for i in range(lib.ggml_backend_reg_count())}
+    if "CPU" not in names:                       # llama.cpp would crash loading a model without it
+        raise ModelLoadError(f"llama.cpp's CPU backend did not load from {LLAMA_LIB_DIR} (loaded: "
+                             f"{', '.join(sorted(names)) or 'none'}): this llama-cpp-python build lacks its "
+                             "libggml-cpu modules; reinstall it with `make install` (CPU) or `make gpu` (CUDA)")
     if cuda_build() and "CUDA" not in names:
         return ("the CUDA backend did not load (no CUDA runtime or cuBLAS libraries found: "
                 "run `make gpu`); running on the CPU")
