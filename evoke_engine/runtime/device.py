@@ -133,14 +133,13 @@ def load_backends() -> str:
     if os.environ.get("EVOKE_GPU", "").lower() == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     lib = _ggml()
-    if lib.ggml_backend_reg_count() > 0:            # backends linked in: nothing to load
-        return ""
-    if cuda_build():
-        _preload_nvidia_runtime()
-    lib.ggml_backend_load_all_from_path(str(LLAMA_LIB_DIR).encode())
+    if lib.ggml_backend_reg_count() == 0:           # run-time backends (none linked in): load them once
+        if cuda_build():
+            _preload_nvidia_runtime()
+        lib.ggml_backend_load_all_from_path(str(LLAMA_LIB_DIR).encode())
     names = {lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode()
              for i in range(lib.ggml_backend_reg_count())}
-    if "CPU" not in names:                       # llama.cpp would crash loading a model without it
+    if "CPU" not in names:      # llama.cpp would crash loading a model without it; every later call refuses too
         raise ModelLoadError(f"llama.cpp's CPU backend did not load from {LLAMA_LIB_DIR} (loaded: "
                              f"{', '.join(sorted(names)) or 'none'}): this llama-cpp-python build lacks its "
                              "libggml-cpu modules; reinstall it with `make install` (CPU) or `make gpu` (CUDA)")
