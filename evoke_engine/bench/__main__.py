@@ -22,6 +22,16 @@ def machine() -> dict:
             "load_average": round(os.getloadavg()[0], 2)}
 
 
+def llama_device() -> str | None:
+    """The device llama.cpp computed on, for a bench that loaded a model (a GPU's figures are not a CPU's); None
+    for a bench that never touched llama.cpp."""
+    if "evoke_engine.runtime.runtime" not in sys.modules:
+        return None
+    from ..runtime import device
+
+    return device.detect().label()
+
+
 def warn_if_busy() -> bool:
     """Warn (stderr) when the 1-minute load average exceeds the cores; True when it does."""
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
@@ -254,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
         result = getattr(conversations, f"run_{args.name}")(tokens=args.tokens, trials=args.trials,
                                                             server=check_binary(args.server))
-    result["machine"] = {**machine(), "busy_at_start": busy}
+    result["machine"] = {**machine(), "busy_at_start": busy, "llama_device": llama_device()}
     if args.name == "long":
         from .long import write_csv
         from .long_plots import plot
