@@ -104,6 +104,10 @@ class Settings:
                                   "(SQLite FTS5); 'lexical' is a code-aware BM25 alone (identifiers split on _, "
                                   "camelCase and dots, numbers kept), 'fused' line vectors and that BM25 by rank.",
                                   group="Memory", choices=RECALL_SIGNALS)
+    recall_file_name_line: bool = _setting(False, "The line signal also reads a file's name as a line of each of its "
+                                           "blocks (`file docker api Dockerfile`), so a question about what the "
+                                           "file is for (\"the image\", \"the workflow\") meets its code lines.",
+                                           group="Memory")
     recall_user_margin: float = _setting(0.0, "A saved user message is recovered only as the best match by this "
                                          "similarity margin (0 off).", group="Memory", low=0.0, high=1.0)
     recovery_margin: float = _setting(-1.0, "Adaptive recovery width: saved blocks scoring within this margin of "

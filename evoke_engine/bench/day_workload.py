@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from .recall_workload import Fact, Session, Turn
 from .retrieval_workload import file_with
@@ -87,28 +89,16 @@ PEOPLE = ["Priya Raman", "Jonas Weber", "Aiko Tanaka", "Mateo Silva", "Fatima Za
 COLUMNS = ["actor_id", "occurred_at", "tenant_key", "event_kind", "request_hash"]
 
 
-def _value(maker: str, rng: random.Random, used: set[str]) -> str:
-    for _ in range(200):
-        if maker == "num":
-            value = str(rng.randint(120, 9800))
-        elif maker == "small":
-            value = str(rng.randint(3, 64))
-        elif maker == "port":
-            value = str(rng.randint(3001, 9899))
-        elif maker == "pct":
-            value = str(rng.randint(61, 97))
-        elif maker == "minor":
-            value = f"1.{rng.randint(19, 24)}"
-        elif maker == "rate":
-            value = f"0.{rng.randint(11, 89)}"
-        elif maker == "column":
-            value = rng.choice(COLUMNS)
-        else:
-            value = rng.choice(PEOPLE)
-        if value not in used:
-            used.add(value)
-            return value
-    raise RuntimeError(f"no unique {maker} value")
+VALUES: dict[str, Callable[[random.Random], str]] = {
+    "num": lambda rng: str(rng.randint(120, 9800)),
+    "small": lambda rng: str(rng.randint(3, 64)),
+    "port": lambda rng: str(rng.randint(3001, 9899)),
+    "pct": lambda rng: str(rng.randint(61, 97)),
+    "minor": lambda rng: f"1.{rng.randint(19, 24)}",
+    "rate": lambda rng: f"0.{rng.randint(11, 89)}",
+    "column": lambda rng: rng.choice(COLUMNS),
+    "person": lambda rng: rng.choice(PEOPLE),
+}
 
 
 FILLER = {
@@ -170,40 +160,74 @@ FILLER_TURNS = [
      "pipeline fail when any stage fails, not only the last. Together they stop a script from carrying on after "
      "something broke silently."),
 ]
-_FILLER_TEXT = "\n".join([*(line for lines in FILLER.values() for line in lines),
-                          *(text + reply for text, _, reply in FILLER_TURNS)])
-_FILLER_NUMBERS = frozenset(re.findall(r"\d+", _FILLER_TEXT) + re.findall(r"\d+\.\d+", _FILLER_TEXT))
 ACKS = ["Thanks, got it.", "OK, I read through it.", "Noted, I'll keep that in mind.", "Looks fine to me."]
 PROBE_REPLIES = ["Let me look back at what you shared.", "I'd need to check the earlier files."]
+ATTACH_TEXTS = ["Here's more of the repo.", "Adding these files for context.", "Some config from the project:"]
 
 
-def make_session(seed: int, *, probes: int = 4) -> Session:
+@dataclass(frozen=True)
+class DayScript:
+    """The words of one working-day workload; `make_day_session` turns a script and a seed into a session.
+
+    frames: type -> (line with {v}, file kind or "chat", questions that avoid the line's words, value maker);
+    the first frame of a type drawn in a session is its fact, the other its look-alike."""
+
+    fact_types: tuple[str, ...]
+    frames: dict[str, list[tuple[str, str, list[str], str]]]
+    values: dict[str, Callable[[random.Random], str]]
+    filler_lines: dict[str, list[str]]          # file kind -> the file's own lines
+    file_names: dict[str, list[str]]
+    filler_turns: list[tuple[str, int, str]]    # (message, reply tokens, reply)
+    asks: list[str]
+    tails: list[str]
+    acks: list[str]
+    probe_replies: list[str]
+    attach_texts: list[str]
+    salt: tuple[int, int]                       # the session rng is seeded with seed * salt[0] + salt[1]
+
+    def filler_numbers(self) -> frozenset[str]:
+        """Numbers standing in fillers, which no fact value may repeat (`30 days`, `:8080`)."""
+        text = "\n".join([*(line for lines in self.filler_lines.values() for line in lines),
+                          *(message + reply for message, _, reply in self.filler_turns)])
+        return frozenset(re.findall(r"\d+", text) + re.findall(r"\d+\.\d+", text))
+
+    def value(self, maker: str, rng: random.Random, used: set[str]) -> str:
+        for _ in range(200):
+            value = self.values[maker](rng)
+            if value not in used:
+                used.add(value)
+                return value
+        raise RuntimeError(f"no unique {maker} value")
+
+
+def make_day_session(seed: int, script: DayScript, *, probes: int = 4) -> Session:
     """A working day: facts of every type arrive in files (two or three to a message) and in chat, between
     fillers; `probes` facts (their types rotate with the seed) are asked in the order they came, each at least
     three turns after it, with fillers between probes."""
-    rng = random.Random(seed * 7919 + 11)
-    used = set(_FILLER_NUMBERS)               # a value never also stands in a filler (`30 days`, `:8080`)
+    rng = random.Random(seed * script.salt[0] + script.salt[1])
+    used = set(script.filler_numbers())      # a value never also stands in a filler
     facts: list[Fact] = []
     lines_by_kind: dict[str, list[str]] = {}
     chat_lines: list[str] = []
-    for kind in FACT_TYPES:
-        order = rng.sample(range(len(FRAMES[kind])), len(FRAMES[kind]))
+    for kind in script.fact_types:
+        frames = script.frames[kind]
+        order = rng.sample(range(len(frames)), len(frames))
         for rank, index in enumerate(order):                 # the fact, then its look-alike
-            line, file_kind, asks, maker = FRAMES[kind][index]
-            value = _value(maker, rng, used)
+            line, file_kind, asks, maker = frames[index]
+            value = script.value(maker, rng, used)
             text = line.format(v=value)
             (chat_lines if file_kind == "chat" else lines_by_kind.setdefault(file_kind, [])).append(text)
             if rank == 0:
                 facts.append(Fact(kind=kind, frame=index, statement=text, question=rng.choice(asks), value=value,
                                   answer_tokens=[value], where="chat" if file_kind == "chat" else f"file:{file_kind}"))
-    files = [(rng.choice(FILE_NAMES[kind]), file_with(FILLER[kind], lines, rng))
+    files = [(rng.choice(script.file_names[kind]), file_with(script.filler_lines[kind], lines, rng))
              for kind, lines in lines_by_kind.items()]
     rng.shuffle(files)
-    pool = rng.sample(FILLER_TURNS, len(FILLER_TURNS))
+    pool = rng.sample(script.filler_turns, len(script.filler_turns))
 
     def filler() -> Turn:                    # each filler once, then again in another order (people repeat)
         if not pool:
-            pool.extend(rng.sample(FILLER_TURNS, len(FILLER_TURNS)))
+            pool.extend(rng.sample(script.filler_turns, len(script.filler_turns)))
         text, tokens, reply = pool.pop()
         return Turn("filler", text, tokens, reply=reply)
 
@@ -212,11 +236,10 @@ def make_session(seed: int, *, probes: int = 4) -> Session:
     while files:
         count = rng.choice((2, 3))
         take, files = files[:count], files[count:]
-        arrivals.append(Turn("attach", rng.choice(["Here's more of the repo.", "Adding these files for context.",
-                                                   "Some config from the project:"]), 16, attachments=take,
-                             reply=rng.choice(ACKS)))
+        arrivals.append(Turn("attach", rng.choice(script.attach_texts), 16, attachments=take,
+                             reply=rng.choice(script.acks)))
     for line in chat_lines:
-        arrivals.insert(rng.randint(1, len(arrivals)), Turn("chat_fact", line, 12, reply=rng.choice(ACKS)))
+        arrivals.insert(rng.randint(1, len(arrivals)), Turn("chat_fact", line, 12, reply=rng.choice(script.acks)))
     turns: list[Turn] = []
     for arrival in arrivals:
         turns.append(arrival)
@@ -233,6 +256,16 @@ def make_session(seed: int, *, probes: int = 4) -> Session:
     for fact in asked:                                       # the day's second half: probes between fillers
         while len(turns) - stated_at[id(fact)] < 3 or rng.random() < 0.5:
             turns.append(filler())
-        turns.append(Turn("probe", f"{rng.choice(ASK)} {fact.question} {rng.choice(TAIL)}".strip(), 32, fact=fact,
-                          reply=rng.choice(PROBE_REPLIES)))
+        turns.append(Turn("probe", f"{rng.choice(script.asks)} {fact.question} {rng.choice(script.tails)}".strip(),
+                          32, fact=fact, reply=rng.choice(script.probe_replies)))
     return Session(seed=seed, facts=facts, probed=[t.fact for t in turns if t.fact], turns=turns)
+
+
+DAY = DayScript(fact_types=FACT_TYPES, frames=FRAMES, values=VALUES, filler_lines=FILLER, file_names=FILE_NAMES,
+                filler_turns=FILLER_TURNS, asks=ASK, tails=TAIL, acks=ACKS, probe_replies=PROBE_REPLIES,
+                attach_texts=ATTACH_TEXTS, salt=(7919, 11))
+
+
+def make_session(seed: int, *, probes: int = 4) -> Session:
+    """A session of the day family (`make_day_session` with this module's script)."""
+    return make_day_session(seed, DAY, probes=probes)

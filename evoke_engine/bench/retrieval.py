@@ -2,7 +2,7 @@
 when the question is answered, measured on the memory manager alone (no model, no sampling).
 
 Invariants: every configuration replays the same generated sessions (`suite`: `recall_workload`, `heldout`:
-`retrieval_workload`) through `retrieval_sim.SimConversation`; a fact is in context only when every block that
+`retrieval_workload`, `day`: `day_workload`, `ops`: `ops_workload`) through `retrieval_sim.SimConversation`; a fact is in context only when every block that
 holds part of its line is resident when the reply would start; replies are canned text of realistic length, a
 probe's reply a reader's (`reader`: the value when the fact is in context); the line-vector cache is cleared per
 session, so deciding costs are a session's own; recovery precision is over what probe turns brought back, kept
@@ -28,7 +28,7 @@ from .recall_workload import Session
 from .retrieval_sim import SimConversation, VocabRuntime
 
 log = logging.getLogger(__name__)
-FAMILIES = ("suite", "heldout", "day")
+FAMILIES = ("suite", "heldout", "day", "ops")
 
 CANNED = {
     "attach": ["OK, I have read the files.", "OK. I read them; ask me anything about them."],
@@ -79,6 +79,10 @@ def sessions(family: str, seeds: range, *, probes: int = 3, decoys: int = 2) -> 
         from .day_workload import make_session as make_day
 
         return [make_day(seed, probes=probes) for seed in seeds]
+    if family == "ops":
+        from .ops_workload import make_session as make_ops
+
+        return [make_ops(seed, probes=probes) for seed in seeds]
     raise ValueError(f"unknown workload family {family!r}; valid: {', '.join(FAMILIES)}")
 
 

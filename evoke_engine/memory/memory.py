@@ -253,7 +253,8 @@ class ConversationMemory:
         """Evict `victims` the way the recovery backend keeps them (bytes to the pool, or dropped), with events."""
         if not victims:
             return
-        prepare_lines(self.embedder, self.settings.recall_signal, victims)   # now, not in a later decision
+        prepare_lines(self.embedder, self.settings.recall_signal, victims,     # now, not in a later decision
+                      file_names=self.settings.recall_file_name_line)
         why = f": {because}" if because else ""
         for block in self.sequence.evict(victims, keep_bytes=self.recovery.keeps_bytes):
             self.counters.evictions += 1
@@ -298,7 +299,8 @@ class ConversationMemory:
         self.sequence.flush_pending_shifts()     # pay the K-shift now, after the reply, not before the next one
         if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
             self.ensure_embeddings(b for b in self.table.resident if not b.shared)
-            prepare_lines(self.embedder, self.settings.recall_signal, (b for b in self.table.resident if not b.shared))
+            prepare_lines(self.embedder, self.settings.recall_signal, (b for b in self.table.resident if not b.shared),
+                          file_names=self.settings.recall_file_name_line)
 
     def _reply_used(self, reply: str) -> dict[Block, int]:
         """The blocks from before this turn that the reply quoted (`reply_grounding` against the message), among
@@ -374,7 +376,8 @@ class ConversationMemory:
         self.ensure_embeddings(residents)
         signal = RecallSignal(self.settings.recall_signal, query_text=self._query_text, query=self.query,
                               saved=saved, residents=residents, embedder=self.embedder,
-                              user_margin=self.settings.recall_user_margin)
+                              user_margin=self.settings.recall_user_margin,
+                              file_names=self.settings.recall_file_name_line)
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
         room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve)
         wide = self._overdraft_allowed()

@@ -74,16 +74,31 @@ def block_lines(text: str) -> list[str]:
     return merged
 
 
-def line_vectors(embedder: Embedder, blocks: Iterable[Block]) -> dict[str, tuple[list[str], np.ndarray | None]]:
-    """Lines and their unit vectors for each block (by content hash), embedded in one batch where missing."""
+def line_key(block: Block, file_names: bool = False) -> str:
+    """The cache key of a block's lines: its content hash, with its file's name where that is one of the lines."""
+    return f"{block.hash}|{block.file_name}" if file_names and block.file_name else block.hash
+
+
+def file_name_line(file_name: str) -> str:
+    """A file's name as a line of its own for the embedder (`docker/api.Dockerfile` -> `file docker api Dockerfile`):
+    a question that names what the file is about ("the image", "the workflow") meets its blocks."""
+    return "file " + " ".join(_WORD.findall(code_words(file_name)))
+
+
+def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: bool = False,
+                 ) -> dict[str, tuple[list[str], np.ndarray | None]]:
+    """Lines and their unit vectors for each block (by `line_key`), embedded in one batch where missing; with
+    `file_names`, a file's block has its file's name as one more line."""
     cache = _line_cache.setdefault(embedder, OrderedDict())
     blocks = [b for b in blocks if b.text.strip()]
     missing: dict[str, list[str]] = {}
     for block in blocks:
-        if block.hash in cache:
-            cache.move_to_end(block.hash)
-        elif block.hash not in missing:
-            missing[block.hash] = block_lines(block.text)
+        key = line_key(block, file_names)
+        if key in cache:
+            cache.move_to_end(key)
+        elif key not in missing:
+            lines = block_lines(block.text)
+            missing[key] = [*lines, file_name_line(block.file_name)] if key != block.hash else lines
     if missing:
         flat = [code_words(line) for lines in missing.values() for line in lines]
         vectors = embedder.embed(flat) if flat else None
@@ -93,7 +108,8 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block]) -> dict[str, tuple
             at += len(lines)
         while len(cache) > CACHE_BLOCKS:
             cache.popitem(last=False)
-    return {b.hash: cache[b.hash] for b in blocks if b.hash in cache}
+    keys = {line_key(b, file_names) for b in blocks}
+    return {key: cache[key] for key in keys if key in cache}
 
 
 def code_words(line: str) -> str:
@@ -170,7 +186,8 @@ class RecallSignal:
     """Scores for one recovery decision over saved candidates and resident blocks (the gate)."""
 
     def __init__(self, mode: str, *, query_text: str, query: np.ndarray | None, saved: list[Block],
-                 residents: list[Block], embedder: Embedder, user_margin: float = 0.0) -> None:
+                 residents: list[Block], embedder: Embedder, user_margin: float = 0.0,
+                 file_names: bool = False) -> None:
         if mode not in SIGNALS:
             raise ValueError(f"recall signal {mode!r}: choose one of {', '.join(SIGNALS)}")
         self.mode = mode
@@ -181,9 +198,9 @@ class RecallSignal:
         dense = dict(block_cos)
         best_line: dict[Block, str] = {}
         if dense_kind == "lines" and query is not None and embedder.enabled:
-            vectors = line_vectors(embedder, pool)
+            vectors = line_vectors(embedder, pool, file_names=file_names)
             for block in pool:
-                lines, matrix = vectors.get(block.hash, ([], None))
+                lines, matrix = vectors.get(line_key(block, file_names), ([], None))
                 if matrix is not None and len(lines):
                     sims = matrix @ query
                     i = int(np.argmax(sims))
@@ -253,10 +270,10 @@ def _cos(a: np.ndarray | None, b: np.ndarray | None) -> float:
     return float(a @ b)
 
 
-def prepare(embedder: Embedder, mode: str, blocks: Iterable[Block]) -> None:
+def prepare(embedder: Embedder, mode: str, blocks: Iterable[Block], *, file_names: bool = False) -> None:
     """Embed the lines of `blocks` now (turn end), so a later recovery finds them cached."""
     if MODES[mode][0] == "lines" and embedder.enabled:
-        line_vectors(embedder, blocks)
+        line_vectors(embedder, blocks, file_names=file_names)
 
 
 def clear_cache(embedder: Embedder) -> None:

@@ -148,3 +148,21 @@ def test_line_vectors_are_cached_per_embedder_by_content_hash():
 def test_an_unknown_signal_lists_the_valid_ones():
     with pytest.raises(ValueError, match="lines\\+lexical"):
         RecallSignal("attention", query_text="", query=None, saved=[], residents=[], embedder=WordsEmbedder())
+
+
+def test_a_files_name_is_a_line_of_its_blocks_only_when_asked():
+    """`file_names`: a question naming what the file is (the docker image) meets a block whose own lines never say
+    it; off, the block keeps only its own lines. Cached apart, so one embedder serves both."""
+    emb = WordsEmbedder()
+    expose = block("file:Dockerfile#1", "EXPOSE 7311\nUSER app")
+    expose.file_name = "docker/api.Dockerfile"
+    other = block("file:notes#0", "The proxy settings live in a separate repo, ask ops about the port.")
+    message = "Which port does our docker image open?"
+    plain = RecallSignal("lines", query_text=message, query=emb.embed_one(message), saved=[expose, other],
+                         residents=[], embedder=emb)
+    named = RecallSignal("lines", query_text=message, query=emb.embed_one(message), saved=[expose, other],
+                         residents=[], embedder=emb, file_names=True)
+    assert plain.similarity(expose) < plain.similarity(other)
+    assert named.similarity(expose) > named.similarity(other)
+    assert named.explain(expose)["best_line"] == "file docker api Dockerfile"
+    assert line_vectors(emb, [other], file_names=True).keys() == {other.hash}        # not a file: its lines only
