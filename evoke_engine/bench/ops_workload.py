@@ -113,8 +113,8 @@ FILLER = {
                 '    "test": "vitest run",', '    "e2e": "playwright test"', "  },", '  "playwright": {', "  }",
                 "}"],
     "rust": ["use std::sync::mpsc;", "", "pub struct Writer {", "    rx: mpsc::Receiver<Record>,", "}", "",
-             "impl Writer {", "    pub fn run(self) {", "        for record in self.rx {", "            record.flush();",
-             "        }", "    }", "}"],
+             "impl Writer {", "    pub fn run(self) {", "        for record in self.rx {",
+             "            record.flush();", "        }", "    }", "}"],
     "cargo": ["[package]", 'name = "ingest"', 'version = "0.4.2"', 'edition = "2021"', "", "[dependencies]",
               'serde = { version = "1", features = ["derive"] }', 'tokio = { version = "1", features = ["full"] }'],
     "rules": ["groups:", "- name: api", "  rules:", "  - alert: SlowRequests", "    annotations:",
@@ -133,9 +133,9 @@ FILLER_TURNS = [
      "`dynamodb_table`; every plan and apply takes the lock first, and a second run waits or fails with the "
      "holder's name. `terraform force-unlock` clears a lock left by a crashed run."),
     ("Why is my GitHub Actions cache never hit?", 80,
-     "The key probably changes on every run: build it from the lock file's hash, e.g. `hashFiles('package-lock.json')`, "
-     "not from the commit. Add `restore-keys` with a shorter prefix so a near match is restored when the exact key "
-     "misses."),
+     "The key probably changes on every run: build it from the lock file's hash, e.g. "
+     "`hashFiles('package-lock.json')`, not from the commit. Add `restore-keys` with a shorter prefix so a near "
+     "match is restored when the exact key misses."),
     ("How do I read the logs of a systemd service since yesterday?", 60,
      "`journalctl -u ingest.service --since yesterday` prints them; add `-f` to follow new lines and `-p err` to "
      "see errors only."),

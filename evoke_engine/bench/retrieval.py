@@ -2,11 +2,12 @@
 when the question is answered, measured on the memory manager alone (no model, no sampling).
 
 Invariants: every configuration replays the same generated sessions (`suite`: `recall_workload`, `heldout`:
-`retrieval_workload`, `day`: `day_workload`, `ops`: `ops_workload`) through `retrieval_sim.SimConversation`; a fact is in context only when every block that
-holds part of its line is resident when the reply would start; replies are canned text of realistic length, a
-probe's reply a reader's (`reader`: the value when the fact is in context); the line-vector cache is cleared per
-session, so deciding costs are a session's own; recovery precision is over what probe turns brought back, kept
-precision over what of it was still resident at those turns' ends (the turn end keeps what the reply used).
+`retrieval_workload`, `day`: `day_workload`, `ops`: `ops_workload`) through `retrieval_sim.SimConversation`; a fact
+is in context only when every block that holds part of its line is resident when the reply would start; replies are
+canned text of realistic length, a probe's reply a reader's (`reader`: the value when the fact is in context); the
+line-vector cache is cleared per session, so deciding costs are a session's own; recovery precision is over what
+probe turns brought back, kept precision over what of it was still resident at those turns' ends (the turn end keeps
+what the reply used).
 """
 
 from __future__ import annotations
