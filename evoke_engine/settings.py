@@ -104,7 +104,7 @@ class Settings:
                                   "(SQLite FTS5); 'lexical' is a code-aware BM25 alone (identifiers split on _, "
                                   "camelCase and dots, numbers kept), 'fused' line vectors and that BM25 by rank.",
                                   group="Memory", choices=RECALL_SIGNALS)
-    recall_file_name_line: bool = _setting(False, "The line signal also reads a file's name as a line of each of its "
+    recall_file_name_line: bool = _setting(True, "The line signal also reads a file's name as a line of each of its "
                                            "blocks (`file docker api Dockerfile`), so a question about what the "
                                            "file is for (\"the image\", \"the workflow\") meets its code lines.",
                                            group="Memory")
