@@ -1,9 +1,9 @@
 """Recovery signals that see facts, not block averages: line-level dense max-similarity, BM25 over lines (SQLite
 FTS5, or the code-aware `lexical` module), their reciprocal-rank fusion, and the margin rule for user messages.
 
-Invariants: pure ranking over plain blocks and one embedder (no llama.cpp); line vectors are cached
-per embedder by block content hash (an embedder switch never mixes vectors); mode "block" reproduces
-the one-vector-per-block cosine exactly; every score a decision used is returned by `explain`.
+Invariants: pure ranking over plain blocks and one embedder (no llama.cpp); line vectors are cached per embedder
+by block content hash, and file name where it is a line (an embedder switch never mixes vectors); mode "block"
+reproduces the one-vector-per-block cosine exactly; every score a decision used is returned by `explain`.
 """
 
 from __future__ import annotations
