@@ -152,7 +152,9 @@ def test_fork_while_the_parent_has_blocks_in_ram_and_on_disk(tmp_path):
     # Without the wide recovery's overdraft: its extra blocks put this 135M model on a near-tie at the question, and
     # slot 0's K/V differ from slot 1's in the last bits (slot 0's context also holds the prefixes), which tips it.
     # The fork's claim is about memory (same blocks, same states), which the overdraft does not change.
-    settings = Settings(home=str(tmp_path), budget_tokens=320, n_ctx=4096, slots=2, ram_budget_bytes=1 << 20,
+    # 4 MiB of host RAM holds one or two evicted blocks (a 128-token block's K/V is 2.9 MB on this model); the rest
+    # spill to disk, whichever blocks the recovery signal brings back.
+    settings = Settings(home=str(tmp_path), budget_tokens=320, n_ctx=4096, slots=2, ram_budget_bytes=4 << 20,
                         recovery_overdraft_tokens=0)
     document = "\n".join(f"Entry {i}: the service on port {9000 + i} writes its log to /var/log/s{i}.log."
                          for i in range(40)) + "\nThe passkey is 5821.\n"
