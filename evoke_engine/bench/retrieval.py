@@ -13,6 +13,7 @@ what the reply used).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import random
 import statistics
@@ -30,6 +31,7 @@ from .retrieval_sim import SimConversation, VocabRuntime
 
 log = logging.getLogger(__name__)
 FAMILIES = ("suite", "heldout", "day", "ops")
+WORKLOADS = {"heldout": "retrieval_workload", "day": "day_workload", "ops": "ops_workload"}   # family -> module
 
 CANNED = {
     "attach": ["OK, I have read the files.", "OK. I read them; ask me anything about them."],
@@ -72,19 +74,10 @@ def sessions(family: str, seeds: range, *, probes: int = 3, decoys: int = 2) -> 
         from .recall_workload import make_session
 
         return [make_session(seed, probes=probes, decoys=decoys) for seed in seeds]
-    if family == "heldout":
-        from .retrieval_workload import make_session as make_heldout
-
-        return [make_heldout(seed, probes=probes) for seed in seeds]
-    if family == "day":
-        from .day_workload import make_session as make_day
-
-        return [make_day(seed, probes=probes) for seed in seeds]
-    if family == "ops":
-        from .ops_workload import make_session as make_ops
-
-        return [make_ops(seed, probes=probes) for seed in seeds]
-    raise ValueError(f"unknown workload family {family!r}; valid: {', '.join(FAMILIES)}")
+    if family not in WORKLOADS:
+        raise ValueError(f"unknown workload family {family!r}; valid: {', '.join(FAMILIES)}")
+    make = importlib.import_module(f".{WORKLOADS[family]}", __package__).make_session
+    return [make(seed, probes=probes) for seed in seeds]
 
 
 def replay(session: Session, settings: Settings, rt: VocabRuntime, embedder: Embedder) -> dict:

@@ -249,12 +249,16 @@ class ConversationMemory:
         self._evict(victims)
         return victims
 
+    def _embed_lines(self, blocks: Iterable[Block]) -> None:
+        """Embed the recall signal's line vectors for `blocks` now, so a later recovery decision finds them cached."""
+        prepare_lines(self.embedder, self.settings.recall_signal, blocks,
+                      file_names=self.settings.recall_file_name_line)
+
     def _evict(self, victims: list[Block], because: str = "") -> None:
         """Evict `victims` the way the recovery backend keeps them (bytes to the pool, or dropped), with events."""
         if not victims:
             return
-        prepare_lines(self.embedder, self.settings.recall_signal, victims,     # now, not in a later decision
-                      file_names=self.settings.recall_file_name_line)
+        self._embed_lines(victims)                  # now, not in a later decision
         why = f": {because}" if because else ""
         for block in self.sequence.evict(victims, keep_bytes=self.recovery.keeps_bytes):
             self.counters.evictions += 1
@@ -299,8 +303,7 @@ class ConversationMemory:
         self.sequence.flush_pending_shifts()     # pay the K-shift now, after the reply, not before the next one
         if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
             self.ensure_embeddings(b for b in self.table.resident if not b.shared)
-            prepare_lines(self.embedder, self.settings.recall_signal, (b for b in self.table.resident if not b.shared),
-                          file_names=self.settings.recall_file_name_line)
+            self._embed_lines(b for b in self.table.resident if not b.shared)
 
     def _reply_used(self, reply: str) -> dict[Block, int]:
         """The blocks from before this turn that the reply quoted (`reply_grounding` against the message), among

@@ -37,19 +37,21 @@ def fresh_cache():
     device.load_backends.cache_clear()
 
 
-def _load(monkeypatch, loadable: list[str], *, cuda: bool) -> str:
-    device.load_backends.cache_clear()
-    monkeypatch.setattr(device, "_ggml", lambda: Registry(loadable))
+def _patch(monkeypatch, loadable: list[str], *, cuda: bool) -> None:
+    registry = Registry(loadable)
+    monkeypatch.setattr(device, "_ggml", lambda: registry)
     monkeypatch.setattr(device, "cuda_build", lambda: cuda)
     monkeypatch.setattr(device, "_preload_nvidia_runtime", lambda: None)
+
+
+def _load(monkeypatch, loadable: list[str], *, cuda: bool) -> str:
+    device.load_backends.cache_clear()
+    _patch(monkeypatch, loadable, cuda=cuda)
     return device.load_backends()
 
 
 def test_a_build_without_its_cpu_backend_is_refused_with_the_reason(monkeypatch):
-    registry = Registry(["CUDA", "RPC"])
-    monkeypatch.setattr(device, "_ggml", lambda: registry)
-    monkeypatch.setattr(device, "cuda_build", lambda: True)
-    monkeypatch.setattr(device, "_preload_nvidia_runtime", lambda: None)
+    _patch(monkeypatch, ["CUDA", "RPC"], cuda=True)
     for _ in range(2):            # a retry, with the CUDA and RPC backends registered by now, is refused too
         with pytest.raises(ModelLoadError, match=r"CPU backend did not load .*loaded: CUDA, RPC.*make gpu"):
             device.load_backends()
