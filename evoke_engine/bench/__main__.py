@@ -106,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decoys", type=int, default=2)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--raw", action="store_true", help="keep per-session rows (recovery decisions included)")
+    p = sub.add_parser("rerank", help="the model as a second-stage retriever: its rank of the fact block among a "
+                                      "wide recovery's candidates, against the memory manager's signal")
+    p.add_argument("--families", default="suite,heldout,day,ops")
+    p.add_argument("--seeds", type=int, default=16)
+    p.add_argument("--seed-start", type=int, default=100)
+    p.add_argument("--budget", type=int, default=512)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p = sub.add_parser("endpoint", help="14-turn session: our endpoint against llama_cpp.server")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--budget", type=int, default=512)
@@ -200,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
                      budgets=tuple(int(b) for b in args.budgets.split(",")),
                      backends=tuple((args.backends or "kv_restore").split(",")), overrides=parse_overrides(args.set),
                      decoys=args.decoys, keep_sessions=getattr(args, "raw", False))
+    elif args.name == "rerank":
+        from .recall_suite import parse_overrides
+        from .rerank import run
+
+        result = run(families=tuple(args.families.split(",")), seeds=args.seeds, seed_start=args.seed_start,
+                     budget=args.budget, overrides=parse_overrides(args.set))
     elif args.name == "recall" and args.suite:
         from .recall_suite import parse_overrides, run
 

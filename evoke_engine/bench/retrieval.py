@@ -19,6 +19,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -80,8 +81,10 @@ def sessions(family: str, seeds: range, *, probes: int = 3, decoys: int = 2) -> 
     return [make(seed, probes=probes) for seed in seeds]
 
 
-def replay(session: Session, settings: Settings, rt: VocabRuntime, embedder: Embedder) -> dict:
-    """One session through the memory manager; one row per probe, plus the session's costs and blocks."""
+def replay(session: Session, settings: Settings, rt: VocabRuntime, embedder: Embedder,
+           observe: Callable[[SimConversation, dict, dict], None] | None = None) -> dict:
+    """One session through the memory manager; one row per probe, plus the session's costs and blocks.
+    `observe(conversation, turn_out, probe_row)` sees each probe turn as it ends (`bench rerank`)."""
     recall_signals.clear_cache(embedder)
     conv = SimConversation(settings, rt, embedder, SYSTEM)
     rng = random.Random(session.seed * 31 + 7)
@@ -109,6 +112,8 @@ def replay(session: Session, settings: Settings, rt: VocabRuntime, embedder: Emb
                            "kept_tokens": sum(n for _, n in out["kept"]),
                            "kept_fact_tokens": sum(n for name, n in out["kept"] if name in own),
                            "decide_ms": round(out["decide_ms"], 3)})
+            if observe is not None:
+                observe(conv, out, probes[-1])
         blocks = [b for b in conv.memory.table.blocks if not b.shared]
         return {"seed": session.seed, "probes": probes, "decide_ms": conv.decide_ms, "turn_end_ms": conv.turn_end_ms,
                 "recovered_per_turn": conv.recovered_per_turn,

@@ -296,9 +296,11 @@ class Runtime:
 
     # -- decode -----------------------------------------------------------------------------
     def decode(self, tokens: list[int], seq: int, start_pos: int, *, logits_last: bool = True,
-               cancel: threading.Event | None = None, on_chunk=None, context: int | None = None) -> None:
+               cancel: threading.Event | None = None, on_chunk=None, context: int | None = None,
+               logits_all: bool = False) -> None:
         """Decode `tokens` into `seq` at positions start_pos.., in chunks of n_batch, in the sequence's
-        context (or `context`, for the scratch sequence serving another context).
+        context (or `context`, for the scratch sequence serving another context). `logits_all`: every token
+        of the last chunk has its logits row (`logits(i)`; a scorer's tokens fit one chunk).
 
         Raises DecodeError when the context has no room. `on_chunk(done)` is told progress.
         """
@@ -320,7 +322,7 @@ class Runtime:
                 batch.pos[i] = start_pos + done + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = seq
-                batch.logits[i] = 0
+                batch.logits[i] = int(logits_all)
             if logits_last and done + n == total:
                 batch.logits[n - 1] = 1
             batch.n_tokens = n
