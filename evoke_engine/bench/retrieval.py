@@ -1,13 +1,12 @@
 """`bench retrieval` (= `bench recall --suite --no-model`): is the block holding the asked-for fact in the context
 when the question is answered, measured on the memory manager alone (no model, no sampling).
 
-Invariants: every configuration replays the same generated sessions (`suite`: `recall_workload`, `heldout`:
-`retrieval_workload`, `day`: `day_workload`, `ops`: `ops_workload`) through `retrieval_sim.SimConversation`; a fact
-is in context only when every block that holds part of its line is resident when the reply would start; replies are
-canned text of realistic length, a probe's reply a reader's (`reader`: the value when the fact is in context); the
-line-vector cache is cleared per session, so deciding costs are a session's own; recovery precision is over what
-probe turns brought back, kept precision over what of it was still resident at those turns' ends (the turn end keeps
-what the reply used).
+Invariants: every configuration replays the same generated sessions (the modules of `WORKLOADS`; `suite`:
+`recall_workload`) through `retrieval_sim.SimConversation`; a fact is in context only when every block that holds
+part of its line is resident when the reply would start; replies are canned text of realistic length, a probe's
+reply a reader's (`reader`: the value when the fact is in context); the line-vector cache is cleared per session, so
+deciding costs are a session's own; recovery precision is over what probe turns brought back, kept precision over
+what of it was still resident at those turns' ends (the turn end keeps what the reply used).
 """
 
 from __future__ import annotations
@@ -31,8 +30,9 @@ from .recall_workload import Session
 from .retrieval_sim import SimConversation, VocabRuntime
 
 log = logging.getLogger(__name__)
-FAMILIES = ("suite", "heldout", "day", "ops")
-WORKLOADS = {"heldout": "retrieval_workload", "day": "day_workload", "ops": "ops_workload"}   # family -> module
+FAMILIES = ("suite", "heldout", "day", "ops", "app")
+WORKLOADS = {"heldout": "retrieval_workload", "day": "day_workload", "ops": "ops_workload",     # family -> module
+             "app": "app_workload"}
 
 CANNED = {
     "attach": ["OK, I have read the files.", "OK. I read them; ask me anything about them."],

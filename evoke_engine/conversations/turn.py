@@ -49,14 +49,16 @@ def render_user_content(text: str, attachments: Sequence[Attachment]) -> str:
 
 
 def split_tokens(rt: Runtime, tokens: list[int], block_tokens: int) -> list[list[int]]:
-    """Chunks of <= block_tokens, cut after a newline token in a chunk's last 40% when one exists."""
+    """Chunks of <= block_tokens, cut at a line's end in a chunk's last 40% when one is there: after a token that
+    ends a line, its newline possibly followed by the next line's indentation (the tokenizer merges `\n` with the
+    spaces after it, so indented code has no bare newline token)."""
     chunks, start = [], 0
     while start < len(tokens):
         end = min(start + block_tokens, len(tokens))
         if end < len(tokens):
             floor = start + int(block_tokens * 0.6)
             for cut in range(end, floor, -1):
-                if rt.token_bytes(tokens[cut - 1]).endswith(b"\n"):
+                if rt.token_bytes(tokens[cut - 1]).rstrip(b" \t").endswith(b"\n"):
                     end = cut
                     break
         chunks.append(tokens[start:end])
