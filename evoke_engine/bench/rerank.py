@@ -68,18 +68,18 @@ class QuestionScorer:
     """Log-probabilities of a question's tokens after a candidate, in the runtime's scratch sequence."""
 
     def __init__(self, rt: Runtime) -> None:
-        self.rt, self.kv, self.seq = rt, KVCache(rt), rt.scratch_seq
+        self.rt, self.kv, self.scratch = rt, KVCache(rt), rt.scratch_seq
 
     def token_logprobs(self, context: list[int], question: list[int]) -> np.ndarray:
         question = question[:self.rt.settings.n_batch]
-        self.kv.drop(self.seq)
+        self.kv.drop(self.scratch)
         if context:
-            self.rt.decode(context, self.seq, 0, logits_last=False)
-        self.rt.decode(question, self.seq, len(context), logits_last=False, logits_all=True)
+            self.rt.decode(context, self.scratch, 0, logits_last=False)
+        self.rt.decode(question, self.scratch, len(context), logits_last=False, logits_all=True)
         rows = np.stack([self.rt.logits(i) for i in range(len(question) - 1)]).astype(np.float64)
         rows -= rows.max(axis=1, keepdims=True)
         rows -= np.log(np.exp(rows).sum(axis=1, keepdims=True))
-        self.kv.drop(self.seq)
+        self.kv.drop(self.scratch)
         return rows[np.arange(len(question) - 1), question[1:]]
 
 
