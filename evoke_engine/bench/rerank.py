@@ -35,7 +35,6 @@ ORDERS = ("signal", "likelihood", "gain", "signal+likelihood", "signal+gain")
 @dataclasses.dataclass
 class ProbeCandidates:
     family: str
-    kind: str
     question: list[int]
     candidates: list[Block]          # what the turn brought back, in the signal's order
     fact_blocks: list[str]
@@ -56,7 +55,7 @@ def collect(families: tuple[str, ...], seeds: range, settings: Settings) -> list
             by_name = {b.name: b for b in conv.memory.table.blocks}
             question = [b for b in conv.input_blocks(out["turn"]) if b.role == "user"][-1]
             ordered = sorted(names, key=lambda n: score.get(n, 0.0), reverse=True)
-            found.append(ProbeCandidates(family, probe["type"], list(question.tokens),
+            found.append(ProbeCandidates(family, list(question.tokens),
                                          [by_name[n] for n in ordered], list(probe["fact_blocks"])))
         for session in sessions(family, seeds):
             replay(session, settings, rt, embedder, observe=observe)
@@ -77,10 +76,10 @@ class QuestionScorer:
             self.rt.decode(context, self.scratch, 0, logits_last=False)
         self.rt.decode(question, self.scratch, len(context), logits_last=False, logits_all=True)
         rows = np.stack([self.rt.logits(i) for i in range(len(question) - 1)]).astype(np.float64)
-        rows -= rows.max(axis=1, keepdims=True)
-        rows -= np.log(np.exp(rows).sum(axis=1, keepdims=True))
         self.kv.drop(self.scratch)
-        return rows[np.arange(len(question) - 1), question[1:]]
+        top = rows.max(axis=1)
+        log_norm = top + np.log(np.exp(rows - top[:, None]).sum(axis=1))        # each row's log-sum-exp
+        return rows[np.arange(len(rows)), question[1:]] - log_norm
 
 
 def orders(probe: ProbeCandidates, scorer: QuestionScorer, cap: int) -> tuple[dict[str, list[str]], float]:
