@@ -1,4 +1,4 @@
-"""The working-day retrieval workloads (day, ops, app): pure in their seed, every fact line present once, values unique,
+"""The working-day retrieval workloads (day, ops, app, platform): pure in their seed, every fact line present once, values unique,
 each probe asked in other words at least three turns after its fact."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from evoke_engine.bench import app_workload, day_workload, ops_workload
+from evoke_engine.bench import app_workload, day_workload, ops_workload, platform_workload
 
 pytestmark = pytest.mark.unit
 FAMILIES = [pytest.param(day_workload, id="day"), pytest.param(ops_workload, id="ops"),
-            pytest.param(app_workload, id="app")]
+            pytest.param(app_workload, id="app"), pytest.param(platform_workload, id="platform")]
 
 
 def _body(turn) -> str:
