@@ -93,12 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-raw", action="store_true", help="with --suite: leave per-session rows out")
     p.add_argument("--no-model", action="store_true", help="with --suite: the model-free retrieval bench "
                    "(= bench retrieval)")
-    p.add_argument("--families", default="suite,heldout,day,ops,app", help="with --no-model: workload families")
+    p.add_argument("--families", default="suite,heldout,day,ops,app,platform",
+                   help="with --no-model: workload families")
     p = sub.add_parser("retrieval", help="fact block in context at probe, model-free: the memory manager over a "
-                                         "simulated KV cache, five workload families")
-    p.add_argument("--families", default="suite,heldout,day,ops,app", help="suite (the recall suite's sessions), "
+                                         "simulated KV cache, six workload families")
+    p.add_argument("--families", default="suite,heldout,day,ops,app,platform",
+                   help="suite (the recall suite's sessions), "
                    "heldout, day (a working day, written after the defaults were fixed), ops (written before the fifth "
-                   "pass's levers were tried on it), app (written in the sixth pass and run once on the defaults)")
+                   "pass's levers were tried on it), app (written in the sixth pass and run once on the defaults), "
+                   "platform (written in the seventh pass to judge a lever, run once with and without it)")
     p.add_argument("--seeds", type=int, default=16)
     p.add_argument("--seed-start", type=int, default=100, help="seeds 0-15 of the suite are the dev split")
     p.add_argument("--budgets", default="256,512,1024")
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw", action="store_true", help="keep per-session rows (recovery decisions included)")
     p = sub.add_parser("rerank", help="the model as a second-stage retriever: its rank of the fact block among a "
                                       "wide recovery's candidates, against the memory manager's signal")
-    p.add_argument("--families", default="suite,heldout,day,ops,app")
+    p.add_argument("--families", default="suite,heldout,day,ops,app,platform")
     p.add_argument("--seeds", type=int, default=16)
     p.add_argument("--seed-start", type=int, default=100)
     p.add_argument("--budget", type=int, default=512)

@@ -30,9 +30,9 @@ from .recall_workload import Session
 from .retrieval_sim import SimConversation, VocabRuntime
 
 log = logging.getLogger(__name__)
-FAMILIES = ("suite", "heldout", "day", "ops", "app")
+FAMILIES = ("suite", "heldout", "day", "ops", "app", "platform")
 WORKLOADS = {"heldout": "retrieval_workload", "day": "day_workload", "ops": "ops_workload",     # family -> module
-             "app": "app_workload"}
+             "app": "app_workload", "platform": "platform_workload"}
 
 CANNED = {
     "attach": ["OK, I have read the files.", "OK. I read them; ask me anything about them."],

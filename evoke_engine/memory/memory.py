@@ -252,7 +252,8 @@ class ConversationMemory:
     def _embed_lines(self, blocks: Iterable[Block]) -> None:
         """Embed the recall signal's line vectors for `blocks` now, so a later recovery decision finds them cached."""
         prepare_lines(self.embedder, self.settings.recall_signal, blocks,
-                      file_names=self.settings.recall_file_name_line)
+                      file_names=self.settings.recall_file_name_line,
+                      skip_questions=self.settings.recall_skip_questions)
 
     def _evict(self, victims: list[Block], because: str = "") -> None:
         """Evict `victims` the way the recovery backend keeps them (bytes to the pool, or dropped), with events."""
@@ -380,7 +381,8 @@ class ConversationMemory:
         signal = RecallSignal(self.settings.recall_signal, query_text=self._query_text, query=self.query,
                               saved=saved, residents=residents, embedder=self.embedder,
                               user_margin=self.settings.recall_user_margin,
-                              file_names=self.settings.recall_file_name_line)
+                              file_names=self.settings.recall_file_name_line,
+                              skip_questions=self.settings.recall_skip_questions)
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
         room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve)
         wide = self._overdraft_allowed()

@@ -1,8 +1,10 @@
 """Recovery signals that see facts, not block averages: line-level dense max-similarity, BM25 over lines (SQLite
-FTS5, or the code-aware `lexical` module), their reciprocal-rank fusion, and the margin rule for user messages.
+FTS5, or the code-aware `lexical` module), their reciprocal-rank fusion, and the margin rule for user messages;
+a user's earlier question that asks for a value (`asks_for_value`) is no fact line of either signal.
 
 Invariants: pure ranking over plain blocks and one embedder (no llama.cpp); line vectors are cached per embedder
-by block content hash, and file name where it is a line (an embedder switch never mixes vectors); mode "block"
+by block content hash, file name where it is a line and whether questions are skipped (an embedder switch never
+mixes vectors); mode "block"
 reproduces the one-vector-per-block cosine exactly; every score a decision used is returned by `explain`.
 """
 
@@ -28,6 +30,9 @@ _ROLE_LINE = re.compile(r"^(system|user|assistant|tool)$")
 _CASE_TURN = re.compile(r"[a-z][A-Z]")
 _FILE_MARK = re.compile(r"^\[(end of )?file [^\]\n]*\]$")      # turn.render_user_content's framing of a file
 _WORD = re.compile(r"[A-Za-z0-9]+")
+_ASKS = re.compile(r"[A-Za-z0-9)\]\"'`]\?(\s+[^?]{0,40})?$")     # ends asking, a short tail allowed ("Thanks!")
+_WH_WORD = re.compile(r"\b(what|which|who|whom|whose|when|where|how)\b", re.IGNORECASE)
+_DIGIT = re.compile(r"\d")
 STOPWORDS = frozenset({
     "a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "does", "for", "from", "how", "i", "in",
     "is", "it", "its", "me", "my", "of", "on", "or", "our", "so", "that", "the", "their", "them", "there",
@@ -74,9 +79,28 @@ def block_lines(text: str) -> list[str]:
     return merged
 
 
-def line_key(block: Block, file_names: bool = False) -> str:
-    """The cache key of a block's lines: its content hash, with its file's name where that is one of the lines."""
-    return f"{block.hash}|{block.file_name}" if file_names and block.file_name else block.hash
+def asks_for_value(line: str) -> bool:
+    """A question that asks for something it does not hold: it ends asking, names what it wants with a wh-word and
+    carries no number (`Quick one: How long does the proxy wait? Thanks!`). It states no fact, so an old one must not
+    outrank the block that answers it. Polar and tag questions assert what they ask about and stay fact lines
+    (`did I mention the freeze starts in June?`, `the timeout is 30 s now, right?`), as does any line with a digit."""
+    return bool(_ASKS.search(line)) and bool(_WH_WORD.search(line)) and not _DIGIT.search(line)
+
+
+def fact_lines(block: Block, skip_questions: bool = False) -> list[str]:
+    """The block's lines that may hold a fact: `block_lines`, less a user message's lines that `asks_for_value`
+    when `skip_questions` (an assistant's or a file's lines are never questions the user asked)."""
+    lines = block_lines(block.text)
+    if skip_questions and block.role == "user":
+        lines = [line for line in lines if not asks_for_value(line)]
+    return lines
+
+
+def line_key(block: Block, file_names: bool = False, skip_questions: bool = False) -> str:
+    """The cache key of a block's lines: its content hash, with its file's name where that is one of the lines, and
+    a mark where its questions are left out (a user message's, with `skip_questions`)."""
+    key = f"{block.hash}|{block.file_name}" if file_names and block.file_name else block.hash
+    return f"{key}|q" if skip_questions and block.role == "user" else key
 
 
 def file_name_line(file_name: str) -> str:
@@ -86,19 +110,21 @@ def file_name_line(file_name: str) -> str:
 
 
 def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: bool = False,
-                 ) -> dict[str, tuple[list[str], np.ndarray | None]]:
+                 skip_questions: bool = False) -> dict[str, tuple[list[str], np.ndarray | None]]:
     """Lines and their unit vectors for each block (by `line_key`), embedded in one batch where missing; with
-    `file_names`, a file's block has its file's name as one more line."""
+    `file_names`, a file's block has its file's name as one more line; with `skip_questions`, a user message's
+    lines are its `fact_lines` (none, when all of it asks)."""
     cache = _line_cache.setdefault(embedder, OrderedDict())
     blocks = [b for b in blocks if b.text.strip()]
     missing: dict[str, list[str]] = {}
     for block in blocks:
-        key = line_key(block, file_names)
+        key = line_key(block, file_names, skip_questions)
         if key in cache:
             cache.move_to_end(key)
         elif key not in missing:
-            lines = block_lines(block.text)
-            missing[key] = [*lines, file_name_line(block.file_name)] if key != block.hash else lines
+            lines = fact_lines(block, skip_questions)
+            named = file_names and bool(block.file_name)
+            missing[key] = [*lines, file_name_line(block.file_name)] if named else lines
     if missing:
         flat = [code_words(line) for lines in missing.values() for line in lines]
         vectors = embedder.embed(flat) if flat else None
@@ -108,7 +134,7 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: boo
             at += len(lines)
         while len(cache) > CACHE_BLOCKS:
             cache.popitem(last=False)
-    keys = {line_key(b, file_names) for b in blocks}
+    keys = {line_key(b, file_names, skip_questions) for b in blocks}
     return {key: cache[key] for key in keys if key in cache}
 
 
@@ -123,10 +149,11 @@ def code_words(line: str) -> str:
     return code_lexical.RAW.sub(split, line)
 
 
-def lexical_lines(block: Block) -> list[str]:
+def lexical_lines(block: Block, skip_questions: bool = False) -> list[str]:
     """The block's lines as the code-aware BM25 reads them: a file's lines carry its path (`lib/db.py`: `lib db py`),
-    so a question that names the module ("the DB helper") meets every line of it, not only the framing line."""
-    lines = block_lines(block.text)
+    so a question that names the module ("the DB helper") meets every line of it, not only the framing line; with
+    `skip_questions`, a user message's are its `fact_lines`."""
+    lines = fact_lines(block, skip_questions)
     return [f"{line} {block.file_name}" for line in lines] if block.file_name else lines
 
 
@@ -187,7 +214,7 @@ class RecallSignal:
 
     def __init__(self, mode: str, *, query_text: str, query: np.ndarray | None, saved: list[Block],
                  residents: list[Block], embedder: Embedder, user_margin: float = 0.0,
-                 file_names: bool = False) -> None:
+                 file_names: bool = False, skip_questions: bool = False) -> None:
         if mode not in SIGNALS:
             raise ValueError(f"recall signal {mode!r}: choose one of {', '.join(SIGNALS)}")
         self.mode = mode
@@ -198,10 +225,12 @@ class RecallSignal:
         dense = dict(block_cos)
         best_line: dict[Block, str] = {}
         if dense_kind == "lines" and query is not None and embedder.enabled:
-            vectors = line_vectors(embedder, pool, file_names=file_names)
+            vectors = line_vectors(embedder, pool, file_names=file_names, skip_questions=skip_questions)
             for block in pool:
-                lines, matrix = vectors.get(line_key(block, file_names), ([], None))
-                if matrix is not None and len(lines):
+                lines, matrix = vectors.get(line_key(block, file_names, skip_questions), ([], None))
+                if skip_questions and block.role == "user" and not lines:
+                    dense[block] = -1.0                # all of it asks: no line to match, last in the dense order
+                elif matrix is not None and len(lines):
                     sims = matrix @ query
                     i = int(np.argmax(sims))
                     dense[block] = float(sims[i])
@@ -209,9 +238,10 @@ class RecallSignal:
         lexical: dict[Block, float] = {}
         if lexical_kind is not None:
             if lexical_kind == "fts5":
-                by_hash = bm25_by_block({b.hash: block_lines(b.text) for b in pool}, query_text)
+                by_hash = bm25_by_block({b.hash: fact_lines(b, skip_questions) for b in pool}, query_text)
             else:
-                by_hash = code_lexical.bm25_lines({b.hash: lexical_lines(b) for b in pool}, query_text)
+                by_hash = code_lexical.bm25_lines({b.hash: lexical_lines(b, skip_questions) for b in pool},
+                                                  query_text)
             lexical = {b: by_hash[b.hash] for b in pool if b.hash in by_hash}
         dense_rank = _ranks(dense)
         if dense_kind is None:                         # lexical alone: BM25, no hit scores 0
@@ -270,10 +300,11 @@ def _cos(a: np.ndarray | None, b: np.ndarray | None) -> float:
     return float(a @ b)
 
 
-def prepare(embedder: Embedder, mode: str, blocks: Iterable[Block], *, file_names: bool = False) -> None:
+def prepare(embedder: Embedder, mode: str, blocks: Iterable[Block], *, file_names: bool = False,
+            skip_questions: bool = False) -> None:
     """Embed the lines of `blocks` now (turn end), so a later recovery finds them cached."""
     if MODES[mode][0] == "lines" and embedder.enabled:
-        line_vectors(embedder, blocks, file_names=file_names)
+        line_vectors(embedder, blocks, file_names=file_names, skip_questions=skip_questions)
 
 
 def clear_cache(embedder: Embedder) -> None:

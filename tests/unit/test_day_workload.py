@@ -1,5 +1,5 @@
-"""The working-day retrieval workloads (day, ops, app, platform): pure in their seed, every fact line present once, values unique,
-each probe asked in other words at least three turns after its fact."""
+"""The working-day retrieval workloads (day, ops, app, platform): pure in their seed, every fact line present once,
+values unique, each probe asked in other words at least three turns after its fact."""
 
 from __future__ import annotations
 

@@ -11,7 +11,15 @@ import pytest
 
 from evoke_engine.kvcache.blocks import Block, BlockState
 from evoke_engine.memory.policy import choose_recoveries
-from evoke_engine.memory.recall_signals import RecallSignal, block_lines, bm25_by_block, line_vectors, query_terms
+from evoke_engine.memory.recall_signals import (
+    RecallSignal,
+    asks_for_value,
+    block_lines,
+    bm25_by_block,
+    fact_lines,
+    line_vectors,
+    query_terms,
+)
 
 pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
 
@@ -166,3 +174,51 @@ def test_a_files_name_is_a_line_of_its_blocks_only_when_asked():
     assert named.similarity(expose) > named.similarity(other)
     assert named.explain(expose)["best_line"] == "file docker api Dockerfile"
     assert line_vectors(emb, [other], file_names=True).keys() == {other.hash}        # not a file: its lines only
+
+
+@pytest.mark.parametrize(("line", "asks"), [
+    ("Quick one: How long does the edge wait on a slow backend answer? One word or number is fine.", True),
+    ("Which helper verifies a login secret?", True),
+    ("what does `set -euo pipefail` do in bash?", True),
+    ("did I mention the release freeze starts in June?", False),             # polar: it asserts what it asks
+    ("sanity check: the load balancer idle timeout is 9517 seconds now, right?", False),
+    ("Why is the pool 40 when the database allows 100?", False),            # a number: it may state one
+    ("How long does the proxy wait; I think 30 s?", False),
+    ("The proxy waits 30 seconds before it gives up.", False),              # no question at all
+    ("Where the cache lives is in the notes.", False),
+])
+def test_a_question_that_asks_for_a_value_holds_none(line, asks):
+    assert asks_for_value(line) is asks
+
+
+@pytest.mark.parametrize("mode", ["lines", "fused"])
+def test_an_old_question_no_longer_outranks_the_block_that_answers_it(mode):
+    """The user asked the same thing earlier (people repeat themselves, and a probe shares its wording); that
+    question holds no value, so with `skip_questions` the fact's block ranks first. A fact the user stated as a
+    yes/no question still counts."""
+    emb = WordsEmbedder()
+    asked = block("user#4", "Quick one: how long does the proxy wait for a slow upstream? Short answer.",
+                  role="user", embedder=emb)
+    fact = block("file:nginx#0", "\n".join([*FILLER, "proxy_read_timeout 45s;"]), embedder=emb)
+    stated = block("user#6", "did I mention the proxy upstream wait is 45 seconds now?", role="user", embedder=emb)
+    message = "Quick one: how long does the proxy wait on a slow upstream? Short answer."
+    query = emb.embed_one(message)
+    plain = RecallSignal(mode, query_text=message, query=query, saved=[asked, fact], residents=[], embedder=emb)
+    skip = RecallSignal(mode, query_text=message, query=query, saved=[asked, fact], residents=[], embedder=emb,
+                        skip_questions=True)
+    assert plain.similarity(asked) > plain.similarity(fact)
+    assert skip.similarity(fact) > skip.similarity(asked)
+    assert fact_lines(asked, skip_questions=True) == [] and fact_lines(stated, skip_questions=True)
+    kept = RecallSignal(mode, query_text=message, query=query, saved=[asked, stated], residents=[], embedder=emb,
+                        skip_questions=True)
+    assert kept.similarity(stated) > kept.similarity(asked)
+
+
+def test_line_vectors_key_a_user_message_apart_when_its_questions_are_skipped():
+    emb = WordsEmbedder()
+    mixed = block("user#2", "The deploy window is Tuesday now.\nWhere do I find the runbook for it?", role="user")
+    plain = line_vectors(emb, [mixed])
+    skipped = line_vectors(emb, [mixed], skip_questions=True)
+    assert plain.keys() != skipped.keys()
+    assert [lines for lines, _ in skipped.values()] == [["The deploy window is Tuesday now."]]
+    assert len(next(iter(plain.values()))[0]) == 2
