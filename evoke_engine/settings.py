@@ -108,10 +108,12 @@ class Settings:
                                            "blocks (`file docker api Dockerfile`), so a question about what the "
                                            "file is for (\"the image\", \"the workflow\") meets its code lines.",
                                            group="Memory")
-    recall_skip_questions: bool = _setting(True, "A question the user asked earlier for a value (what, which, who, "
-                                           "when, where or how, no number in it) holds no fact: the recall signals "
-                                           "leave it out, so it no longer outranks the block that answers it. "
-                                           "Yes/no and tag questions still count.", group="Memory")
+    recall_skip_questions: bool = _setting(False, "A question the user asked earlier for a value (what, which, "
+                                           "who, when, where or how, no number in it) holds no fact: the recall "
+                                           "signals leave it out, so it no longer outranks the block that answers "
+                                           "it; yes/no and tag questions still count. Off by default: it helps the "
+                                           "model-free retrieval bench and passkey, but cost 3 of 20 sessions of "
+                                           "the 14-turn endpoint session on the 135M model.", group="Memory")
     recall_user_margin: float = _setting(0.0, "A saved user message is recovered only as the best match by this "
                                          "similarity margin (0 off).", group="Memory", low=0.0, high=1.0)
     recovery_margin: float = _setting(-1.0, "Adaptive recovery width: saved blocks scoring within this margin of "
