@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a Settings override for every run (repeatable), e.g. --set recovery_top_k=2")
     p.add_argument("--decoys", type=int, default=2, help="with --suite: look-alike facts per fact (difficulty)")
+    p.add_argument("--fillers", type=int, default=6, help="passkey recall: filler questions between the document "
+                   "and the probe (at most 10; 10 makes the endpoint's fourteen-turn length)")
     p.add_argument("--pool-bits", default="", help="passkey recall: each backend at each of these pool_bits (e.g. "
                    "16,8,4), side by side")
     p.add_argument("--no-raw", action="store_true", help="with --suite: leave per-session rows out")
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run(seeds=args.seeds, budget=args.budget, overrides=parse_overrides(args.set),
                      backends=tuple((args.backends or "none,discard,breadcrumb,kv_restore").split(",")),
-                     pool_bits=_ints(args.pool_bits))
+                     pool_bits=_ints(args.pool_bits), fillers=args.fillers)
     elif args.name == "endpoint":
         from .endpoint import run
 

@@ -73,8 +73,11 @@ def run_one(engine: Engine, seed: int, *, fillers: int = 6) -> dict:
 
 def run(seeds: int = 10, budget: int = 512, backends: tuple[str, ...] = ("none", "discard", "breadcrumb",
         "kv_restore"), home: str | None = None, overrides: dict | None = None,
-        pool_bits: tuple[int, ...] = ()) -> dict:
-    """`pool_bits`: every backend at each of these `pool_bits` (rows named backend@bits), else at the settings'."""
+        pool_bits: tuple[int, ...] = (), fillers: int = 6) -> dict:
+    """`pool_bits`: every backend at each of these `pool_bits` (rows named backend@bits), else at the settings'.
+    `fillers`: the filler questions between the document and the probe (at most `len(FILLERS)`)."""
+    if not 0 <= fillers <= len(FILLERS):
+        raise ValueError(f"fillers must be 0-{len(FILLERS)}, not {fillers}")
     results = {}
     arms = [(backend, bits) for backend in backends for bits in (pool_bits or (None,))]
     for backend, bits in arms:
@@ -82,7 +85,7 @@ def run(seeds: int = 10, budget: int = 512, backends: tuple[str, ...] = ("none",
         settings = Settings(budget_tokens=budget, recovery=backend, n_ctx=8192, home=home, slots=2, **chosen)
         started = time.perf_counter()
         with Engine(settings) as engine:
-            runs = [run_one(engine, seed) for seed in range(seeds)]
+            runs = [run_one(engine, seed, fillers=fillers) for seed in range(seeds)]
         passed_runs = sum(r["passed"] for r in runs)
         results[backend if bits is None else f"{backend}@{bits}"] = {
             "pass_rate": passed_runs / len(runs), "n": len(runs), "pool_bits": settings.pool_bits,
@@ -92,5 +95,6 @@ def run(seeds: int = 10, budget: int = 512, backends: tuple[str, ...] = ("none",
             "max_active_at_turn_end": max(r["max_active_at_turn_end"] for r in runs),
             "key_block_resident_at_probe": sum(r["key_block_resident_at_probe"] for r in runs),
             "seconds": round(time.perf_counter() - started, 1), "runs": runs}
-    return {"bench": "recall", "budget_tokens": budget, "seeds": seeds, "overrides": overrides or {},
+    return {"bench": "recall", "budget_tokens": budget, "seeds": seeds, "fillers": fillers,
+            "overrides": overrides or {},
             "backends": results}
