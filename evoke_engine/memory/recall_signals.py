@@ -1,11 +1,11 @@
 """Recovery signals that see facts, not block averages: line-level dense max-similarity, BM25 over lines (SQLite
 FTS5, or the code-aware `lexical` module), their reciprocal-rank fusion, and the margin rule for user messages;
-a user's earlier question that asks for a value (`asks_for_value`) is no fact line of either signal.
+with `skip_questions`, a user's earlier question that asks for a value (`asks_for_value`) is no line of either.
 
 Invariants: pure ranking over plain blocks and one embedder (no llama.cpp); line vectors are cached per embedder
 by block content hash, file name where it is a line and whether questions are skipped (an embedder switch never
-mixes vectors); mode "block"
-reproduces the one-vector-per-block cosine exactly; every score a decision used is returned by `explain`.
+mixes vectors); mode "block" reproduces the one-vector-per-block cosine exactly; every score a decision used is
+returned by `explain`.
 """
 
 from __future__ import annotations
