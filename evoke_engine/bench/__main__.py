@@ -57,6 +57,13 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(",") if part.strip())
 
 
+def _families(text: str) -> tuple[str, ...]:
+    """The workload families named in `--families`, or every one (`retrieval.FAMILIES`, the one list of them)."""
+    from .retrieval import FAMILIES
+
+    return tuple(part for part in text.split(",") if part.strip()) or FAMILIES
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evoke_engine.bench")
     sub = parser.add_subparsers(dest="name", required=True)
@@ -95,12 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-raw", action="store_true", help="with --suite: leave per-session rows out")
     p.add_argument("--no-model", action="store_true", help="with --suite: the model-free retrieval bench "
                    "(= bench retrieval)")
-    p.add_argument("--families", default="suite,heldout,day,ops,app,platform",
-                   help="with --no-model: workload families")
+    p.add_argument("--families", default="", help="with --no-model: workload families (default: all)")
     p = sub.add_parser("retrieval", help="fact block in context at probe, model-free: the memory manager over a "
                                          "simulated KV cache, six workload families")
-    p.add_argument("--families", default="suite,heldout,day,ops,app,platform",
-                   help="suite (the recall suite's sessions), "
+    p.add_argument("--families", default="", help="default: all of suite (the recall suite's sessions), "
                    "heldout, day (a working day, written after the defaults were fixed), ops (written before the fifth "
                    "pass's levers were tried on it), app (written in the sixth pass and run once on the defaults), "
                    "platform (written in the seventh pass to judge a lever, run once with and without it)")
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw", action="store_true", help="keep per-session rows (recovery decisions included)")
     p = sub.add_parser("rerank", help="the model as a second-stage retriever: its rank of the fact block among a "
                                       "wide recovery's candidates, against the memory manager's signal")
-    p.add_argument("--families", default="suite,heldout,day,ops,app,platform")
+    p.add_argument("--families", default="", help="default: all (as bench retrieval)")
     p.add_argument("--seeds", type=int, default=16)
     p.add_argument("--seed-start", type=int, default=100)
     p.add_argument("--budget", type=int, default=512)
@@ -207,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         from .recall_suite import parse_overrides
         from .retrieval import run
 
-        result = run(families=tuple(args.families.split(",")), seeds=args.seeds,
+        result = run(families=_families(args.families), seeds=args.seeds,
                      seed_start=args.seed_start if args.name == "retrieval" else 100 + args.seed_start,
                      budgets=tuple(int(b) for b in args.budgets.split(",")),
                      backends=tuple((args.backends or "kv_restore").split(",")), overrides=parse_overrides(args.set),
@@ -216,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         from .recall_suite import parse_overrides
         from .rerank import run
 
-        result = run(families=tuple(args.families.split(",")), seeds=args.seeds, seed_start=args.seed_start,
+        result = run(families=_families(args.families), seeds=args.seeds, seed_start=args.seed_start,
                      budget=args.budget, overrides=parse_overrides(args.set))
     elif args.name == "recall" and args.suite:
         from .recall_suite import parse_overrides, run
