@@ -95,7 +95,14 @@ class LlamaServer:
         body = {"messages": messages, "max_tokens": 2, "temperature": 0, "stream": True, "cache_prompt": True}
         if slot is not None:
             body["id_slot"] = slot
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        streamed = self.stream(body, timeout=600)
+        return streamed["ttft_s"] if streamed["ttft_s"] is not None else streamed["total_s"]
+
+    def stream(self, body: dict, *, timeout: float = 1800) -> dict:
+        """One streamed chat completion (`body` sets `"stream": True`): the seconds to its first content piece
+        (None when it streamed none) and to its end, the text, the clock time of each content piece, and the
+        server's last `usage` and `timings`."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             start = time.perf_counter()
             conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
@@ -103,14 +110,20 @@ class LlamaServer:
             resp = conn.getresponse()
             if resp.status != 200:
                 raise RuntimeError(f"llama-server answered {resp.status}: {resp.read()[:300]!r}")
-            first = None
+            times, pieces, usage, timings = [], [], {}, {}
             for raw in resp:
                 line = raw.strip()
-                if first is None and line.startswith(b"data:") and line != b"data: [DONE]":
-                    delta = json.loads(line[5:])["choices"][0]["delta"]
-                    if delta.get("content"):
-                        first = time.perf_counter() - start
-            return first if first is not None else time.perf_counter() - start
+                if not line.startswith(b"data:") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                usage = chunk.get("usage") or usage
+                timings = chunk.get("timings") or timings
+                for choice in chunk.get("choices", []):
+                    if choice.get("delta", {}).get("content"):
+                        times.append(time.perf_counter())
+                        pieces.append(choice["delta"]["content"])
+            return {"ttft_s": times[0] - start if times else None, "total_s": time.perf_counter() - start,
+                    "text": "".join(pieces), "piece_times": times, "usage": usage, "timings": timings}
         finally:
             conn.close()
 

@@ -12,8 +12,6 @@ tail. Memory figures come from /proc (no psutil here).
 
 from __future__ import annotations
 
-import http.client
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -43,10 +41,11 @@ def rss(pid: int | str = "self") -> dict[str, int]:
     return out
 
 
-def _decode_rate(n_tokens: int, first: float | None, last: float | None) -> float | None:
-    if n_tokens < 2 or first is None or last is None or last <= first:
+def _decode_rate(n_tokens: int, piece_times: list[float]) -> float | None:
+    """Tokens per second after the first streamed piece (None with fewer than two tokens or no time between)."""
+    if n_tokens < 2 or not piece_times or piece_times[-1] <= piece_times[0]:
         return None
-    return (n_tokens - 1) / (last - first)
+    return (n_tokens - 1) / (piece_times[-1] - piece_times[0])
 
 
 class EvokeLong:
@@ -88,7 +87,7 @@ class EvokeLong:
             tokens_by_state[block["state"]] = tokens_by_state.get(block["state"], 0) + block["tokens"]
         pool = self.engine.thread.call(lambda: (self.engine.pool.ram_bytes, self.engine.pool.spill_bytes))
         row = {"ttft_s": (times[0] - start) if times else None, "engine_ttft_s": reply.ttft_s,
-               "decode_tok_s": _decode_rate(reply.n_tokens, times[0] if times else None, times[-1] if times else None),
+               "decode_tok_s": _decode_rate(reply.n_tokens, times),
                "reply_tokens": reply.n_tokens, "stopped": reply.stopped, "prefill_tokens": reply.prefill_tokens,
                "decoded_tokens": reply.prefill_tokens + reply.n_tokens, "active_tokens": stats.active_tokens,
                "conversation_tokens": sum(tokens_by_state.values()),
@@ -189,11 +188,14 @@ class ServerLong:
         body = {"messages": [self.messages[0], *self.messages[self.start:], {"role": "user", "content": content}],
                 "max_tokens": turn["reply_tokens"], "temperature": 0, "stream": True, "cache_prompt": True,
                 "ignore_eos": True, "id_slot": 0, "stream_options": {"include_usage": True}}
-        result = _stream(self.server.port, body)
+        result = self.server.stream(body)
+        times = result["piece_times"]
         self.messages += [{"role": "user", "content": content}, {"role": "assistant", "content": result["text"]}]
         self.tokens += [user_tokens, self._count(result["text"])]
         timings, usage = result["timings"], result["usage"]
-        row = {"ttft_s": result["ttft_s"], "decode_tok_s": result["decode_tok_s"],
+        n = usage.get("completion_tokens") or timings.get("predicted_n") or len(times)
+        row = {"ttft_s": result["ttft_s"],
+               "decode_tok_s": _decode_rate(n, times),
                "server_decode_tok_s": timings.get("predicted_per_second"),
                "reply_tokens": usage.get("completion_tokens", timings.get("predicted_n")),
                "prefill_tokens": timings.get("prompt_n"),
@@ -207,36 +209,6 @@ class ServerLong:
 
     def close(self) -> None:
         self.server.__exit__(None, None, None)
-
-
-def _stream(port: int, body: dict) -> dict:
-    """One streamed chat completion: time to the first content piece, decode rate, text, usage and timings."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1800)
-    try:
-        start = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"llama-server answered {resp.status}: {resp.read()[:300]!r}")
-        times, pieces, usage, timings = [], [], {}, {}
-        for raw in resp:
-            line = raw.strip()
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            usage = chunk.get("usage") or usage
-            timings = chunk.get("timings") or timings
-            for choice in chunk.get("choices", []):
-                if choice.get("delta", {}).get("content"):
-                    times.append(time.perf_counter())
-                    pieces.append(choice["delta"]["content"])
-        n = usage.get("completion_tokens") or timings.get("predicted_n") or len(times)
-        return {"ttft_s": times[0] - start if times else None, "text": "".join(pieces), "usage": usage,
-                "timings": timings, "decode_tok_s": _decode_rate(n, times[0] if times else None,
-                                                                 times[-1] if times else None)}
-    finally:
-        conn.close()
 
 
 class LlamaCppPythonLong:
@@ -276,7 +248,7 @@ class LlamaCppPythonLong:
         self.messages.append({"role": "assistant", "content": "".join(pieces)})
         n_reply = turn["reply_tokens"] if finish == "length" else len(pieces)     # a piece is a token but at a stop
         row = {"ttft_s": times[0] - start if times else None,
-               "decode_tok_s": _decode_rate(n_reply, times[0] if times else None, times[-1] if times else None),
+               "decode_tok_s": _decode_rate(n_reply, times),
                "reply_tokens": n_reply, "stopped": finish, "decoded_tokens": len(after) - common,
                "active_tokens": len(after), "conversation_tokens": len(after), **rss()}
         if turn.get("fact_value"):

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..errors import RestoreError
+from ..runtime.held_ahead import HeldAhead
 from ..runtime.kv import SavedKV
 from ..runtime.runtime import Cancelled, DecodeError
 
@@ -244,8 +245,7 @@ class FakeKVCache:
         self.native_reanchors = 0
         self.geometry = None
         self.reanchor_note = "fake KV cache: no native re-anchor"
-        self._ahead: dict[int, tuple[int, list[int]]] = {}
-        self.ahead_claimed = 0
+        self.ahead = HeldAhead(lambda seq, p0: self.cells.seq_rm(seq, p0, -1))
         self.saves = self.restores = self.evictions = 0
         self.reject_restores = 0                 # the next N restores fail as llama.cpp refusing them does
 
@@ -277,34 +277,22 @@ class FakeKVCache:
     def shift_pending(self, pending: bool) -> None:
         self._shifted = pending
 
+    # -- tokens decoded ahead (KVCache's own `HeldAhead` rules) ----------------------------------
+    @property
+    def ahead_claimed(self) -> int:
+        return self.ahead.claimed
+
     def ahead_tokens(self, seq: int) -> int:
-        return len(self.held_ahead(seq))
+        return len(self.ahead.tokens(seq))
 
     def held_ahead(self, seq: int) -> list[int]:
-        held = self._ahead.get(seq)
-        return list(held[1]) if held else []
+        return self.ahead.tokens(seq)
 
-    # -- tokens decoded ahead (the rules of KVCache) ---------------------------------------------
     def hold_ahead(self, seq: int, pos: int, tokens: list[int]) -> None:
-        self._forget_ahead(seq)
-        if tokens:
-            self._ahead[seq] = (pos, list(tokens))
+        self.ahead.hold(seq, pos, tokens)
 
     def claim_ahead(self, seq: int, pos: int, tokens: list[int], *, whole: bool = False) -> int:
-        held = self._ahead.pop(seq, None)
-        if held is None:
-            return 0
-        at, ahead = held
-        if at == pos and tokens[:len(ahead)] == ahead and (whole or len(tokens) > len(ahead)):
-            self.ahead_claimed += len(ahead)
-            return len(ahead)
-        self.cells.seq_rm(seq, at, -1)
-        return 0
-
-    def _forget_ahead(self, seq: int) -> None:
-        held = self._ahead.pop(seq, None)
-        if held is not None:
-            self.cells.seq_rm(seq, held[0], -1)
+        return self.ahead.claim(seq, pos, tokens, whole=whole)
 
     # -- primitives -------------------------------------------------------------------------
     def save(self, seq: int, p0: int, p1: int) -> SavedKV:
@@ -320,11 +308,7 @@ class FakeKVCache:
         return SavedKV(data=pack(cells, p0), origin_pos=p0, n_tokens=p1 - p0)
 
     def evict(self, seq: int, p0: int, p1: int, *, compact: bool = True) -> None:
-        held = self._ahead.get(seq)
-        if held is not None and not (compact and p1 <= held[0]):
-            self._forget_ahead(seq)
-        elif held is not None:
-            self._ahead[seq] = (held[0] - (p1 - p0), held[1])
+        self.ahead.evicted(seq, p0, p1, compact=compact)
         self.cells.seq_rm(seq, p0, p1)
         self.evictions += 1
         if compact and self.pos_max(seq) >= p1:
@@ -332,7 +316,7 @@ class FakeKVCache:
             self._shifted = True
 
     def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None:
-        self._forget_ahead(seq)
+        self.ahead.forget(seq)
         if self.reject_restores:
             self.reject_restores -= 1
             raise RestoreError(f"llama.cpp rejected {saved.n_tokens} saved tokens (fake: told to refuse)")
@@ -349,14 +333,11 @@ class FakeKVCache:
         self.restores += 1
 
     def share(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        held = self._ahead.get(src)
-        if held is not None and (p1 < 0 or p1 > held[0]):
-            self._forget_ahead(src)
-        self._forget_ahead(dst)
+        self.ahead.shared(src, dst, p1)
         self.cells.seq_cp(src, dst, p0, p1)
 
     def drop(self, seq: int, p0: int = -1, p1: int = -1) -> None:
-        self._forget_ahead(seq)
+        self.ahead.forget(seq)
         self.cells.seq_rm(seq, p0, p1)
 
     def flush_pending_shifts(self, via_seq: int | None = None) -> None:

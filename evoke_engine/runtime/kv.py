@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import RestoreError
 from . import reanchor
+from .held_ahead import HeldAhead
 from .runtime import Runtime
 
 _ROTATION_BUFFER_MAX = 16 << 20          # bytes: a block's K/V (a few hundred tokens) fits with room to spare
@@ -83,8 +84,7 @@ class KVCache:
         self.native_reanchors = 0
         self.geometry: reanchor.RopeGeometry | None = None
         self.reanchor_note = self._calibrate_native_reanchor()
-        self._ahead: dict[int, tuple[int, list[int]]] = {}     # seq -> (first position, tokens)
-        self.ahead_claimed = 0                                  # tokens held ahead that a decode then skipped
+        self.ahead = HeldAhead(lambda seq, p0: self._seq_rm(seq, p0, -1))
         self._rotation_buffer = bytearray()                     # reused: its pages are already the process's
 
     # -- queries ----------------------------------------------------------------------------
@@ -105,40 +105,26 @@ class KVCache:
     def shift_pending(self, pending: bool) -> None:
         self._shifted = set(range(len(self.rt.contexts))) if pending else set()
 
+    # -- tokens decoded ahead of the message that will own them (`HeldAhead`'s rules) ----------
+    @property
+    def ahead_claimed(self) -> int:
+        return self.ahead.claimed
+
     def ahead_tokens(self, seq: int) -> int:
         """Tokens decoded at the end of `seq` ahead of their owner (`hold_ahead`), 0 when none."""
-        return len(self.held_ahead(seq))
+        return len(self.ahead.tokens(seq))
 
     def held_ahead(self, seq: int) -> list[int]:
-        held = self._ahead.get(seq)
-        return list(held[1]) if held else []
+        return self.ahead.tokens(seq)
 
-    # -- tokens decoded ahead of the message that will own them --------------------------------
     def hold_ahead(self, seq: int, pos: int, tokens: list[int]) -> None:
         """Note that `tokens` were decoded at pos.. of `seq` (the cells after every block), before the
         message they open exists: the next decode at `pos` that starts with them skips them."""
-        self._forget_ahead(seq)
-        if tokens:
-            self._ahead[seq] = (pos, list(tokens))
+        self.ahead.hold(seq, pos, tokens)
 
     def claim_ahead(self, seq: int, pos: int, tokens: list[int], *, whole: bool = False) -> int:
-        """How many leading `tokens` are already decoded at pos.. of `seq`: those cells now belong to the
-        caller, who decodes only the rest. Held tokens that do not match are dropped (0). Unless `whole`,
-        one token is always left to decode (its logits are wanted)."""
-        held = self._ahead.pop(seq, None)
-        if held is None:
-            return 0
-        at, ahead = held
-        if at == pos and tokens[:len(ahead)] == ahead and (whole or len(tokens) > len(ahead)):
-            self.ahead_claimed += len(ahead)
-            return len(ahead)
-        self._seq_rm(seq, at, -1)
-        return 0
-
-    def _forget_ahead(self, seq: int) -> None:
-        held = self._ahead.pop(seq, None)
-        if held is not None:
-            self._seq_rm(seq, held[0], -1)
+        """`HeldAhead.claim`: how many leading `tokens` are already decoded at pos.. of `seq`."""
+        return self.ahead.claim(seq, pos, tokens, whole=whole)
 
     # -- primitives -------------------------------------------------------------------------
     def save(self, seq: int, p0: int, p1: int) -> SavedKV:
@@ -168,11 +154,7 @@ class KVCache:
         """Remove [p0, p1) from `seq`; with `compact`, later tokens move down to close the gap
         (tokens held ahead move with them and stay held)."""
         self.rt._check_thread()
-        held = self._ahead.get(seq)
-        if held is not None and not (compact and p1 <= held[0]):
-            self._forget_ahead(seq)
-        elif held is not None:
-            self._ahead[seq] = (held[0] - (p1 - p0), held[1])
+        self.ahead.evicted(seq, p0, p1, compact=compact)
         if not self._seq_rm(seq, p0, p1):
             raise RuntimeError(f"llama_memory_seq_rm refused [{p0}, {p1}) of seq {seq}")
         if compact and self.pos_max(seq) >= p1:
@@ -182,7 +164,7 @@ class KVCache:
     def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None:
         """Splice saved K/V into `seq` at positions at_pos.. (RoPE re-anchored, no forward pass)."""
         self.rt._check_thread()
-        self._forget_ahead(seq)
+        self.ahead.forget(seq)
         context = self.rt.context_of(seq)
         delta, data = at_pos - saved.origin_pos, saved.data
         if delta and self.geometry is not None:
@@ -229,10 +211,7 @@ class KVCache:
         """Give `dst` the cells of `src` in [p0, p1): no decode and no byte copy within one context; a
         copy of the bytes (save, restore at the same positions) between two."""
         self.rt._check_thread()
-        held = self._ahead.get(src)
-        if held is not None and (p1 < 0 or p1 > held[0]):
-            self._forget_ahead(src)                      # only a range over the held cells would copy them
-        self._forget_ahead(dst)
+        self.ahead.shared(src, dst, p1)
         if self.same_context(src, dst):
             self._seq_cp(src, dst, p0, p1)
             return
@@ -244,7 +223,7 @@ class KVCache:
     def drop(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         """Forget [p0, p1) of `seq` without compaction (cells shared elsewhere survive)."""
         self.rt._check_thread()
-        self._forget_ahead(seq)
+        self.ahead.forget(seq)
         self._seq_rm(seq, p0, p1)
 
     def flush_pending_shifts(self, via_seq: int | None = None) -> None:
