@@ -1,0 +1,69 @@
+"""A reply after evictions and recoveries is the reply to a fresh prefill of the tokens the engine held: the context
+built by saving, compacting, re-anchoring and splicing reads as llama.cpp would read the same tokens decoded in order.
+
+The passkey conversation of `bench recall` at a 512-token budget (evictions, similarity recoveries, the best match
+moved next to the question); the reference is llama-cpp-python's own `Llama` on the embedded model, greedy. Seed 1 is
+one the 135M model misreads (6789 for 6788): the splice is not why, a prefill of the same tokens misreads alike.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from evoke_engine import Engine, Settings
+from evoke_engine.bench import recall
+from evoke_engine.bench.conversations import comparator_llama
+from evoke_engine.memory.memory import ConversationMemory
+
+pytestmark = pytest.mark.slow
+REPLY_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return comparator_llama(n_ctx=4096, n_threads=2, logits_all=True)
+
+
+def greedy(llm, tokens: list[int], n: int) -> str:
+    llm.reset()
+    llm.eval(tokens)
+    out: list[int] = []
+    for _ in range(n):
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        if llm.token_eos() == token:
+            break
+        out.append(token)
+        llm.eval([token])
+    return llm.detokenize(out).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_reply_after_recoveries_is_the_reply_to_a_prefill_of_its_context(seed, reference, tmp_path, monkeypatch):
+    held: dict = {}
+    reply_starts = ConversationMemory.reply_starts
+
+    def note_context(memory: ConversationMemory) -> None:      # what the reply reads, as it starts
+        resident = sorted(memory.table.resident, key=lambda b: b.pos)
+        held["spans"] = [(b.pos, b.n_tokens) for b in resident]
+        held["tokens"] = [t for b in resident for t in b.tokens] + memory.sequence.kv.held_ahead(memory.seq)
+        reply_starts(memory)
+
+    monkeypatch.setattr(ConversationMemory, "reply_starts", note_context)
+    rng = random.Random(seed)
+    document, passkey, _ = recall.make_document(rng)
+    settings = Settings(home=str(tmp_path), budget_tokens=512, recovery="kv_restore", n_ctx=8192, slots=2)
+    with Engine(settings, prewarm=False) as engine:
+        conv = engine.new_conversation(system_prompt=recall.SYSTEM, tools=[])
+        conv.send("Please read this document and reply OK.", attachments=[("document.txt", document)],
+                  max_tokens=3, temperature=0)
+        for question in rng.sample(recall.FILLERS, 6):
+            conv.send(question, max_tokens=80, temperature=0)
+        reply = conv.send(recall.PROBE, max_tokens=REPLY_TOKENS, temperature=0)
+        stats = conv.stats()
+    assert stats.evictions > 0 and stats.recoveries > 0, "the conversation never left the budget: nothing tested"
+    spans = held["spans"]
+    assert spans[0][0] == 0 and all(p + n == q for (p, n), (q, _) in zip(spans, spans[1:], strict=False))
+    assert reply.strip() == greedy(reference, held["tokens"], REPLY_TOKENS).strip()
