@@ -19,6 +19,8 @@ from evoke_engine.bench.conversations import comparator_llama
 from evoke_engine.memory.memory import ConversationMemory
 
 pytestmark = pytest.mark.slow
+# Short of where the engine's stop strings may end a reply (the reference decodes on, plain greedy), hence the
+# conversation written out here rather than `recall.run_one`, whose probe runs to 24 tokens.
 REPLY_TOKENS = 16
 
 
