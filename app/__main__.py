@@ -1,4 +1,9 @@
-"""`python -m app` / `evoke-desk`: start the window on the saved settings (embedded model by default).
+"""`python -m app` / `evoke-desk`: start the window on the saved settings (embedded model by default);
+`evoke-desk serve|chat|device|rpc-worker` run the engine's command line instead, `--version` says the version.
+
+Invariants: one window per data folder (a second start brings the first to the front and exits 0; read-only only
+when the first does not answer); SIGTERM, SIGINT, SIGHUP and a desktop logout close the window cleanly: the engine
+closes (KV files written) and the exit status is 0 (`shutdown.py`); records go to stderr and the rotating log file.
 
 Also the documentation shots: --screenshot, --memory-screenshot, --settings-screenshot, --actions-screenshot write a
 PNG after a scripted demo and quit (they use a throw-away EVOKE_HOME unless one is set).
@@ -15,9 +20,15 @@ import tempfile
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
+ENGINE_COMMANDS = ("serve", "chat", "device", "rpc-worker")     # `evoke-desk <command>`: the engine's command line
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="evoke-desk", description="Evoke Desk: local coding chat.")
+    from evoke_engine.logs import version_line
+
+    parser = argparse.ArgumentParser(prog="evoke-desk", description="Evoke Desk: local coding chat. Also "
+                                     "`evoke-desk serve|chat|device|rpc-worker` (see `evoke-desk serve --help`).")
+    parser.add_argument("--version", action="version", version=version_line("evoke-desk"))
     parser.add_argument("--model", help="GGUF model file (default: the saved setting or the embedded model)")
     parser.add_argument("--budget", type=int, help="active-KV budget in tokens for this run")
     parser.add_argument("--screenshot", metavar="FILE", help="save the main window after a demo exchange")
@@ -71,18 +82,18 @@ def build(settings, size: tuple[int, int] | None = None):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(argv if argv is not None else sys.argv[1:])
-    if argv[:1] in (["serve"], ["rpc-worker"]):   # the endpoint, or a remote-device worker, without the window
+    if argv[:1] and argv[0] in ENGINE_COMMANDS:    # the endpoint, the terminal chat, ... without the window
         from evoke_engine.__main__ import main as engine_main
 
-        return engine_main(argv)
+        return engine_main(argv, prog="evoke-desk")
     args = parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not args.verbose:
-        logging.getLogger("apscheduler").setLevel(logging.WARNING)   # one line per sweep otherwise
     shooting = args.screenshot or args.memory_screenshot or args.settings_screenshot or args.actions_screenshot
     if shooting and not os.environ.get("EVOKE_HOME"):
         os.environ["EVOKE_HOME"] = tempfile.mkdtemp(prefix="evoke-desk-shot-")
+    from evoke_engine.logs import configure_logging
+
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO,
+                      file_level=logging.DEBUG if args.verbose else logging.INFO)
     app = make_application(["evoke-desk"])          # argv[0] names the X11 WM class (StartupWMClass)
     from evoke_engine import Settings
     overrides: dict = {}
@@ -95,8 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.load()
     if overrides:
         settings = settings.replace(**overrides)
+    from .single_instance import InstanceServer, activate_running
+
+    if not shooting and activate_running(settings.data_dir):
+        print("Evoke Desk is already open on this data folder: brought its window to the front", flush=True)
+        return 0
     width, height = (int(x) for x in args.size.lower().split("x"))
     bridge, controller, window = build(settings, (width, height))
+    instance = None if shooting else InstanceServer(settings.data_dir, window)
+    from .shutdown import ShutdownHandler
+
+    shutdown = ShutdownHandler(app, window, lambda: bridge.engine)
     window.show()
     if args.settings_screenshot:
         from .demo import settings_screenshot
@@ -115,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     window.closed.connect(app.quit)
     app.setQuitOnLastWindowClosed(True)
     code = app.exec()
+    if instance is not None:
+        instance.server.close()                  # a start from now on opens its own window
     window.hide()
     bridge.close()
+    shutdown.restore()
     return code
 
 

@@ -100,7 +100,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
         if not controller.send(text, **options):
             raise RuntimeError(f"{phase}: the message could not be sent")
-        _wait(lambda: controller.queued is None and not controller.generating, 600)   # a queued send too
+        _wait(lambda: not controller.queued and not controller.generating, 600)   # a queued send too
         _wait(lambda: not controller.stats_pending, 30)
         seconds = time.perf_counter() - started
         stats = controller.stats

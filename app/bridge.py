@@ -154,6 +154,7 @@ class EngineBridge(QObject):
                   on_error=self._load_failed)
 
     def _load_failed(self, exc: BaseException) -> None:
+        log.error("the model did not load: %s", error_text(exc))     # stderr and the log file (Help → About)
         self.load_error = exc                  # the controller tells a busy data folder from a bad model
         self.modelFailed.emit(error_text(exc))
 

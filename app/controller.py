@@ -1,7 +1,11 @@
 """The app's state, headless: the open conversation, its messages, the streaming reply, models.
 
 Invariants: widgets only call these methods and listen to these signals; every engine call
-goes through the bridge (never on the GUI thread); one reply streams at a time.
+goes through the bridge (never on the GUI thread); one reply streams at a time. The highlighted
+conversation (`conv`) changes at once on a click or New; its KV opens (restored or rebuilt from
+history) in the background, and a message sent meanwhile is shown there and waits in `queued`
+(at most one per conversation) until its conversation is open, the model ready and no reply streams.
+A conversation left without a message is deleted (empty conversations are not kept).
 """
 
 from __future__ import annotations
@@ -10,17 +14,20 @@ import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from evoke_engine.errors import DataDirInUseError
+from evoke_engine.conversation import Conversation
+from evoke_engine.errors import DataDirInUseError, RebuildCancelled
 from evoke_engine.events import EventKind
 from evoke_engine.memory.memory import min_budget_tokens
 
 from .attachments import AttachmentError, paste_name, read_text_attachment
 from .bridge import EngineBridge, error_text
 from .editing_flow import EditingFlow
+from .exchange_flow import ExchangeFlow
 from .last_open import LastConversation, startup_choice
 from .messages import DEFAULT_TITLES, ChatMessage, Stream, model_name, reply_meta, title_from
 from .models import BlockTableModel, ConversationListModel, EventLogModel
@@ -38,10 +45,23 @@ EVENTS_KEPT = 300
 # "" (an action in a conversation: an import, a reply) when another conversation opens.
 ERROR_TOPICS = ("model", "settings", "")
 WAITING_NOTE = "Waiting for the model: this message is sent as soon as it is ready."
+REBUILD_NOTE = "Waiting for this conversation to be rebuilt from its history: the message is sent when it is."
 LIVE_STATS_MS = 500                            # stats refresh period while a reply streams
 
 
-class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObject):
+@dataclass
+class QueuedMessage:
+    """A message on screen that waits to be sent (for the model, its conversation's KV, or another reply)."""
+
+    conversation_id: str                       # "" while its conversation is being created (New)
+    text: str
+    attachments: list[tuple[str, str]]
+    options: dict[str, Any]
+    entered_at: float = field(default_factory=time.perf_counter)    # when the user sent it (its first-token clock)
+    sent_at: float = field(default_factory=time.time)                # the same, as the bubble's time
+
+
+class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, VersionsFlow, QObject):
     modelStateChanged = Signal(str, str)       # loading | ready | failed | unloaded, detail
     modelInfoChanged = Signal(object)
     currentChanged = Signal(str, str)          # conversation id, title (another conversation opened)
@@ -68,6 +88,8 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
     undoChanged = Signal(str)                  # what an undo would bring back ("" when nothing)
     searchResults = Signal(str, list)          # query, [SearchHit] (app/search_flow.py)
     messageRevealed = Signal(int)              # position of the message a search hit opened
+    openingChanged = Signal(str)               # title of the conversation whose KV is opening ("" once it is open)
+    newPending = Signal(str)                   # New was asked: the pane is the new conversation (title) until it exists
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -81,10 +103,16 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
         self.conv: Any = None
         self.messages: list[ChatMessage] = []
         self.pending: list[tuple[str, str]] = []
-        self.queued: tuple[str, list[tuple[str, str]], dict[str, Any]] | None = None   # sent once ready
+        self.queued: list[QueuedMessage] = []      # shown in their conversations, sent once they can be
         self.viewed_id = ""                        # the conversation shown read-only before any model loaded
         self.history_loaded = False                # the open conversation's messages are on screen
-        self.opening: tuple[str, str] = ("", "")   # (id, title) of the conversation being opened
+        self.opening_ids: set[str] = set()         # conversations whose KV the engine is opening (maybe rebuilding)
+        self.unopened_ids: set[str] = set()        # their open was cancelled or failed: a message opens them again
+        self._cancel_asked: set[str] = set()       # the user pressed Cancel on their rebuild
+        self.creating = False                      # New was asked and its conversation does not exist yet
+        self.read_only = False                     # another process owns the data folder
+        self._drop_after_switch = ""               # an empty conversation that was left: deleted once the next shows
+        self._waited_s = 0.0                       # how long the streaming reply's message waited before it was sent
         self.error_topic = ""
         self.stream: Stream | None = None
         self.stats: Any = None                     # the open conversation's ConversationStats, once it lands
@@ -120,6 +148,7 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
         return str(self.conv.id) if self.conv is not None else ""
 
     def start(self) -> None:
+        self.report_settings_file()                # saved values not used: the banner names them (SettingsFlow)
         self.bridge.start()
 
     def _shutdown(self) -> None:
@@ -129,9 +158,8 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
     def _set_model_state(self, state: str, detail: str = "") -> None:
         self.model_state = state
         self.modelStateChanged.emit(state, detail)
-        if state in ("ready", "unloaded") and self.queued is not None and self.conv is not None \
-                and self.history_loaded and not self.generating:
-            self._send_queued()
+        if state in ("ready", "unloaded"):
+            self._send_next_queued()
 
     def raise_error(self, text: str, topic: str = "") -> None:
         """Show `text` in the banner; it clears when `errorResolved(topic)` says its cause is gone."""
@@ -149,6 +177,8 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
         self.errorResolved.emit("model")
         self._list_timer.start()
         if first:
+            self.openingChanged.emit("the last conversation")   # "Ready" only once it has reopened
+            self.check_budget_floor()              # a saved budget below the smallest that works (SettingsFlow)
             self.bridge.call(self.engine.conversations, on_done=self._open_latest, on_error=self._fail)
 
     def _open_latest(self, infos: list[Any]) -> None:
@@ -158,27 +188,28 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
         ids = [row.id for row in self.conversations.rows]
         chosen = startup_choice(ids, self.viewed_id, self.last_open.recall())   # the last one shown, if any
         if chosen is not None:
+            for queued in self.queued:                  # typed before anything was shown: it goes where we open
+                queued.conversation_id = queued.conversation_id or chosen
             self.open_conversation(chosen)
-        else:
+        elif not self.budget_below_floor:
             self.new_conversation()
+        else:                                       # it would be refused: the banner says where to raise the budget
+            self.openingChanged.emit("")
 
     def _model_failed(self, message: str) -> None:
+        self.read_only = isinstance(self.bridge.load_error, DataDirInUseError)
+        self.openingChanged.emit("")
         self._set_model_state("failed", message)
-        if isinstance(self.bridge.load_error, DataDirInUseError):     # no engine started: the other one owns it
+        if self.read_only:                                              # no engine started: the other one owns it
             self.raise_error(f"Evoke Desk cannot start its engine: {message}. This window shows your conversations "
                              "read-only.", "model")
         else:
             self.raise_error(f"The model could not be loaded: {message}. Your conversations stay readable; "
                              "choose a working model in Settings → Model to chat.", "model")
-        if self.queued is not None:                 # the waiting message goes back to the box, not lost
-            text, attachments, _ = self.queued
-            self.queued = None
-            self.pending = attachments + self.pending
-            self.attachmentsChanged.emit([(n, len(t)) for n, t in self.pending])
-            self.draftReturned.emit(text)
-            if self.messages[-2:] and self.messages[-1].role == "assistant" and not self.messages[-1].text:
-                del self.messages[-2:]
-                self.messagesTruncated.emit(len(self.messages))
+        shown = self.current_id or self.viewed_id
+        for queued in self.queued:                  # the waiting messages go back to the box, not lost
+            self._return_draft(queued, shown_here=queued.conversation_id in ("", shown))
+        self.queued = []
         if self.model_info is None:
             self.read_history_without_model()
 
@@ -195,6 +226,15 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
                            or self.conversations.rows[0].id)
         self.bridge.call(read_conversations, self.settings,
                          on_done=listed, on_error=lambda exc: self._fail_with("Could not read the history", exc))
+
+    def _return_draft(self, queued: QueuedMessage, *, shown_here: bool) -> None:
+        """A waiting message that cannot be sent goes back to the message box (its bubbles leave the chat)."""
+        self.pending = queued.attachments + self.pending
+        self.attachmentsChanged.emit([(n, len(t)) for n, t in self.pending])
+        self.draftReturned.emit(queued.text)
+        if shown_here and self.messages[-2:] and self.messages[-1].role == "assistant" and not self.messages[-1].text:
+            del self.messages[-2:]
+            self.messagesTruncated.emit(len(self.messages))
 
     def _view(self, conversation_id: str) -> None:
         """Show a conversation's messages from SQLite, read-only (no model has loaded yet)."""
@@ -237,39 +277,164 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
         return "The model is still loading; try again in a moment."
 
     def new_conversation(self) -> None:
-        if self._engine_or_say():
-            self.bridge.call(self.engine.new_conversation, on_done=self._opened, on_error=self._fail)
+        """The pane becomes the new conversation at once (a message written now waits for it); the engine
+        creates it behind whatever it is doing. The conversation left is kept only if it has messages."""
+        if not self._engine_or_say():
+            return
+        previous = self.conv
+        previous_title = self.title
+        self._leave()
+        self.conv = None
+        self.creating = True
+        self.history_loaded = True
+        self.messages = []
+        self.title = "New conversation"
+        self.messagesReset.emit([])
+        self.newPending.emit(self.title)
+        self.bridge.call(self.engine.new_conversation, on_done=self._created,
+                         on_error=lambda exc: self._create_failed(previous, previous_title, exc))
+
+    def _created(self, conv: Any) -> None:
+        if not self.creating:                      # the user went elsewhere before it existed
+            self._adopt_unassigned(str(conv.id))
+            if not any(q.conversation_id == str(conv.id) for q in self.queued):
+                self.bridge.call(self.engine.delete_conversation, str(conv.id),
+                                 on_done=lambda _: self.refresh_conversations(), on_error=self._fail)
+            self._send_next_queued()
+            return
+        self._adopt_unassigned(str(conv.id))
+        self._switch(conv, conv.title or "Untitled", opened=True)
+
+    def _adopt_unassigned(self, conversation_id: str) -> None:
+        """Messages written while New was pending belong to the conversation it created."""
+        for queued in self.queued:
+            queued.conversation_id = queued.conversation_id or conversation_id
+
+    def _create_failed(self, previous: Any, title: str, exc: BaseException) -> None:
+        self.creating = False
+        unsent = [q for q in self.queued if not q.conversation_id]
+        self.queued = [q for q in self.queued if q.conversation_id]
+        for queued in unsent:
+            self._return_draft(queued, shown_here=True)
+        self._fail(exc)
+        self._drop_after_switch = ""               # the conversation left stays: nothing replaced it
+        if previous is not None:
+            self._switch(previous, title, opened=False)
 
     def open_conversation(self, conversation_id: str) -> None:
         if conversation_id == self.current_id:
             return
         if self.model_info is None and self.conv is None:    # no model yet: read it from SQLite
-            if conversation_id != self.viewed_id and self.queued is None:
+            if conversation_id != self.viewed_id and not self.queued:
                 self._view(conversation_id)
             return
         if not self._engine_or_say():
             return
         row = self.conversations.row_of(conversation_id)
-        self.opening = (conversation_id, (self.conversations.rows[row].title if row >= 0 else "") or "Untitled")
-        self.bridge.call(self.engine.open_conversation, conversation_id, on_done=self._opened,
-                         on_error=self._fail)
+        title = (self.conversations.rows[row].title if row >= 0 else "") or "Untitled"
+        self._leave()
+        self._switch(Conversation(self.engine, conversation_id), title, opened=False)
 
     def _opened(self, conv: Any) -> None:
+        """A conversation the engine made or imported (a fork, an import) becomes the highlighted one."""
+        self._leave()
+        self._switch(conv, conv.title or "Untitled", opened=False)
+
+    def _leave(self) -> None:
+        """The highlighted conversation is about to change: an empty one is deleted once the next one shows; a
+        rebuild of one with no message waiting is cancelled (the engine serves what the user looks at)."""
+        conv = self.conv
+        self.creating = False
+        if conv is None:
+            return
+        conversation_id = str(conv.id)
+        waiting = any(q.conversation_id == conversation_id for q in self.queued)
+        if self.is_empty_conversation():
+            self._drop_after_switch = conversation_id
+        if conversation_id in self.opening_ids and not waiting:
+            self.bridge.call(self.engine.cancel_open, conversation_id, urgent=True, on_error=self._fail)
+
+    def is_empty_conversation(self) -> bool:
+        """The highlighted conversation has no message, none waits, and no reply streams into it."""
+        conversation_id = self.current_id
+        return bool(conversation_id) and self.history_loaded and not self.messages \
+            and not any(q.conversation_id == conversation_id for q in self.queued) \
+            and not (self.stream is not None and self.stream.conversation_id == conversation_id)
+
+    def _switch(self, conv: Any, title: str, *, opened: bool) -> None:
+        """Highlight `conv` now: its saved messages show as soon as SQLite gives them; unless `opened` (the engine
+        holds it already), its KV opens in the background (restored, or rebuilt with progress and a Cancel)."""
+        conversation_id = str(conv.id)
         self.conv = conv
+        self.creating = False
         self.viewed_id = ""
         self.history_loaded = False
         self.errorResolved.emit("")                # an earlier conversation's errors do not follow
         self.drop_undo()                           # nor does the undo of its delete
-        kept = sorted([*self._event_log[""], *self._event_log[str(conv.id)]], key=lambda e: e[2])
+        kept = sorted([*self._event_log[""], *self._event_log[conversation_id]], key=lambda e: e[2])
         self.events.set_rows(kept[-EVENTS_KEPT:])
         self.blocks.set_blocks([])
-        self.title = conv.title or "Untitled"
-        self.last_open.remember(str(conv.id))
-        self.currentChanged.emit(str(conv.id), self.title)
+        self.title = title
+        self.last_open.remember(conversation_id)
+        self.currentChanged.emit(conversation_id, self.title)
         self.bridge.call(conv.messages, on_done=lambda rows: self._history(conv, rows), on_error=self._fail)
-        self.bridge.call(self.engine.focus, str(conv.id), on_error=self._fail)   # its requests go first
+        if opened:
+            self.openingChanged.emit("")
+        else:
+            self._begin_open(conversation_id)
+        self.bridge.call(self.engine.focus, conversation_id, on_error=self._fail)   # its requests go first
         self.refresh_stats()
-        self.refresh_conversations()
+        dropped, self._drop_after_switch = self._drop_after_switch, ""
+        if dropped and dropped != conversation_id:
+            self.bridge.call(self.engine.delete_conversation, dropped,
+                             on_done=lambda _: self.refresh_conversations(), on_error=self._fail)
+        else:
+            self.refresh_conversations()
+
+    def _begin_open(self, conversation_id: str) -> None:
+        """Open the conversation's KV on the engine thread without waiting for it (`Engine.begin_open`)."""
+        self.opening_ids.add(conversation_id)
+        self.unopened_ids.discard(conversation_id)
+        if conversation_id == self.current_id:
+            self.openingChanged.emit(self.title)
+
+        def settled(exc: BaseException | None) -> None:
+            self._open_settled(conversation_id, exc)
+        self.bridge.call(self.engine.begin_open, conversation_id,
+                         on_done=lambda future: self.bridge.track(future, on_done=lambda _: settled(None),
+                                                                  on_error=settled),
+                         on_error=settled)
+
+    def _open_settled(self, conversation_id: str, exc: BaseException | None) -> None:
+        self.opening_ids.discard(conversation_id)
+        if exc is not None:
+            self.unopened_ids.add(conversation_id)
+        current = conversation_id == self.current_id
+        if current:
+            self.openingChanged.emit("")
+        if exc is None:
+            if current:
+                self.refresh_stats()
+            self._send_next_queued()
+            return
+        unsent = [q for q in self.queued if q.conversation_id == conversation_id]
+        self.queued = [q for q in self.queued if q.conversation_id != conversation_id]
+        for queued in unsent:
+            self._return_draft(queued, shown_here=current)
+        asked = conversation_id in self._cancel_asked
+        self._cancel_asked.discard(conversation_id)
+        if isinstance(exc, RebuildCancelled):
+            if current and asked:                  # the user's Cancel (not a delete or a switch)
+                self.warningRaised.emit(f"Rebuilding “{self.title}” from its history was cancelled. Its messages "
+                                        "are shown from the saved chat; sending a message rebuilds it.")
+        elif current or unsent:
+            self._fail(exc)
+
+    def cancel_rebuild(self) -> None:
+        """Stop rebuilding the highlighted conversation from its history (it stays shown, read from SQLite)."""
+        if self.current_id in self.opening_ids:
+            self._cancel_asked.add(self.current_id)
+            self.bridge.call(self.engine.cancel_open, self.current_id, urgent=True, on_error=self._fail)
 
     def _history(self, conv: Any, rows: list[dict[str, Any]]) -> None:
         if conv is not self.conv:
@@ -279,15 +444,16 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
                          if r.get("role") in ("user", "assistant")]
         if self.stream is not None and self.stream.conversation_id == self.current_id:
             self.messages.append(ChatMessage("assistant", self.stream.text))
-        if self.queued is not None:
-            text, attachments, _ = self.queued
-            self.messages += [ChatMessage("user", text, [(n, len(t)) for n, t in attachments]),
-                              ChatMessage("assistant", "", meta=WAITING_NOTE)]
+        for queued in self.queued:
+            if queued.conversation_id == self.current_id:
+                self.messages += [ChatMessage("user", queued.text, [(n, len(t)) for n, t in queued.attachments],
+                                              created_at=queued.sent_at),
+                                  ChatMessage("assistant", "", meta=self._waiting_note(self.current_id))]
         self.messagesReset.emit(list(self.messages))
         self.load_versions(conv)
         self.reveal_pending()
-        if self.queued is not None and self.model_state in ("ready", "unloaded") and not self.generating:
-            self._send_queued()
+        self.refresh_stats()                       # the size of a conversation not loaded yet
+        self._send_next_queued()
 
     def rename_conversation(self, conversation_id: str, title: str) -> None:
         title = title.strip()
@@ -309,6 +475,9 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
         was_current = conversation_id == self.current_id
         if was_current and self.generating:
             self.stop()
+        if conversation_id in self.opening_ids:
+            self.bridge.call(self.engine.cancel_open, conversation_id, urgent=True, on_error=self._fail)
+        self.queued = [q for q in self.queued if q.conversation_id != conversation_id]
 
         def done(_: Any) -> None:
             if was_current:
@@ -352,37 +521,72 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
         sent when it is; with no model at all it says why and keeps the text.
         """
         text = text.strip()
-        if (not text and not self.pending) or self.generating or self.queued is not None:
+        if not text and not self.pending:
             return False
         if self.model_state == "failed":
             self.raise_error(self._no_model_text(), "model")
             return False
+        conversation_id = self.current_id or ("" if self.creating else self.viewed_id)
+        if self.generating and self.stream.conversation_id in (conversation_id, self.current_id) \
+                or any(q.conversation_id == conversation_id for q in self.queued):
+            return False                           # its reply streams, or a message already waits there
+        if conversation_id in self.unopened_ids and conversation_id == self.current_id:
+            self._begin_open(conversation_id)        # its rebuild was cancelled: the message waits for a new one
         attachments = list(self.pending)
         self.pending = []
         self.attachmentsChanged.emit([])
         user = ChatMessage("user", text, [(n, len(t)) for n, t in attachments])
-        ready = self.conv is not None and self.history_loaded and self.model_state in ("ready", "unloaded")
-        self.messages += [user, ChatMessage("assistant", "", meta="" if ready else WAITING_NOTE)]
+        ready = self._can_send_to(conversation_id) and not self.generating
+        self.messages += [user, ChatMessage("assistant", "", meta="" if ready else self._waiting_note(conversation_id))]
         self.messageAdded.emit(user)
         self.messageAdded.emit(self.messages[-1])
         if ready:
             self._stream_reply(self.conv, self.conv.submit, text, attachments=attachments, **options)
         else:
-            self.queued = (text, attachments, options)
+            self.queued.append(QueuedMessage(conversation_id, text, attachments, options))
         return True
 
-    def _send_queued(self) -> None:
-        """Send the message that waited for the model (its bubbles are already the last two)."""
-        assert self.queued is not None and self.conv is not None
-        (text, attachments, options), self.queued = self.queued, None
-        self.messagesTruncated.emit(len(self.messages) - 1)
-        self.messages[-1] = ChatMessage("assistant", "")
-        self.messageAdded.emit(self.messages[-1])
-        self._stream_reply(self.conv, self.conv.submit, text, attachments=attachments, **options)
+    def _can_send_to(self, conversation_id: str) -> bool:
+        """The model is ready and the conversation exists, is open in the engine and (when shown) on screen."""
+        if not conversation_id or conversation_id in self.opening_ids or self.model_state not in ("ready", "unloaded"):
+            return False
+        if conversation_id == self.current_id:
+            return self.history_loaded
+        return self.conv is not None and conversation_id != self.viewed_id    # a conversation left while it opened
 
-    def _stream_reply(self, conv: Any, start: Any, *args: Any, **kwargs: Any) -> None:
-        """Call `start` (a turn that returns a Future of a Reply) and stream its tokens into the last message."""
-        self.stream = Stream(str(conv.id), time.perf_counter())
+    def _waiting_note(self, conversation_id: str) -> str:
+        return REBUILD_NOTE if conversation_id and conversation_id in self.opening_ids \
+            and self.model_state in ("ready", "unloaded") else WAITING_NOTE
+
+    def _send_next_queued(self) -> None:
+        """Send the first waiting message that can go now (one reply streams at a time)."""
+        if self.generating:
+            return
+        for queued in self.queued:
+            if self._can_send_to(queued.conversation_id):
+                self.queued.remove(queued)
+                self._send_queued(queued)
+                return
+
+    def _send_queued(self, queued: QueuedMessage) -> None:
+        """Send a message that waited (in the shown conversation its bubbles are already the last two)."""
+        if queued.conversation_id == self.current_id:
+            conv = self.conv
+            self.messagesTruncated.emit(len(self.messages) - 1)
+            self.messages[-1] = ChatMessage("assistant", "")
+            self.messageAdded.emit(self.messages[-1])
+        else:
+            conv = Conversation(self.engine, queued.conversation_id)
+        self._stream_reply(conv, conv.submit, queued.text, attachments=queued.attachments,
+                           waited_since=queued.entered_at, **queued.options)
+
+    def _stream_reply(self, conv: Any, start: Any, *args: Any, waited_since: float | None = None,
+                      **kwargs: Any) -> None:
+        """Call `start` (a turn that returns a Future of a Reply) and stream its tokens into the last message.
+        `waited_since`: when the user sent a message that waited; its first-token time counts from then."""
+        now = time.perf_counter()
+        self._waited_s = now - waited_since if waited_since is not None else 0.0
+        self.stream = Stream(str(conv.id), now)
         self.generatingChanged.emit(True)
         on_token = self.bridge.token_callback(str(conv.id))
         self.bridge.call(start, *args, on_token=on_token, **kwargs,
@@ -391,8 +595,8 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
                          on_error=self._reply_failed)
 
     def stop(self) -> None:
-        if self.stream is not None and self.conv is not None:
-            self.bridge.call(self.conv.cancel, urgent=True, on_error=self._fail)
+        if self.stream is not None and self.engine is not None:       # the streaming reply's own conversation
+            self.bridge.call(self.engine.cancel, self.stream.conversation_id, urgent=True, on_error=self._fail)
 
     def _on_token(self, conversation_id: str, piece: str) -> None:
         stream = self.stream
@@ -425,10 +629,17 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
             rate = stream.pieces / (now - stream.first_at)
         n_tokens = int(getattr(reply, "n_tokens", 0) or 0)
         stopped = str(getattr(reply, "stopped", ""))
+        waited, self._waited_s = self._waited_s, 0.0
+        if ttft is not None and waited > 0:
+            ttft += waited                            # a message that waited counts from when it was sent
         meta = reply_meta(n_tokens, float(rate or 0.0), float(ttft or 0.0), stopped,
                           stream.pieces if stream is not None and text else 0)
-        message = ChatMessage("assistant", text, stopped=stopped, meta=meta)
-        if stream is not None and stream.conversation_id == self.current_id and self.messages:
+        if waited >= 0.05:
+            meta += f" (waited {waited:.1f} s before it was sent)"
+        shown = stream is not None and stream.conversation_id == self.current_id and self.messages
+        message = ChatMessage("assistant", text, stopped=stopped, meta=meta,
+                              created_at=self.messages[-1].created_at if shown else time.time())
+        if shown:
             self.messages[-1] = message
             self.replyFinished.emit(message)
         self.turnMetrics.emit(float(ttft or 0.0), float(rate or 0.0))
@@ -438,6 +649,7 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
         self.generatingChanged.emit(False)
         self.refresh_stats()
         self.refresh_conversations()
+        self._send_next_queued()
 
     def _auto_title(self) -> None:
         """Name an untitled conversation after its first message (the user can rename it)."""
@@ -450,9 +662,12 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
     def _reply_failed(self, exc: BaseException) -> None:
         stream, self.stream = self.stream, None
         self._flush.stop()
+        self._waited_s = 0.0
+        shown = stream is not None and stream.conversation_id == self.current_id and self.messages
         message = ChatMessage("assistant", stream.text if stream else "", stopped="error",
-                              meta=f"error: {error_text(exc)}")
-        if stream is not None and stream.conversation_id == self.current_id and self.messages:
+                              meta=f"error: {error_text(exc)}",
+                              created_at=self.messages[-1].created_at if shown else time.time())
+        if shown:
             self.messages[-1] = message
             self.replyFinished.emit(message)
         self.generatingChanged.emit(False)
@@ -460,14 +675,18 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
         if stream is not None and stream.conversation_id == self.current_id:
             self._reload_indexes(self.conv)            # a failed turn is rolled back
         self.refresh_stats()
+        self._send_next_queued()
 
     # -- memory view ------------------------------------------------------------------------
     def budget_floor(self) -> tuple[int | None, Callable[[Any], int] | None]:
-        """(shared prefix tokens of the open conversation, settings -> the smallest budget that works), None
-        when unknown. The rule is the engine's (`min_budget_tokens`); the engine still refuses what slips by."""
-        prefix = getattr(self.stats, "prefix_tokens", None)
-        if prefix is None:
+        """(the longest shared prefix: the open conversation's or a new one's, settings -> the smallest budget that
+        works), None when unknown. The rule is the engine's (`min_budget_tokens`); the engine still refuses what
+        slips by."""
+        known = [int(n) for n in (getattr(self.stats, "prefix_tokens", None), self.floor_prefix_tokens)
+                 if n is not None]
+        if not known:
             return None, None
+        prefix = max(known)
         return int(prefix), lambda settings: min_budget_tokens(int(prefix), settings)
 
     @property
@@ -491,6 +710,8 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
         if conv is self.conv:
             self.stats = stats
             view = stats.as_dict()                     # widgets get plain data
+            view["history_messages"] = len(self.messages)     # its size while its KV is not loaded
+            view["history_chars"] = sum(len(m.text) for m in self.messages)
             self.blocks.set_blocks(view["blocks"])
             self.statsChanged.emit(view)
         if self._stats_dirty:
@@ -516,12 +737,10 @@ class ChatController(SettingsFlow, EditingFlow, SearchFlow, VersionsFlow, QObjec
                 self.prefillProgress.emit(int(getattr(event, "tokens", 0)), message)
             return
         elif kind == EventKind.KV_REBUILDING:
-            opening_id, opening_title = self.opening
-            if conv_id == self.current_id or conv_id == opening_id:
+            if conv_id == self.current_id:
                 detail = getattr(event, "detail", None) or {}
                 done = int(detail.get("done", getattr(event, "tokens", 0)))
-                title = self.title if conv_id == self.current_id else opening_title
-                self.rebuildProgress.emit(title, done, max(done, int(detail.get("total", done))))
+                self.rebuildProgress.emit(self.title, done, max(done, int(detail.get("total", done))))
             return
         if kind not in MEMORY_EVENTS and kind not in (EventKind.MODEL_UNLOADED, EventKind.LOAD_FAILED):
             return

@@ -1,7 +1,7 @@
 """Modal questions behind plain functions, so the window's logic runs headless in tests.
 
 Invariant: the window calls these through its own attributes (`confirm`, `ask_text`, `edit_text`,
-`pick_files`, `save_export`, `pick_import`), which tests replace; nothing else opens a modal dialog.
+`pick_files`, `save_export`, `pick_import`, `pick_folder`), which tests replace; nothing else opens a modal dialog.
 """
 
 from __future__ import annotations
@@ -102,6 +102,16 @@ def save_export(parent: QWidget, suggested: str) -> str:
     return path
 
 
-def pick_import(parent: QWidget) -> str:
-    path, _ = QFileDialog.getOpenFileName(parent, "Import conversation", "", "JSON (*.json);;All files (*)")
-    return path
+IMPORT_FILTERS = ("Conversations (*.md *.markdown *.json);;Markdown (*.md *.markdown);;JSON (*.json);;"
+                  "All files (*)")
+
+
+def pick_import(parent: QWidget) -> list[str]:
+    """Files to import: what Export or Export all wrote (Markdown or JSON), one or several."""
+    paths, _ = QFileDialog.getOpenFileNames(parent, "Import conversations", "", IMPORT_FILTERS)
+    return paths
+
+
+def pick_folder(parent: QWidget) -> str:
+    """A folder for "Export all conversations" (one Markdown file per conversation goes there)."""
+    return QFileDialog.getExistingDirectory(parent, "Export all conversations into a folder")

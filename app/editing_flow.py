@@ -1,24 +1,20 @@
-"""Conversation editing from the window: regenerate, edit, fork, delete, export and import.
+"""Conversation editing from the window: regenerate, edit, fork and delete (files: app/exchange_flow.py).
 
 Invariants: the view names a message by its position in `messages`; only here is it mapped to
-the engine's live-message index (`ChatMessage.index`). Regenerate and edit stream through the
-same path as `send`; nothing is edited while a reply streams.
+the engine's live-message index (`ChatMessage.index`). Regenerate, a user message's edit and Continue generating
+stream through the same path as `send` (a continued reply grows its own bubble); a reply's edit only replaces its
+text (no new reply); nothing is edited while a reply streams.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from .bridge import error_text
 from .messages import ChatMessage
 
 log = logging.getLogger(__name__)
-
-
-def export_format(path: str) -> str:
-    return "json" if Path(path).suffix.lower() == ".json" else "markdown"
 
 
 class EditingFlow:
@@ -64,12 +60,32 @@ class EditingFlow:
         self._stream_reply(conv, conv.regenerate, **options)
         return True
 
+    def continue_reply(self, **options: Any) -> bool:
+        """Go on writing the last reply from where it stopped, streamed into the same message; False when the last
+        message is no reply or nothing can be sent now."""
+        if not self._can_edit() or not self.messages or self.messages[-1].role != "assistant":
+            return False
+        if (index := self._engine_index(len(self.messages) - 1)) is None:
+            return False
+        conv, last = self.conv, self.messages[-1]
+        self.messagesTruncated.emit(len(self.messages) - 1)
+        self.messages[-1] = ChatMessage("assistant", last.text, index=index, created_at=last.created_at,
+                                        row_id=last.row_id)
+        self.messageAdded.emit(self.messages[-1])
+        self._stream_reply(conv, conv.continue_reply, **options)
+        if self.stream is not None:
+            self.stream.text = last.text                # the new pieces follow the text it had
+        return True
+
     def edit_message(self, position: int, text: str, **options: Any) -> bool:
-        """Replace user message `position` by `text` (later messages go) and stream the new reply."""
+        """Replace user message `position` by `text` (later messages go to the old version's branch) and stream
+        the new reply; a reply's text is replaced as it is (`edit_reply`)."""
         text = text.strip()
         if not text or not self._can_edit() or not 0 <= position < len(self.messages):
             return False
         old = self.messages[position]
+        if old.role == "assistant":
+            return self.edit_reply(position, text)
         if old.role != "user" or (index := self._engine_index(position)) is None:
             return False
         conv = self.conv
@@ -79,6 +95,16 @@ class EditingFlow:
         self.messageAdded.emit(user)
         self.messageAdded.emit(self.messages[-1])
         self._stream_reply(conv, conv.edit, index, text, **options)
+        return True
+
+    def edit_reply(self, position: int, text: str) -> bool:
+        """Replace reply `position`'s text (a new version of it; the messages after it go to the old one's
+        branch); the view is read back from the history when the engine has it."""
+        if not self._can_edit() or (index := self._engine_index(position)) is None:
+            return False
+        conv = self.conv
+        self.bridge.call(conv.edit_reply, index, text, on_done=lambda _: self.reload_history(conv),
+                         on_error=lambda exc: self._fail_with("Could not edit the reply", exc))
         return True
 
     # -- fork and delete ------------------------------------------------------------------------
@@ -100,31 +126,6 @@ class EditingFlow:
             if row_id >= 0:
                 self.offer_undo(conv, [row_id])
         self.bridge.call(conv.delete_message, index, on_done=done, on_error=self._fail)
-        return True
-
-    # -- files ----------------------------------------------------------------------------------
-    def export_conversation(self, path: str) -> bool:
-        """Write the open conversation to `path`: JSON for a .json suffix, Markdown otherwise."""
-        if self.conv is None or not path:
-            return False
-        conv, fmt = self.conv, export_format(path)
-
-        def write() -> str:
-            Path(path).write_text(conv.export(fmt), encoding="utf-8")
-            return path
-        self.bridge.call(write, on_done=self.exported.emit, on_error=self._fail)
-        return True
-
-    def import_conversation(self, path: str) -> bool:
-        """Open a conversation from an exported JSON file; a bad file only raises an error message."""
-        if not path or not self._engine_or_say():
-            return False
-        engine = self.engine
-
-        def read() -> Any:
-            return engine.import_conversation(Path(path).read_text(encoding="utf-8"))
-        self.bridge.call(read, on_done=self._opened,
-                         on_error=lambda exc: self._fail_with(f"Could not import {Path(path).name}", exc))
         return True
 
     def _fail_with(self, what: str, exc: BaseException) -> None:

@@ -1,4 +1,5 @@
-"""Help → Keyboard shortcuts and Help → About: what the window's keys do; version, model, device, data folder.
+"""Help → Keyboard shortcuts and Help → About: what the window's keys do; version, model, device, data folder,
+settings file and log file.
 
 Invariants: the shortcut list is read from the window's own actions (a key added to an action is listed, never a
 second table to keep in step) plus the keys widgets handle themselves (`WIDGET_KEYS`); the dialogs only show.
@@ -7,11 +8,12 @@ second table to keep in step) plus the keys widgets handle themselves (`WIDGET_K
 from __future__ import annotations
 
 import html
-from importlib import metadata
 from typing import Any
 
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+
+from evoke_engine import logs
 
 from .messages import model_name
 
@@ -21,10 +23,7 @@ WIDGET_KEYS = (("Enter", "Send the message"), ("Shift+Enter", "A new line in the
 
 
 def app_version() -> str:
-    try:
-        return metadata.version("evoke-desk")
-    except metadata.PackageNotFoundError:
-        return "0.1.0 (source tree)"
+    return logs.app_version()
 
 
 def shortcut_rows(actions: list[QAction]) -> list[tuple[str, str]]:
@@ -70,7 +69,8 @@ def about_facts(settings: Any, model_info: Any) -> list[tuple[str, str]]:
             ("Model", model_name(model_info) if loaded else "none loaded"),
             ("Device", str(getattr(model_info, "device", "") or "?") if loaded else "none (no model loaded)"),
             ("Data folder", str(settings.data_dir)),
-            ("Settings", str(settings.config_dir / "settings.json"))]
+            ("Settings", str(settings.config_dir / "settings.json")),
+            ("Log file", str(logs.log_file(getattr(settings, "home", None))))]
 
 
 class AboutDialog(QDialog):

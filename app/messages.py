@@ -1,6 +1,8 @@
 """What the window shows of a conversation: chat messages, the reply being streamed, titles.
 
-Plain data, no Qt: a ChatMessage is what one bubble renders; a Stream is one reply in flight.
+Plain data, no Qt: a ChatMessage is what one bubble renders; a Stream is one reply in flight; `end_note` says why a
+reply ended short (stopped, cut at max tokens, interrupted by a crash): only such a reply offers Continue generating;
+`Versions` are a message's versions as its switch shows them.
 """
 
 from __future__ import annotations
@@ -41,6 +43,21 @@ def reply_meta(n_tokens: int, rate: float, ttft: float, stopped: str, streamed_p
     return meta
 
 
+# why a reply ended short, as its footer says it next to "Continue generating" (keys: `Reply.stopped`)
+SHORT_ENDS = {"cancelled": "Stopped", "max_tokens": "Cut at max tokens", "budget": "Cut: the memory budget was full"}
+INTERRUPTED_NOTE = "Interrupted: the app closed before this reply ended"
+CONTINUE_LABEL = "Continue generating"
+
+
+def end_note(message: ChatMessage) -> str:
+    """Why a reply ended before it was done ("" for a finished one, a user message or a reply in flight)."""
+    if message.role != "assistant":
+        return ""
+    if message.interrupted:
+        return INTERRUPTED_NOTE
+    return SHORT_ENDS.get(message.stopped, "")
+
+
 def stamp_text(ts: float, now: float | None = None) -> str:
     """A message's time in its bubble header, local time: "14:05" today, "3 Mar 14:05" this year, else with the
     year; "" when unknown."""
@@ -77,14 +94,28 @@ class ChatMessage:
     index: int = -1                            # its place in the engine's live messages; -1 while unknown
     created_at: float = field(default_factory=time.time)   # when it was written (the bubble header shows it)
     row_id: int = -1                           # its history row (a search hit names it); -1 while unknown
+    interrupted: bool = False                  # its row was still being written when the app ended (a crash)
 
     @classmethod
     def from_history(cls, row: dict[str, Any], index: int = -1) -> ChatMessage:
         atts = [(str(a[0]), len(a[1]) if len(a) > 1 else 0) for a in row.get("attachments") or []]
         metrics = (row.get("extra") or {}).get("metrics") if isinstance(row.get("extra"), dict) else None
         stopped = str(metrics.get("stopped") or "") if isinstance(metrics, dict) else ""
+        extra = row.get("extra") if isinstance(row.get("extra"), dict) else {}
+        interrupted = bool(row.get("interrupted") or extra.get("interrupted"))
         return cls(row.get("role", "user"), row.get("text", ""), atts, stopped=stopped, meta=stored_meta(row),
-                   index=index, created_at=float(row.get("created_at") or 0.0), row_id=int(row.get("id", -1)))
+                   index=index, created_at=float(row.get("created_at") or 0.0), row_id=int(row.get("id", -1)),
+                   interrupted=interrupted)
+
+
+@dataclass(frozen=True)
+class Versions:
+    """A message's versions as its "‹ 2/3 ›" switch shows them: texts and history row ids, oldest first, and
+    which one is current (the one in the conversation now)."""
+
+    texts: tuple[str, ...]
+    ids: tuple[int, ...]
+    current: int
 
 
 @dataclass

@@ -30,6 +30,8 @@ StateRole = Qt.ItemDataRole.UserRole + 5
 TokensRole = Qt.ItemDataRole.UserRole + 6
 DepthRole = Qt.ItemDataRole.UserRole + 7     # 0 for a conversation, 1 for a fork of it, ...
 SourceRole = Qt.ItemDataRole.UserRole + 8
+GroupRole = Qt.ItemDataRole.UserRole + 9    # "" for the window's conversations, STATELESS_GROUP for one-shot API ones
+STATELESS_GROUP = "One-shot API requests"
 
 
 @dataclass
@@ -42,6 +44,11 @@ class ConversationRow:
     forked_from: str | None = None
     depth: int = 0
     source: str = "app"          # "api": made through the OpenAI-compatible endpoint
+    stateless: bool = False      # made by API requests without a session: listed apart, deleted after its TTL
+
+    @property
+    def group(self) -> str:
+        return STATELESS_GROUP if self.stateless else ""
 
     @classmethod
     def from_info(cls, info: Any) -> ConversationRow:
@@ -54,7 +61,8 @@ class ConversationRow:
         parent = getattr(info, "forked_from", None)
         return cls(str(info.id), info.title or "Untitled", float(updated),
                    bool(getattr(info, "pinned", False)), str(getattr(info, "memory", "none")),
-                   str(parent) if parent else None, source=str(getattr(info, "source", "app") or "app"))
+                   str(parent) if parent else None, source=str(getattr(info, "source", "app") or "app"),
+                   stateless=bool(getattr(info, "stateless", False)))
 
 
 def nest_forks(rows: list[ConversationRow]) -> list[ConversationRow]:
@@ -80,7 +88,8 @@ def nest_forks(rows: list[ConversationRow]) -> list[ConversationRow]:
 
 
 class ConversationListModel(QAbstractListModel):
-    """Conversations, pinned first, then by last use (newest first); forks under their parent."""
+    """Conversations, pinned first, then by last use (newest first); forks under their parent; the one-shot API
+    conversations (stateless requests) after all the others, as their own group."""
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -90,6 +99,7 @@ class ConversationListModel(QAbstractListModel):
         rows = [ConversationRow.from_info(i) for i in infos]
         rows.sort(key=lambda r: (not r.pinned, -r.updated_at))
         rows = nest_forks(rows)
+        rows = [r for r in rows if not r.stateless] + [r for r in rows if r.stateless]
         self.beginResetModel()
         self.rows = rows
         self.endResetModel()
@@ -110,6 +120,7 @@ class ConversationListModel(QAbstractListModel):
             IdRole: row.id, MemoryRole: row.memory, PinnedRole: row.pinned, UpdatedRole: row.updated_at,
             DepthRole: row.depth,
             SourceRole: row.source,
+            GroupRole: row.group,
         }.get(role)
 
 

@@ -20,7 +20,8 @@ LABELS = {
     "budget_tokens": "Budget", "high_watermark": "High watermark", "low_watermark": "Low watermark",
     "tail_fraction": "Protected tail", "block_tokens": "Block size", "recovery": "Recovery backend",
     "recovery_top_k": "Recovery top-K", "ram_budget_bytes": "RAM budget", "embedder": "Embedder model",
-    "disk_budget_bytes": "Disk budget", "ttl_short_s": "TTL short", "ttl_long_s": "TTL long",
+    "disk_budget_bytes": "KV disk cap", "kv_file_bits": "KV file bits", "ttl_short_s": "TTL short",
+    "ttl_long_s": "TTL long",
     "ttl_extended_s": "TTL extended (pinned)", "keepalive_interval_s": "Keep-alive interval",
     "eviction_interval_s": "Eviction sweep interval", "model_idle_unload_s": "Unload model when idle",
     "system_prompt": "System prompt", "tools_enabled": "Tool schema in prefix",
@@ -90,7 +91,7 @@ class FieldSpec:
             return ""
         if self.kind == "bytes":
             return f"{human_bytes(int(self.low))} to {human_bytes(int(self.high or 0))}"
-        return f"{_num(self.low)} to {_num(self.high)}"
+        return f"{human_count(self.low)} to {human_count(self.high)}"
 
     def check(self, value: Any) -> str | None:
         """A readable problem with `value`, or None."""
@@ -103,7 +104,8 @@ class FieldSpec:
         return None
 
 
-def _num(value: float | None) -> str:
+def human_count(value: float | None) -> str:
+    """A declared bound as the dialog shows it (262144, 0.5)."""
     if value is None:
         return ""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
@@ -192,6 +194,33 @@ def build(base: Any, values: dict[str, Any], specs: list[FieldSpec]) -> Any:
     if problems:
         raise ValueError("; ".join(problems))
     return dataclasses.replace(base, **values)
+
+
+def location(name: str, specs: list[FieldSpec]) -> str:
+    """Where the setting `name` is changed in the window: Settings → its tab → its label."""
+    spec = next((s for s in specs if s.name == name), None)
+    if spec is None:
+        return "Settings"
+    return f"Settings → {GROUP_TITLES.get(spec.group, spec.group)} → {spec.label}"
+
+
+def file_problems_text(problems: list[Any], specs: list[FieldSpec]) -> str:
+    """The banner's text for the saved settings that were not used (`evoke_engine.settings.SettingProblem`s):
+    each field, why, and where to change it; the file once."""
+    if not problems:
+        return ""
+    lines = [f"Some saved settings were not used (file: {problems[0].path}):"]
+    for problem in problems:
+        where = " and ".join(location(name, specs) for name in problem.names)
+        lines.append(f"• {problem.detail}." + (f" Change it in {where}." if where else ""))
+    return "\n".join(lines)
+
+
+def budget_floor_text(budget: int, smallest: int, specs: list[FieldSpec]) -> str:
+    """The banner's text for a saved budget below the smallest that works (an older install's 512)."""
+    return (f"The saved budget ({budget} tokens) is below the smallest that works with this model and system "
+            f"prompt ({smallest} tokens): new conversations are refused until it is raised. Change it in "
+            f"{location('budget_tokens', specs)}.")
 
 
 def recompute_notes(old: Any, new: dict[str, Any] | Any, specs: list[FieldSpec]) -> list[str]:

@@ -2,7 +2,8 @@
 
 Invariant: the window only connects controller signals to widgets and user actions to
 controller methods; modal questions go through `confirm` / `ask_text` / `edit_text` /
-`pick_files` / `save_export` / `pick_import` (app/dialogs.py, replaced in tests).
+`pick_files` / `save_export` / `pick_import` (app/dialogs.py, replaced in tests). Keyboard focus
+starts in the message box and goes back there after every conversation change.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class MainWindow(QMainWindow):
         self._wire()
         install_extras(self)                 # undo bar, versions, Help menu, theme (app/window_extras.py)
         self._restore_layout()
+        self.input.prompt.setFocus(Qt.FocusReason.OtherFocusReason)   # what is typed first lands in the box
 
     # -- layout -----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -177,6 +179,9 @@ class MainWindow(QMainWindow):
     def _wire(self) -> None:
         c = self.controller
         c.modelStateChanged.connect(self._model_state)
+        c.openingChanged.connect(self.status.set_opening)
+        c.newPending.connect(self._new_pending)
+        self.status.cancelRebuild.connect(c.cancel_rebuild)
         c.modelInfoChanged.connect(self.status.set_model_info)
         c.currentChanged.connect(self._current_changed)
         c.titleChanged.connect(self._title_changed)
@@ -233,7 +238,8 @@ class MainWindow(QMainWindow):
 
     # -- reactions --------------------------------------------------------------------------
     def _model_state(self, state: str, detail: str) -> None:
-        self.status.set_model_state(state, detail)
+        self.status.set_model_state("read-only" if state == "failed" and self.controller.read_only else state,
+                                    detail)
         self.input.set_ready(state in ("ready", "unloaded", "loading"))    # while loading, a message waits
 
     def _settings_failed(self, text: str) -> None:
@@ -255,7 +261,11 @@ class MainWindow(QMainWindow):
     def _current_changed(self, conversation_id: str, title: str) -> None:
         self._title_changed(conversation_id, title)
         self.sidebar.set_current(conversation_id)
-        self.input.prompt.setFocus()
+        self.input.prompt.setFocus(Qt.FocusReason.OtherFocusReason)
+
+    def _new_pending(self, title: str) -> None:
+        """New was asked: the pane is the new conversation already (the engine creates it behind its work)."""
+        self._current_changed("", title)
 
     def _title_changed(self, _conversation_id: str, title: str) -> None:
         self.title.setText(title)
@@ -292,9 +302,9 @@ class MainWindow(QMainWindow):
             self.controller.export_conversation(path)
 
     def import_conversation(self) -> None:
-        path = self.pick_import(self)
-        if path:
-            self.controller.import_conversation(path)
+        picked = self.pick_import(self)                 # the files to import (or one path)
+        if picked:
+            self.controller.import_conversations([picked] if isinstance(picked, str) else list(picked))
 
     def attach_files(self) -> None:
         self.attach_paths(self.pick_files(self))
@@ -325,6 +335,7 @@ class MainWindow(QMainWindow):
         if self.confirm(self, "Delete conversation", f"Delete “{title}” and its saved memory? "
                         "This cannot be undone.", "Delete"):
             self.controller.delete_conversation(conversation_id)
+        self.input.prompt.setFocus(Qt.FocusReason.OtherFocusReason)
 
     def open_settings(self) -> SettingsDialog:
         prefix, minimum = self.controller.budget_floor()
@@ -332,6 +343,7 @@ class MainWindow(QMainWindow):
                                 min_budget=minimum, prefix_tokens=prefix)
         dialog.wait_for_result = True
         dialog.applied.connect(self.controller.apply_settings)
+        self.controller.measure_kv_disk(dialog.show_disk_use)    # KV disk use beside its cap
         self.settings_dialog = dialog
         dialog.open()
         return dialog

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QDialog
 from .help_dialogs import AboutDialog, ShortcutsDialog, about_facts, shortcut_rows
 from .theme import ThemeFollower
 from .widgets.undo_bar import UndoBar
+from .window_exchange import install_exchange
 
 if TYPE_CHECKING:
     from .window import MainWindow
@@ -31,9 +32,15 @@ def install_extras(window: MainWindow) -> None:
                                  triggered=c.undo_delete)
     window.addAction(window.undo_action)
     c.versionsChanged.connect(window.chat.set_versions)
+    window.chat.versionRequested.connect(c.switch_version)          # ‹ › makes that version (and its branch) current
+    window.chat.continueRequested.connect(lambda: c.continue_reply())
+    window.continue_action = QAction("Continue generating", window, triggered=lambda: c.continue_reply())
     conversation_menu = next((a.menu() for a in window.menuBar().actions() if a.text() == "&Conversation"), None)
     if conversation_menu is not None:
         conversation_menu.addAction(window.undo_action)
+        conversation_menu.addAction(window.continue_action)
+
+    install_exchange(window)             # Export all, Export in the list's menu (app/window_exchange.py)
 
     window.help_dialog = None
     window.show_dialog = lambda dialog: dialog.open()

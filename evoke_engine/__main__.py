@@ -1,11 +1,14 @@
 """`python -m evoke_engine chat`: the headless way to chat, with /stats for the memory counters;
 `python -m evoke_engine serve`: the OpenAI-compatible endpoint without the window;
 `python -m evoke_engine device`: which device llama.cpp would run on, and the remote devices set (JSON);
-`python -m evoke_engine rpc-worker`: a remote-device worker (llama.cpp's rpc-server) for another machine's app.
+`python -m evoke_engine rpc-worker`: a remote-device worker (llama.cpp's rpc-server) for another machine's app;
+`--version` on each.
 
 Invariants: the terminal shows every reply as it streams; Ctrl-C stops a reply, not the program; warnings
-of the engine's loggers (a failed KV file write, a spill that found no room) reach stderr; the endpoint's key
-comes from a file or the environment, never only from the process list without a warning.
+of the engine's loggers (a failed KV file write, a spill that found no room) reach stderr, and they and a failed
+start (a bad model path) also reach the rotating log file (`evoke_engine.logs`); `serve` stops cleanly (exit 0,
+KV files written) on SIGTERM, SIGINT and SIGHUP; the endpoint's key comes from a file or the environment, never
+only from the process list without a warning.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from pathlib import Path
 
 from . import Engine, EvokeError, Settings
 from .errors import DataDirInUseError
+from .logs import configure_logging as configure_log_handlers
+from .logs import version_line
 from .settings import RECOVERY_BACKENDS
 
 HELP = """commands: /stats  /blocks  /attach FILE  /budget N  /new  /quit"""
@@ -27,9 +32,18 @@ SERVE_BESIDE_THE_WINDOW = ("if that is the Evoke Desk window, turn on its endpoi
                            "Serve the API endpoint (the window's engine then serves the API on the same data)")
 
 
+log = logging.getLogger("evoke_engine.cli")
+
+
 def configure_logging() -> None:
-    """Warnings and errors of every logger to stderr (uvicorn's own config leaves the root logger alone)."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Warnings and errors of every logger to stderr, and INFO and up to the rotating log file (uvicorn's own
+    config leaves the root logger alone)."""
+    configure_log_handlers(logging.WARNING)
+
+
+def failed(exc: BaseException) -> None:
+    """A start that failed: said on stderr and kept in the log file."""
+    log.error("%s", exc)
 
 
 def resolve_api_key(args: argparse.Namespace, settings_key: str, environ: dict[str, str] | None = None) -> str | None:
@@ -67,7 +81,7 @@ def chat(args: argparse.Namespace) -> int:
         print(f"loading {settings.model_path or 'the embedded SmolLM2-135M-Instruct'} ...", flush=True)
         engine = Engine(settings)
     except (EvokeError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        failed(exc)
         return 2
     info = engine.model_info()
     print(f"{info.name} on {info.device}, context {info.n_ctx}, budget {settings.budget_tokens} tokens. {HELP}")
@@ -146,7 +160,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"loading {settings.model_path or 'the embedded SmolLM2-135M-Instruct'} ...", flush=True)
         engine = Engine(settings)
     except (EvokeError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        failed(exc)
         if isinstance(exc, DataDirInUseError):
             print(SERVE_BESIDE_THE_WINDOW, file=sys.stderr)
         return 2
@@ -170,8 +184,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lifetime", type=float, help="stop by itself after this many seconds (tests, scripts)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evoke_engine")
+def main(argv: list[str] | None = None, prog: str = "python -m evoke_engine") -> int:
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--version", action="version", version=version_line("evoke-engine"))
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("chat", help="chat in the terminal")
     p.add_argument("--model", help="GGUF file (default: the embedded model)")

@@ -43,6 +43,18 @@ class Conversation:
              **kwargs) -> Future:
         return self.engine.edit(self.id, message_index, new_text, attachments, **kwargs)
 
+    def continue_reply(self, **kwargs) -> Future:
+        """Continue the last reply where it stopped (the same message grows); the Future gives the whole Reply."""
+        return self.engine.continue_reply(self.id, **kwargs)
+
+    def switch_version(self, message_id: int) -> int:
+        """Make another version of a message current, with the messages that followed it (its branch)."""
+        return self.engine.switch_version(self.id, message_id)
+
+    def edit_reply(self, message_index: int, new_text: str) -> int:
+        """Replace a reply's text (a new version of it; later messages move to the old version's branch)."""
+        return self.engine.edit_reply(self.id, message_index, new_text)
+
     def fork(self, message_index: int) -> Conversation:
         return self.engine.fork(self.id, message_index)
 

@@ -11,16 +11,18 @@ use; `focused` and `last_activity` are written on the engine thread only (other 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from .conversation import Conversation
-from .conversations import editing
-from .conversations.exchange import parse_json, to_json, to_markdown
+from .conversations import branches, editing
+from .conversations.exchange import parse_conversation, store_imported, to_json, to_markdown, write_all
 from .conversations.history_view import ConversationInfo
 from .conversations.lifecycle import ConversationLifecycle, ConversationState
 from .conversations.loaded_model import LoadedModel, follow_ttl_settings
@@ -60,6 +62,7 @@ class Engine:
         self.thread = EngineThread()
         self._subscribers: list[Callable[[EngineEvent], None]] = []
         self._cancels: dict[str, set[threading.Event]] = {}     # one Event per queued or running turn
+        self._open_cancels: dict[str, set[threading.Event]] = {}   # one Event per queued or running open
         self._cancels_lock = threading.Lock()
         self.focused: str | None = None              # written on the engine thread only (`focus`)
         self.last_activity = clock()                 # written on the engine thread only (`ensure_model`, turns)
@@ -265,6 +268,36 @@ class Engine:
         self.thread.call(self.lifecycle.open, conversation_id, priority=FOREGROUND)
         return Conversation(self, conversation_id)
 
+    def begin_open(self, conversation_id: str) -> Future:
+        """Open a conversation (restore its KV file or rebuild it from history) without waiting; the Future gives
+        its handle, or raises `RebuildCancelled` when `cancel_open` stopped the rebuild."""
+        cancel = threading.Event()
+        with self._cancels_lock:
+            self._open_cancels.setdefault(conversation_id, set()).add(cancel)
+
+        def run() -> Conversation:
+            self.lifecycle.open(conversation_id, cancel)
+            return Conversation(self, conversation_id)
+
+        def finished(_: Future) -> None:
+            with self._cancels_lock:
+                events = self._open_cancels.get(conversation_id)
+                if events is not None:
+                    events.discard(cancel)
+                    if not events:
+                        del self._open_cancels[conversation_id]
+        future = self.thread.submit(run, priority=FOREGROUND)
+        future.add_done_callback(finished)
+        return future
+
+    def cancel_open(self, conversation_id: str) -> None:
+        """Stop the pending and running opens of a conversation between two prefill blocks (any thread); an open
+        that needs no rebuild, or has finished, is not affected."""
+        with self._cancels_lock:
+            events = list(self._open_cancels.get(conversation_id, ()))
+        for event in events:
+            event.set()
+
     def persist(self, conversation_id: str, ttl_class: str | None = None) -> bool:
         return self.thread.call(lambda: self.lifecycle.persist(self.lifecycle.open(conversation_id), ttl_class))
 
@@ -285,9 +318,10 @@ class Engine:
             if memory is None:
                 memory = "disk" if self.kvfiles is not None and self.kvfiles.has(row.id) else "none"
             parent = row.settings.get("forked_from") if isinstance(row.settings, dict) else None
-            source = row.settings.get("source", "app") if isinstance(row.settings, dict) else "app"
+            meta = row.settings if isinstance(row.settings, dict) else {}
             out.append(ConversationInfo(row.id, row.title, row.updated_at, row.pinned, memory,
-                                        forked_from=parent if isinstance(parent, str) else None, source=source))
+                                        forked_from=parent if isinstance(parent, str) else None,
+                                        source=meta.get("source", "app"), stateless=bool(meta.get("stateless"))))
         return out
 
     def search(self, query: str, limit: int = 50) -> list[SearchHit]:
@@ -434,6 +468,25 @@ class Engine:
         return self._submit_turn(conversation_id, self.turns.turn, on_token, sampling, new_text,
                                  None if attachments is None else list(attachments), edit_index=message_index)
 
+    def continue_reply(self, conversation_id: str, *, on_token: Callable[[str], None] | None = None,
+                       **sampling) -> Future:
+        """Sample on after the last reply's text (stopped, cut at max tokens or interrupted by a crash): the same
+        message grows; the Reply's text is the whole reply, `on_token` hears only the new pieces."""
+        return self._submit_turn(conversation_id, self.turns.continue_reply, on_token, sampling)
+
+    def switch_version(self, conversation_id: str, message_id: int) -> int:
+        """Make version `message_id` of a message current (`versions()` lists them): the messages that followed
+        the version shown now leave with it and those that followed `message_id` come back; the KV is cut there
+        and decoded on from the history. Returns the message's position."""
+        return self.thread.call(branches.switch_version, self.lifecycle, conversation_id, message_id,
+                                priority=FOREGROUND)
+
+    def edit_reply(self, conversation_id: str, message_index: int, new_text: str) -> int:
+        """Replace the text of reply `message_index` (a new version; the old one and the messages after it stay
+        reachable through `switch_version`); the KV is rebuilt from there. Returns the new row's id."""
+        return self.thread.call(branches.edit_reply, self.lifecycle, conversation_id, message_index, new_text,
+                                priority=FOREGROUND)
+
     def truncate(self, conversation_id: str, n_messages: int) -> None:
         """Keep the first `n_messages` live messages; the rest leave the history and the KV."""
         self.thread.call(editing.truncate, self.lifecycle, conversation_id, n_messages, priority=FOREGROUND)
@@ -462,15 +515,16 @@ class Engine:
             return to_json(row, messages)
         raise ValueError(f"unknown export format {format!r} (markdown or json)")
 
+    def export_all(self, folder: str | os.PathLike[str], format: str = "markdown") -> list[str]:
+        """Every conversation into `folder`, one file each (conversations/exchange.write_all); the paths."""
+        return [str(path) for path in write_all(self.history, Path(folder), format)]
+
     def import_conversation(self, data: str | bytes | dict) -> Conversation:
-        """A new conversation from `export(..., "json")`; its KV is built when it is first opened."""
-        imported = parse_json(data)
+        """A new conversation from `export(...)` (JSON or Markdown), each message keeping its time; its KV is
+        built when it is first opened."""
+        imported = parse_conversation(data)
         conversation_id = uuid.uuid4().hex
-        with self.history.transaction():
-            self.history.create_conversation(conversation_id, imported.title, imported.system_prompt,
-                                             settings={"tools": imported.tools, "imported": True})
-            for m in imported.messages:
-                self.history.add_message(conversation_id, m.role, m.text, m.attachments, extra=m.extra)
+        store_imported(self.history, conversation_id, imported, {"tools": imported.tools, "imported": True})
         return Conversation(self, conversation_id)
 
     # -- lifecycle --------------------------------------------------------------------------

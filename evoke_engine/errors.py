@@ -34,6 +34,11 @@ class InvariantError(AssertionError):
     survives `python -O`; an AssertionError so callers and tests that expect one still catch it."""
 
 
+class RebuildCancelled(EvokeError):
+    """Opening a conversation was cancelled while its KV was rebuilt from history (nothing of it stays open;
+    SQLite is unchanged and the next open rebuilds it again)."""
+
+
 class ImportFormatError(EvokeError):
     """An imported conversation file is not one this version can read."""
 

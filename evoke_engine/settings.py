@@ -1,21 +1,28 @@
 """Typed settings, declared once: type, default, range, description, and when a change applies.
 
 Invariants: a `Settings` is frozen and validated on construction (a change is a new value, `replace`;
-`settings_hub.SettingsHub` swaps the engine's and notifies its consumers); unknown keys in a saved file
-are ignored with a warning, and a file that cannot be read falls back to defaults.
+`settings_hub.SettingsHub` swaps the engine's and notifies its consumers). Each field is checked by a pydantic
+model derived from these declarations (`field_model`: strict types, so 4096.7 or true is no integer, ranges and
+choices), then the checks across fields (`CROSS_FIELD_CHECKS`). Loading a saved file keeps every valid value: a
+bad one (or a pair that fails a cross check) keeps its default and becomes a `SettingProblem` naming the field, the
+file and why; unknown keys are ignored with a warning, and a file that cannot be read falls back to defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Literal, get_type_hints
 
 import platformdirs
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .rpc_split import check_settings as check_rpc_settings
 from .store.kvnames import DEFAULT_TTL_SECONDS, TTL_CLASSES
@@ -27,6 +34,7 @@ APP_NAME = "evoke-desk"
 RECOVERY_BACKENDS = ("kv_restore", "breadcrumb", "discard", "none")
 KV_CACHE_TYPES = ("f16", "q8_0")
 POOL_BITS = (16, 8, 4)                          # declared here only: pool.py takes it from here
+KV_FILE_BITS = (16, 8)                          # memory/file_bits.py
 RECALL_SIGNALS = ("block", "lines", "lines+lexical", "block+lexical", "lexical", "fused")   # recall_signals.MODES
 ATTENTION_AGGREGATIONS = ("adakv", "mean")     # AttentionSignal.refresh(aggregation=...)
 ATTENTION_GQA = ("mean", "max")               # declared here only: attention.py takes it from here
@@ -149,6 +157,16 @@ class Settings:
                               "at both, logits within 0.81 (8) and 0.85 (4) of the 16-bit restore; ~8 ms to pack and "
                               "~8 ms to unpack a 128-token block on 2 CPU cores. A q8_0 cache is kept as it is.",
                               group="Memory", choices=POOL_BITS)
+    pool_pinned_share: float = _setting(0.25, "Share of the machine's RAM the saved K/V blocks may take as page-locked "
+                                        "(pinned) memory on a CUDA build, so a block crosses PCIe at the link's speed "
+                                        "(also capped by the RAM budget); elsewhere, or where pinning fails (a log "
+                                        "line says so), the same memory is kept pre-faulted and pageable. 0: "
+                                        "ordinary allocations.", group="Memory", applies=RELOAD, low=0.0, high=0.75)
+    kv_direct: bool = _setting(True, "Move K/V blocks straight between the cache's layer tensors and host RAM (one "
+                               "copy per layer, the re-anchor fused with it on the CPU, llama.cpp's K-shift on a GPU); "
+                               "off, or where the cache is not covered (sliding-window, recurrent), through "
+                               "llama.cpp's serialised state. The bytes are the same either way.", group="Memory",
+                               applies=RELOAD)
     spill_budget_bytes: int = _setting(4 << 30, "Disk for saved K/V blocks spilled past the RAM budget; past it "
                                        "the least recently used are dropped (their text still rebuilds them).",
                                        group="Memory", applies=RELOAD, low=0, high=1 << 44)
@@ -206,11 +224,19 @@ class Settings:
     ttl_extended_s: int = _setting(int(DEFAULT_TTL_SECONDS["extended"]),
                                    "Lifetime of an 'extended' KV file (pinned conversations).",
                                    group="Persistence", low=10, high=365 * 86400)
-    disk_budget_bytes: int = _setting(10 << 30, "Disk for KV files; least recently used go first.",
+    disk_budget_bytes: int = _setting(4 << 30, "KV disk cap: saved KV files (of every model) past it are deleted, "
+                                      "least recently used first, on each write and in the eviction sweep; a "
+                                      "conversation whose file went is rebuilt from its history when reopened.",
                                       group="Persistence", low=0, high=1 << 44)
     disk_reserve_bytes: int = _setting(64 << 20, "Free disk space kept for the chat history: the K/V spill "
                                        "never writes into it.", group="Persistence", applies=RELOAD,
                                        low=0, high=1 << 40)
+    kv_file_bits: int = _setting(16, "Bits per K/V value in the KV files written from now on: 16 keeps llama.cpp's "
+                                 "f16 bytes; 8 packs the slot's cells and the saved blocks as the 8-bit pool does, to "
+                                 "about 0.51x the disk. Measured on SmolLM2-135M: the same reply after reopening, the "
+                                 "recovery-fidelity test passes; but an 8-bit file's blocks are near, not exact, so a "
+                                 "closed conversation's file no longer lends its blocks to chunk reuse (an attachment "
+                                 "seen there is decoded again).", group="Persistence", choices=KV_FILE_BITS)
     keepalive_interval_s: int = _setting(240, "Keep-alive sweep interval.", group="Persistence",
                                          low=5, high=86400)
     eviction_interval_s: int = _setting(300, "Eviction sweep interval.", group="Persistence",
@@ -243,22 +269,12 @@ class Settings:
 
     # -- validation ---------------------------------------------------------------------------
     def validate(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            meta = f.metadata
-            if value is None:
-                continue
-            if meta.get("choices") and value not in meta["choices"]:
-                raise ValueError(f"{f.name}={value!r}: choose one of {', '.join(map(str, meta['choices']))}")
-            low, high = meta.get("low"), meta.get("high")
-            if low is not None and not (low <= value <= high):
-                raise ValueError(f"{f.name}={value!r}: must lie in [{low}, {high}]")
-        check_rpc_settings(self.rpc_servers, self.rpc_layer_split)
-        if self.pool_bits not in POOL_BITS:
-            raise ValueError(f"pool_bits={self.pool_bits!r}: choose one of {', '.join(map(str, POOL_BITS))}")
-        if self.low_watermark >= self.high_watermark:
-            raise ValueError(f"low_watermark ({self.low_watermark}) must be below "
-                             f"high_watermark ({self.high_watermark})")
+        """ValueError naming each field that fails its declaration, else the first failing cross check."""
+        problems = field_problems({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        if problems:
+            raise ValueError("; ".join(f"{name}={value!r}: {reason}" for name, (value, reason) in problems.items()))
+        for _, check in CROSS_FIELD_CHECKS:
+            check(self)
 
     @classmethod
     def describe(cls) -> list[dict[str, Any]]:
@@ -314,24 +330,140 @@ class Settings:
 
     @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> Settings:
+        """The saved settings (see `load_checked`), each problem with the file logged as a warning."""
+        settings, problems = cls.load_checked(path, **overrides)
+        for problem in problems:
+            log.warning("%s", problem.text)
+        return settings
+
+    @classmethod
+    def load_checked(cls, path: Path | None = None, **overrides: Any) -> tuple[Settings, list[SettingProblem]]:
+        """The settings saved in `path` (default: settings.json in the config folder) with `overrides` on top, and
+        what was wrong with the file: a bad value keeps its default, every other saved value is kept. Invalid
+        `overrides` (the caller's own values) raise ValueError."""
         base = cls(**overrides) if "home" in overrides else cls()
         path = path or (Path(overrides["home"]) / "config" / "settings.json" if "home" in overrides
                         else base.config_dir / "settings.json")
-        values: dict[str, Any] = {}
-        if path.exists():
-            private_file(path)                        # written before files were private
+        saved, problems = _read_saved(path)
+        known = {f.name for f in dataclasses.fields(cls)} - {"home"}
+        for key in [key for key in saved if key not in known]:
+            log.warning("ignoring unknown setting %r in %s", key, path)
+            saved.pop(key)
+        for name, (value, reason) in field_problems(saved).items():
+            problems.append(SettingProblem(path, (name,), reason, value))
+            saved.pop(name)
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        for names, check in CROSS_FIELD_CHECKS:
             try:
-                values = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                log.warning("settings file %s unreadable (%s); using defaults", path, exc)
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in list(values):
-            if key not in known:
-                log.warning("ignoring unknown setting %r in %s", key, path)
-                values.pop(key)
-        values.update(overrides)
-        try:
-            return cls(**values)
-        except (TypeError, ValueError) as exc:
-            log.warning("settings file %s invalid (%s); using defaults", path, exc)
-            return cls(**overrides)
+                check(SimpleNamespace(**{**defaults, **saved}))
+            except ValueError as exc:
+                problems.append(SettingProblem(path, tuple(n for n in names if n in saved), str(exc),
+                                               tuple(saved.get(n) for n in names if n in saved)))
+                for name in names:
+                    saved.pop(name, None)
+        return cls(**{**saved, **overrides}), problems
+
+
+@dataclass(frozen=True)
+class SettingProblem:
+    """A saved value that was not used: `names` (the settings; empty: the whole file) kept their defaults."""
+
+    path: Path
+    names: tuple[str, ...]
+    reason: str
+    value: Any = None
+
+    @property
+    def detail(self) -> str:
+        """What was not used and why, without the file."""
+        if not self.names:
+            return f"the file {self.reason}; every setting uses its default"
+        defaults = ", ".join(f"{name} = {_json(getattr(Settings, name))}" for name in self.names)
+        value = _json(self.value) if len(self.names) == 1 else ", ".join(map(_json, self.value))
+        return f"{', '.join(self.names)} = {value} is not used ({self.reason}); using the default {defaults}"
+
+    @property
+    def text(self) -> str:
+        return f"settings file {self.path}: {self.detail}"
+
+
+def _json(value: Any) -> str:
+    """A saved value as it appears in settings.json."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _read_saved(path: Path) -> tuple[dict[str, Any], list[SettingProblem]]:
+    """The JSON object saved in `path` ({} when there is none) and why it could not be read, if it could not."""
+    if not path.exists():
+        return {}, []
+    private_file(path)                                   # written before files were private
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return {}, [SettingProblem(path, (), f"could not be read ({exc})")]
+    if not isinstance(values, dict):
+        return {}, [SettingProblem(path, (), f"holds a JSON {type(values).__name__}, not an object")]
+    return values, []
+
+
+# -- the checks, derived from the declarations above ----------------------------------------------
+_REASONS = {"int_type": "not a whole number", "float_type": "not a number", "bool_type": "not true or false",
+            "string_type": "not text", "none_required": "must be null"}
+
+
+@functools.cache
+def field_model() -> type[BaseModel]:
+    """The pydantic model of every setting, built from the dataclass fields: the declared type (strict: no
+    float or bool passes for an integer, no text for a number), `low`/`high` as bounds, `choices` as a Literal."""
+    hints = get_type_hints(Settings)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        meta = f.metadata
+        kind: Any = hints[f.name]
+        if meta.get("choices"):
+            kind = Literal[meta["choices"]] if f.default is not None else Literal[meta["choices"]] | None
+        fields[f.name] = (kind, Field(f.default, ge=meta.get("low"), le=meta.get("high")))
+    return create_model("SettingsFields", __config__=ConfigDict(strict=True), **fields)
+
+
+def field_problems(values: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """{name: (value, why it is refused)} for each of `values` that its declaration refuses."""
+    try:
+        field_model().model_validate(values)
+    except ValidationError as exc:
+        problems: dict[str, tuple[Any, str]] = {}
+        for error in exc.errors():
+            name = str(error["loc"][0])
+            if name not in problems:
+                problems[name] = (values.get(name), _reason(name, error))
+        return problems
+    return {}
+
+
+def _reason(name: str, error: Any) -> str:
+    meta = next(f.metadata for f in dataclasses.fields(Settings) if f.name == name)
+    if error["type"] == "literal_error":
+        return f"choose one of {', '.join(map(str, meta['choices']))}"
+    if error["type"] in ("greater_than_equal", "less_than_equal"):
+        return f"must lie in [{meta['low']}, {meta['high']}]"
+    return _REASONS.get(error["type"], str(error["msg"]))
+
+
+def _check_watermarks(settings: Any) -> None:
+    if settings.low_watermark >= settings.high_watermark:
+        raise ValueError(f"low_watermark ({settings.low_watermark}) must be below "
+                         f"high_watermark ({settings.high_watermark})")
+
+
+def _check_rpc(settings: Any) -> None:
+    check_rpc_settings(settings.rpc_servers, settings.rpc_layer_split)
+
+
+# Checks across fields: (the fields a failure resets to their defaults when loading, the check).
+CROSS_FIELD_CHECKS: tuple[tuple[tuple[str, ...], Callable[[Any], None]], ...] = (
+    (("low_watermark", "high_watermark"), _check_watermarks),
+    (("rpc_servers", "rpc_layer_split"), _check_rpc),
+)

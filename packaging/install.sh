@@ -55,4 +55,6 @@ ls "$("$VENV/bin/python" -c 'import llama_cpp, os; print(os.path.dirname(llama_c
   >/dev/null 2>&1 || { echo "install incomplete: llama.cpp was built without its RPC backend" >&2; exit 1; }
 # rpc-server (the remote-device worker, `evoke-desk rpc-worker`) from the same sources, against this install: ~6 s.
 bash native/build_rpc_server.sh
+# The system libraries of a real (X11) window: a warning naming the apt packages, never a failure (CI is headless).
+bash packaging/check-system-libs.sh "$VENV/bin/python"
 echo "installed into $VENV (llama.cpp: $GPU, with the RPC backend)"

@@ -1,5 +1,6 @@
-"""The conversation as a column of message bubbles: Markdown, highlighted code, copy links, and
-hover actions on each message (copy, regenerate, edit, fork, delete).
+"""The conversation as a column of message bubbles: Markdown, highlighted code, copy links, hover
+actions on each message (copy, regenerate, edit, fork, delete), a version switch, and under a reply
+that ended short why, with Continue generating (`reply_end`).
 
 Invariants: only the last bubble is re-rendered while a reply streams (its parts are updated in
 place, not rebuilt); a reply's text and its code blocks are separate widgets, so a long code line
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QEvent, QTimer, Signal
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtCore import QEvent, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -26,18 +27,26 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..messages import ChatMessage, stamp_text
+from ..messages import ChatMessage, Versions, end_note, stamp_text
 from ..render import Part, render_parts, render_plain
 from .code_block import CodeBlockView
+from .reply_end import ReplyEnd
 from .version_switch import VersionSwitch
 
 
+def open_web_link(url: QUrl) -> None:
+    if url.scheme() in ("http", "https", "mailto"):
+        QDesktopServices.openUrl(url)
+
+
 class AutoHeightBrowser(QTextBrowser):
-    """A QTextBrowser as tall as its document, so the outer scroll area does the scrolling."""
+    """A QTextBrowser as tall as its document, so the outer scroll area does the scrolling; a web link in it
+    opens in the desktop's browser (nothing else is followed)."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setOpenLinks(False)
+        self.anchorClicked.connect(open_web_link)
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setVerticalScrollBarPolicy(self.verticalScrollBarPolicy().ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(self.horizontalScrollBarPolicy().ScrollBarAlwaysOff)
@@ -65,7 +74,7 @@ ACTIONS = (("copy", "Copy", "Copy the message"), ("regenerate", "Regenerate", "A
 class MessageBubble(QFrame):
     """One message: a role header with hover actions, the rendered body, attachment chips, a footer."""
 
-    actionTriggered = Signal(str)      # copy | regenerate | edit | fork | delete
+    actionTriggered = Signal(str)      # copy | regenerate | edit | fork | delete | continue
 
     def __init__(self, message: ChatMessage, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -115,6 +124,9 @@ class MessageBubble(QFrame):
         layout.addLayout(self.part_column)
         self.footer = QLabel(objectName="bubbleFooter")
         layout.addWidget(self.footer)
+        self.reply_end = ReplyEnd(self)              # why a reply ended short, and "Continue generating"
+        self.reply_end.continueClicked.connect(lambda: self.actionTriggered.emit("continue"))
+        layout.addWidget(self.reply_end)
         self._copied_reset = QTimer(self, singleShot=True, interval=COPIED_MS,
                                     timeout=lambda: self.buttons["copy"].setText("Copy"))
         self.set_message(message)
@@ -127,6 +139,7 @@ class MessageBubble(QFrame):
         self.chips.setVisible(bool(message.attachments))
         self.footer.setText(message.meta)
         self.footer.setVisible(bool(message.meta))
+        self.reply_end.set_note(end_note(message), always=message.interrupted)
         self.row_id = message.row_id
         self.stamp.setText(f"·  {stamp_text(message.created_at)}" if message.created_at else "")
         self.stamp.setToolTip(time.strftime("%A %d %B %Y, %H:%M:%S", time.localtime(message.created_at))
@@ -182,12 +195,16 @@ class MessageBubble(QFrame):
         return "\n".join(piece for piece in pieces if piece)
 
     def set_place(self, *, is_last: bool, busy: bool) -> None:
-        """Which actions apply: regenerate on the last reply, edit on user messages, none but copy while busy."""
+        """Which actions apply: regenerate and Continue on the last reply, edit on every message, none but copy
+        while busy or while a version switch is pending."""
         self.is_last, self.busy = is_last, busy
         self.buttons["regenerate"].setVisible(self.role == "assistant" and is_last)
-        self.buttons["edit"].setVisible(self.role == "user")
+        self.buttons["edit"].setToolTip("Edit and resend; later messages go to the old version's branch"
+                                        if self.role == "user" else "Edit the reply's text")
         for name in ("regenerate", "edit", "fork", "delete"):
-            self.buttons[name].setEnabled(not busy and not self.versions.earlier)   # an earlier version: read-only
+            self.buttons[name].setEnabled(not busy and not self.versions.switching)   # a version switch pending
+        self.versions.set_busy(busy)
+        self.reply_end.offer(is_last and not busy and not self.versions.switching)
 
     def show_actions(self, shown: bool) -> None:
         self.actions.setVisible(shown)
@@ -209,6 +226,8 @@ class ChatView(QScrollArea):
 
     codeCopied = Signal(int)
     regenerateRequested = Signal()
+    continueRequested = Signal()         # the last reply's "Continue generating"
+    versionRequested = Signal(int, int)  # the message's position, the history row id of the version to make current
     editRequested = Signal(int)          # the message's position in the view
     forkRequested = Signal(int)
     deleteRequested = Signal(int)
@@ -266,6 +285,8 @@ class ChatView(QScrollArea):
         self._revealed = None
         bubble = MessageBubble(message)
         bubble.actionTriggered.connect(lambda name, bubble=bubble: self._action(bubble, name))
+        bubble.versions.chosen.connect(lambda row_id, bubble=bubble: bubble in self.bubbles and
+                                       self.versionRequested.emit(self.bubbles.index(bubble), row_id))
         self.column.insertWidget(self.column.count() - 1, bubble)
         self.bubbles.append(bubble)
         self.placeholder.setVisible(False)
@@ -292,10 +313,10 @@ class ChatView(QScrollArea):
         self.busy = busy
         self._place_actions()
 
-    def set_versions(self, versions: dict[int, list[str]]) -> None:
+    def set_versions(self, versions: dict[int, Versions]) -> None:
         """The versions of the messages at these positions (oldest first); the others have none."""
         for position, bubble in enumerate(self.bubbles):
-            bubble.versions.set_versions(versions.get(position, []))
+            bubble.versions.set_versions(versions.get(position))
 
     def _place_actions(self) -> None:
         for i, bubble in enumerate(self.bubbles):
@@ -311,6 +332,8 @@ class ChatView(QScrollArea):
             self.messageCopied.emit(position)
         elif name == "regenerate":
             self.regenerateRequested.emit()
+        elif name == "continue":
+            self.continueRequested.emit()
         else:
             {"edit": self.editRequested, "fork": self.forkRequested, "delete": self.deleteRequested}[name].emit(
                 position)

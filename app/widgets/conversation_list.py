@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..models import MEMORY_LABELS, DepthRole, IdRole, MemoryRole, PinnedRole, SourceRole, UpdatedRole
+from ..models import MEMORY_LABELS, DepthRole, GroupRole, IdRole, MemoryRole, PinnedRole, SourceRole, UpdatedRole
 from ..resources import icon
 from ..theme import tone
 from .search_box import MessageSearchResults
@@ -81,9 +81,10 @@ class ConversationDelegate(QStyledItemDelegate):
         when = relative_time(index.data(UpdatedRole) or 0)
         pinned = bool(index.data(PinnedRole))
         api = index.data(SourceRole) == "api"
+        group = index.data(GroupRole)           # one-shot API conversations: listed last, labelled by their group
         painter.drawText(rect.adjusted(12, 26, -8, 0), Qt.AlignmentFlag.AlignLeft,
-                         ("↳ fork   " if depth else "") + ("● pinned   " if pinned else "") + ("API · " if api else "")
-                         + when)
+                         ("↳ fork   " if depth else "") + ("● pinned   " if pinned else "")
+                         + (f"{group} · " if group else "API · " if api else "") + when)
         title_font = QFont(option.font)
         title_font.setBold(selected)
         painter.setFont(title_font)
@@ -101,6 +102,7 @@ class ConversationSidebar(QWidget):
     renameRequested = Signal(str)
     deleteRequested = Signal(str)
     pinRequested = Signal(str, bool)
+    exportRequested = Signal(str, str)          # conversation id, title
 
     def __init__(self, model, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -111,6 +113,7 @@ class ConversationSidebar(QWidget):
         self.new_button = QPushButton("New conversation", objectName="newButton")
         self.new_button.setIcon(icon("new"))
         self.new_button.clicked.connect(self.newRequested)
+        self.new_button.setFocusPolicy(Qt.FocusPolicy.NoFocus)     # typed spaces never press it (Ctrl+N does)
         layout.addWidget(self.new_button)
         self.search = QLineEdit(objectName="search", placeholderText="Search titles and messages (Ctrl+F)",
                                 clearButtonEnabled=True)
@@ -171,14 +174,20 @@ class ConversationSidebar(QWidget):
 
     def _menu(self, point: QPoint) -> None:
         index = self.view.indexAt(point)
-        if not index.isValid():
-            return
-        conversation_id, pinned = index.data(IdRole), bool(index.data(PinnedRole))
+        if index.isValid():
+            menu = self.menu_for(index)
+            menu.exec(self.view.viewport().mapToGlobal(point))
+            menu.deleteLater()
+
+    def menu_for(self, index: QModelIndex) -> QMenu:
+        """The context menu of the conversation at `index` (a list row)."""
+        conversation_id, pinned, title = index.data(IdRole), bool(index.data(PinnedRole)), index.data() or ""
         menu = QMenu(self)
         menu.addAction("Open", lambda: self.activated.emit(conversation_id))
         menu.addAction("Rename…", lambda: self.renameRequested.emit(conversation_id))
         menu.addAction("Unpin" if pinned else "Pin",
                        lambda: self.pinRequested.emit(conversation_id, not pinned))
+        menu.addAction("Export…", lambda: self.exportRequested.emit(conversation_id, title))
         menu.addSeparator()
         menu.addAction("Delete…", lambda: self.deleteRequested.emit(conversation_id))
-        menu.exec(self.view.viewport().mapToGlobal(point))
+        return menu

@@ -8,6 +8,7 @@ Invariant: one editor per declared setting, showing its default, range and when 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +84,7 @@ class SettingsDialog(QDialog):
                  min_budget: Callable[[Any], int] | None = None, prefix_tokens: int | None = None) -> None:
         super().__init__(parent)
         self.min_budget = min_budget              # settings -> the smallest active-KV budget that works
+        self.kv_disk_bytes: int | None = None     # what the saved KV files take now (`show_disk_use`)
         self.prefix_tokens = prefix_tokens
         self.wait_for_result = False              # OK waits for result_applied / result_failed
         self.closing = False
@@ -126,6 +128,8 @@ class SettingsDialog(QDialog):
             self.set_value(spec.name, getattr(settings, spec.name))
         for name in form.SAVED_STATE_EFFECTS:
             self._on_change(self.editors.get(name), self.update_recompute)
+        for name in ("block_tokens", "tail_fraction"):        # the smallest budget follows them
+            self._on_change(self.editors.get(name), self._update_budget_hint)
 
     # -- building ---------------------------------------------------------------------------
     def _page(self, specs: list[form.FieldSpec], model_info: Any = None) -> QWidget:
@@ -220,16 +224,52 @@ class SettingsDialog(QDialog):
         self.recompute.setText("When applied: " + "; ".join(notes) if notes else "")
         self.recompute.setVisible(bool(notes))
 
-    def _update_hint(self, spec: form.FieldSpec) -> None:
+    def budget_range_text(self, settings: Any) -> str:
+        """The budget's range with its real minimum under `settings` (the shared prefix and room for a reply),
+        not the declared 64."""
+        spec = self.spec("budget_tokens")
+        high = form.human_count(spec.high)
+        if self.min_budget is None:
+            return (f"at least the shared prefix and room for a reply (the smallest shows here once a conversation "
+                    f"is open), at most {high} tokens")
+        held = f"the shared prefix of {self.prefix_tokens} tokens" if self.prefix_tokens else "the shared prefix"
+        return f"{self.min_budget(settings)} to {high} tokens (the smallest holds {held} and a reply)"
+
+    def _pending_floor_settings(self) -> Any:
+        """The base settings with the edited values the smallest budget depends on (block size, tail)."""
+        changes = {}
+        for name in ("block_tokens", "tail_fraction"):
+            if name in self.editors:
+                changes[name] = self.value(name)
+        return dataclasses.replace(self.base, **changes)
+
+    def _update_budget_hint(self, *_: Any) -> None:
+        try:
+            settings = self._pending_floor_settings()
+        except (ValueError, TypeError):
+            return
+        self._update_hint(self.spec("budget_tokens"), settings)
+
+    def _update_hint(self, spec: form.FieldSpec, settings: Any = None) -> None:
         parts = [spec.default_text]
-        if spec.range_text():
+        if spec.name == "budget_tokens":
+            parts.append(self.budget_range_text(settings or self.base))
+        elif spec.range_text():
             parts.append(spec.range_text())
         now = spec.applies == form.NOW
         parts.append(f"<span style='color:{'#3fb950' if now else '#d29922'}'>{spec.applies_text}</span>")
+        if spec.name == "disk_budget_bytes" and self.kv_disk_bytes is not None:
+            parts.append(f"<b>in use now: {form.human_bytes(self.kv_disk_bytes)} of "
+                         f"{form.human_bytes(self.base.disk_budget_bytes)}</b>")
         effect = form.SAVED_STATE_EFFECTS.get(spec.name)
         self.hints[spec.name].setText(" · ".join(parts) + f"<br><span style='color:#7d8590'>"
                                       f"{spec.description}{' Changing it: ' + effect + '.' if effect else ''}"
                                       "</span>")
+
+    def show_disk_use(self, used_bytes: int) -> None:
+        """Show beside the KV disk cap what the saved KV files take now."""
+        self.kv_disk_bytes = used_bytes
+        self._update_hint(self.spec("disk_budget_bytes"))
 
     # -- values -----------------------------------------------------------------------------
     def spec(self, name: str) -> form.FieldSpec:

@@ -1,14 +1,16 @@
 """The status bar: model and device, tokens/s, time to first token, and the active-KV gauge.
 
 Invariant: it only formats what the controller reports; the gauge turns amber above the high
-watermark and red over the budget.
+watermark and red over the budget; it says "Ready" only while no conversation is opening (a rebuild
+shows its progress and a Cancel button that emits `cancelRebuild`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QToolButton, QWidget
 
 from ..messages import model_name
 
@@ -48,13 +50,21 @@ def device_details(info: Any) -> str:
     return "\n".join(lines)
 
 
+READ_ONLY_TEXT = "Read-only: another window owns this data folder"
+
+
 class StatusBar(QStatusBar):
+    cancelRebuild = Signal()
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("statusBar")
         self.state = QLabel("Loading model…", objectName="statusState")
         self.busy = QProgressBar(objectName="busy", maximumWidth=120, maximumHeight=12, textVisible=False)
         self.busy.setRange(0, 0)
+        self.cancel = QToolButton(text="Cancel", objectName="cancelRebuild", visible=False)
+        self.cancel.setToolTip("Stop rebuilding this conversation from its history (it is rebuilt when you send)")
+        self.cancel.clicked.connect(self.cancelRebuild)
         self.model = QLabel("", objectName="statusModel")
         self.device = QLabel("", objectName="statusDevice")
         self.speed = QLabel("— tok/s", objectName="statusSpeed")
@@ -66,13 +76,30 @@ class StatusBar(QStatusBar):
         self.gauge.setValue(0)
         self.addWidget(self.state)
         self.addWidget(self.busy)
+        self.addWidget(self.cancel)
         for widget in (self.endpoint, self.model, self.device, self.speed, self.ttft, self.gauge):
             self.addPermanentWidget(widget)
         self.high_watermark = 0.92
         self.active = self.budget = 0
+        self.opening = ""                          # the conversation whose KV is opening ("" when none)
+
+    def idle_text(self) -> str:
+        """What the bar says when nothing runs: "Ready" once the shown conversation is open."""
+        return f"Opening “{self.opening}”…" if self.opening else "Ready"
+
+    def set_opening(self, title: str) -> None:
+        """`title`'s KV is opening ("" once the shown conversation is open): the idle text follows it."""
+        text, idle = self.state.text(), self.idle_text()
+        self.opening = title
+        if text.startswith("Rebuilding"):              # that rebuild ended (done, cancelled or left)
+            self.busy.setVisible(False)
+            self.cancel.setVisible(False)
+        if text == idle or text.startswith("Rebuilding"):
+            self.state.setText(self.idle_text())
 
     def set_model_state(self, state: str, detail: str) -> None:
-        text = {"loading": detail or "Loading model…", "ready": "Ready", "failed": "Model failed to load",
+        text = {"loading": detail or "Loading model…", "ready": self.idle_text(), "failed": "Model failed to load",
+                "read-only": READ_ONLY_TEXT,
                 "unloaded": "Model unloaded (idle); it reloads on the next message"}.get(state, detail)
         self.state.setText(text)
         self.busy.setVisible(state == "loading")
@@ -108,16 +135,18 @@ class StatusBar(QStatusBar):
 
     def set_rebuild(self, title: str, done: int, total: int) -> None:
         if done >= total:
-            self.state.setText("Ready")
+            self.state.setText(self.idle_text())
             self.busy.setVisible(False)
+            self.cancel.setVisible(False)
             return
         self.state.setText(f"Rebuilding “{title}” from history: {done:,}/{total:,} tokens")
         self.busy.setVisible(True)
+        self.cancel.setVisible(True)
         self.busy.setRange(0, total)
         self.busy.setValue(done)
 
     def set_generating(self, generating: bool) -> None:
-        self.state.setText("Generating…" if generating else "Ready")
+        self.state.setText("Generating…" if generating else self.idle_text())
         self.busy.setVisible(generating)
         self.busy.setRange(0, 0)
 
@@ -126,6 +155,14 @@ class StatusBar(QStatusBar):
         self.ttft.setText(f"TTFT {ttft * 1000:.0f} ms" if ttft < 10 else f"TTFT {ttft:.1f} s")
 
     def set_stats(self, stats: dict[str, Any]) -> None:
+        if not int(stats.get("budget_tokens", 0) or 0):          # not open in the engine (an import not loaded yet)
+            self.active = self.budget = 0
+            self.gauge.setRange(0, 1)
+            self.gauge.setValue(0)
+            messages, chars = int(stats.get("history_messages", 0)), int(stats.get("history_chars", 0))
+            self.gauge.setFormat(f"Not loaded · {messages} messages, {chars:,} chars" if messages else "Not loaded")
+            self.gauge.setProperty("level", "ok")
+            return
         self.active = int(stats.get("active_tokens", 0))
         self.budget = max(1, int(stats.get("budget_tokens", 1)))
         self.gauge.setRange(0, self.budget)

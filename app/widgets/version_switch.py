@@ -1,37 +1,42 @@
-"""The "‹ 2/3 ›" switch of a message that has earlier versions (a regenerated reply, an edited message).
+"""The "‹ 2/3 ›" switch of a message that has other versions (a regenerated reply, an edited message).
 
-Invariants: stepping only shows text: an earlier version is read-only (the bubble's edit, regenerate, fork and
-delete are off while it shows) and the bubble's live text (`bubble.source`) and footer come back at the last one.
+Invariants: the switch shows the message's current version (the one in the conversation) among its versions; a
+step asks for another version to become current (`chosen` with its history row id: the controller switches the
+whole branch below it and the view is rebuilt from the history), and until the answer comes the switch is
+`switching` (its steps and the bubble's edit actions off).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QWidget
+
+from ..messages import Versions
 
 if TYPE_CHECKING:
     from .chat_view import MessageBubble
-
-EARLIER_NOTE = "Earlier version {n} of {total}: read-only (the newest is the one in the conversation)"
 
 
 class VersionSwitch(QWidget):
     """Previous/next buttons and "n/total" in a bubble's header; hidden when there is one version."""
 
+    chosen = Signal(int)          # the history row id of the version to make current
+
     def __init__(self, bubble: MessageBubble) -> None:
         super().__init__(bubble)
         self.setObjectName("versionSwitch")
         self.bubble = bubble
-        self.texts: list[str] = []
-        self.current = 0
-        self._live_footer = ""
+        self.versions: Versions | None = None
+        self.switching = False
+        self.busy = False                 # a reply streams: no steps
         row = QHBoxLayout(self)
         row.setContentsMargins(0, 0, 6, 0)
         row.setSpacing(0)
-        self.previous = QToolButton(text="‹", objectName="versionStep", toolTip="Earlier version")
+        self.previous = QToolButton(text="‹", objectName="versionStep", toolTip="Earlier version (it becomes current)")
         self.label = QLabel(objectName="versionLabel")
-        self.next = QToolButton(text="›", objectName="versionStep", toolTip="Later version")
+        self.next = QToolButton(text="›", objectName="versionStep", toolTip="Later version (it becomes current)")
         self.previous.clicked.connect(lambda: self.step(-1))
         self.next.clicked.connect(lambda: self.step(1))
         for widget in (self.previous, self.label, self.next):
@@ -39,42 +44,33 @@ class VersionSwitch(QWidget):
         self.hide()
 
     @property
-    def earlier(self) -> bool:
-        """An earlier version shows now (the message's actions are off)."""
-        return bool(self.texts) and self.current < len(self.texts) - 1
+    def current(self) -> int:
+        return self.versions.current if self.versions else 0
 
-    def set_versions(self, texts: list[str]) -> None:
-        """The message's versions, oldest first, the live one last; fewer than two hides the switch."""
-        if self.earlier:
-            self.show_version(len(self.texts) - 1)
-        self.texts = list(texts) if len(texts) > 1 else []
-        self.current = max(0, len(self.texts) - 1)
+    def set_versions(self, versions: Versions | None) -> None:
+        """The message's versions (None or one version hides the switch); a pending switch is over."""
+        self.versions = versions if versions is not None and len(versions.ids) > 1 else None
+        self.switching = False
         self._update()
-        self.setVisible(bool(self.texts))
+        self.setVisible(self.versions is not None)
 
     def step(self, delta: int) -> None:
-        if self.texts:
-            self.show_version(min(max(self.current + delta, 0), len(self.texts) - 1))
-
-    def show_version(self, k: int) -> None:
-        bubble, last = self.bubble, len(self.texts) - 1
-        if k == self.current and self.texts:
+        """Ask for the version `delta` steps away to become current (nothing while a switch is pending)."""
+        if self.versions is None or self.switching:
             return
-        if not self.earlier:
-            self._live_footer = bubble.footer.text()
-        self.current = k
-        if k >= last:
-            bubble.set_text(bubble.source, streaming=False)
-            bubble.footer.setText(self._live_footer)
-            bubble.footer.setVisible(bool(self._live_footer))
-        else:
-            bubble.set_text(self.texts[k], streaming=False)
-            bubble.footer.setText(EARLIER_NOTE.format(n=k + 1, total=len(self.texts)))
-            bubble.footer.setVisible(True)
-        bubble.set_place(is_last=bubble.is_last, busy=bubble.busy)
+        target = self.versions.current + delta
+        if 0 <= target < len(self.versions.ids):
+            self.switching = True
+            self.bubble.set_place(is_last=self.bubble.is_last, busy=self.bubble.busy)   # its actions off too
+            self.chosen.emit(self.versions.ids[target])
+
+    def set_busy(self, busy: bool) -> None:
+        """Steps off while the conversation is busy (a reply streams)."""
+        self.busy = busy
         self._update()
 
     def _update(self) -> None:
-        self.label.setText(f"{self.current + 1}/{len(self.texts)}" if self.texts else "")
-        self.previous.setEnabled(self.current > 0)
-        self.next.setEnabled(self.current < len(self.texts) - 1)
+        versions, free = self.versions, not self.switching and not self.busy
+        self.label.setText(f"{versions.current + 1}/{len(versions.ids)}" if versions else "")
+        self.previous.setEnabled(bool(versions) and free and versions.current > 0)
+        self.next.setEnabled(bool(versions) and free and versions.current < len(versions.ids) - 1)

@@ -3,14 +3,17 @@
 Invariants: after each operation the conversation's live SQLite messages and its template history
 agree one to one, and its KV holds exactly the blocks of those messages (what a clean re-prefill
 would decode, up to eviction), or the open state is discarded and rebuilt from SQLite on next use;
-rows leave the live history as `superseded`/`deleted`, never erased here. Each operation is given the open
-conversations (`ConversationLifecycle`: the history store and the loaded model come with them), never the Engine.
+rows leave the live history as `superseded`/`deleted`, never erased here; the messages after an edited one leave
+marked as the old version's branch (`hide_from`), so choosing that version brings them back (`branches`). Each
+operation is given the open conversations (`ConversationLifecycle`: the history store and the loaded model come
+with them), never the Engine.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from jinja2.exceptions import TemplateError
@@ -66,6 +69,16 @@ def truncate(conversations: ConversationLifecycle, conversation_id: str, n_messa
     conversations.refresh(state)
 
 
+def hide_from(conversations: ConversationLifecycle, conversation_id: str, rows: Sequence[MessageRow],
+              position: int) -> None:
+    """Live `rows[position]` leaves as a version (no mark) and every later live row as its branch."""
+    head = rows[position]
+    with conversations.history.transaction():
+        conversations.history.hide_messages(conversation_id, [head.id], SUPERSEDED)
+        conversations.history.hide_messages(conversation_id, [r.id for r in rows[position + 1:]], SUPERSEDED,
+                                            branch_of=head.id)
+
+
 def rewind_for_edit(conversations: ConversationLifecycle, state: ConversationState,
                     index: int) -> tuple[MessageRow, list[MessageRow]]:
     """Before an edit of user message `index`: it and every later message leave (rows superseded)."""
@@ -73,7 +86,7 @@ def rewind_for_edit(conversations: ConversationLifecycle, state: ConversationSta
     if not 0 <= index < len(rows) or rows[index].role != "user":
         raise EditError(f"message {index} is not a user message of this conversation")
     truncate_state(conversations, state, index)
-    conversations.history.hide_messages(state.id, [r.id for r in rows[index:]], SUPERSEDED)
+    hide_from(conversations, state.id, rows, index)
     return rows[index], rows[index:]
 
 

@@ -27,6 +27,7 @@ class ConversationInfo:
     memory: str            # slot | ram | disk | none
     forked_from: str | None = None
     source: str = "app"    # app | api (made through the OpenAI-compatible endpoint)
+    stateless: bool = False  # an API conversation of requests without a session: deleted after its TTL
 
 
 def history_path(settings: Settings):
@@ -46,7 +47,7 @@ def read_conversations(settings: Settings) -> list[ConversationInfo]:
         parent = meta.get("forked_from")
         out.append(ConversationInfo(row.id, row.title, row.updated_at, row.pinned, "none",
                                     forked_from=parent if isinstance(parent, str) else None,
-                                    source=str(meta.get("source", "app"))))
+                                    source=str(meta.get("source", "app")), stateless=bool(meta.get("stateless"))))
     return out
 
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import BudgetError, RestoreError
+from ..errors import BudgetError, RebuildCancelled, RestoreError
 from ..events import EngineEvent, EventKind
 from ..kvcache.prefixes import Prefix, system_message
 from ..memory.chunk_files import KVFileChunks
+from ..memory.file_bits import pack_for_file, unpack_image
 from ..memory.memory import ConversationMemory, min_budget_tokens
 from ..memory.recovery import backend as recovery_backend
 from ..memory.snapshot import SnapshotError, decode_payload, encode_payload
@@ -165,8 +167,11 @@ class ConversationLifecycle:
         self.refresh(state)
         return state
 
-    def open(self, conversation_id: str) -> ConversationState:
-        """The open state of a conversation: in memory, else from its KV file, else rebuilt from history."""
+    def open(self, conversation_id: str, cancel: threading.Event | None = None) -> ConversationState:
+        """The open state of a conversation: in memory, else from its KV file, else rebuilt from history.
+
+        `cancel`, once set, stops a rebuild between two prefill blocks: the conversation is left closed (no
+        slot, no cells; its KV file, if any, kept) and `RebuildCancelled` is raised."""
         model = self._ensure_model()
         state = self._states.get(conversation_id)
         if state is not None:
@@ -177,8 +182,14 @@ class ConversationLifecycle:
         tools = row.settings.get("tools", []) if isinstance(row.settings, dict) else []
         state = self.fresh_state(row.id, row.title, row.system_prompt, tools, row.pinned)
         prefix = model.prefixes.for_conversation(state.system_prompt, state.tools)
-        if not self._restore_from_file(state, prefix):
-            self._rebuild_from_history(state, prefix)
+        try:
+            if not self._restore_from_file(state, prefix, cancel):
+                self._rebuild_from_history(state, prefix, cancel)
+        except RebuildCancelled:
+            self._reset(state)
+            self.emit(EngineEvent(EventKind.KV_REBUILDING, "rebuild from history cancelled", conversation_id=state.id,
+                                  detail={"done": 0, "total": 0, "cancelled": True}))
+            raise
         state.last_used = self.clock()
         self.refresh(state)
         return state
@@ -240,7 +251,8 @@ class ConversationLifecycle:
         self._rebuild_from_history(state, self.model.prefixes.for_conversation(state.system_prompt, state.tools))
 
     # -- restore and rebuild ----------------------------------------------------------------
-    def _restore_from_file(self, state: ConversationState, prefix: Prefix) -> bool:
+    def _restore_from_file(self, state: ConversationState, prefix: Prefix,
+                           cancel: threading.Event | None = None) -> bool:
         """Adopt the conversation's KV file if the whole of it checks out and fits (`snapshot_check`,
         `snapshot_fit`) and its history is SQLite's or a prefix of it (a file written before the last
         messages, e.g. before a crash): those later messages are then decoded from history. Else remove the
@@ -256,7 +268,7 @@ class ConversationLifecycle:
             return False
         messages = self.history.messages(state.id)
         try:
-            snapshot = decode_payload(payload)
+            snapshot = unpack_image(decode_payload(payload))     # an 8-bit file's image back at full width
             known = len(snapshot.history)
             if known > len(messages):
                 raise SnapshotError(f"it holds {known} messages, the saved chat {len(messages)}")
@@ -281,8 +293,10 @@ class ConversationLifecycle:
         tail = messages[known:]
         if tail:
             try:
-                self._replay(state, tail, "the messages after the cache file")
+                self._replay(state, tail, "the messages after the cache file", cancel)
                 state.memory.check()
+            except RebuildCancelled:
+                raise                                   # the file stays: it was good
             except Exception as exc:  # noqa: BLE001 - the file was good; its continuation was not: start over
                 log.exception("the messages after the KV file of %s did not replay", state.id)
                 self._reset(state)
@@ -307,18 +321,21 @@ class ConversationLifecycle:
         self.emit(EngineEvent(EventKind.KV_REBUILT, f"{reason}: rebuilt from history", conversation_id=state.id))
         return False
 
-    def _rebuild_from_history(self, state: ConversationState, prefix: Prefix) -> None:
+    def _rebuild_from_history(self, state: ConversationState, prefix: Prefix,
+                              cancel: threading.Event | None = None) -> None:
         """Re-prefill the conversation from SQLite (the source of truth)."""
         self.adopt(state, prefix)
         self.ensure_slot(state)
         messages = self.history.messages(state.id)
         if messages:
-            self._replay(state, messages, "the conversation")
+            self._replay(state, messages, "the conversation", cancel)
 
-    def _replay(self, state: ConversationState, messages: Sequence[MessageRow], what: str) -> int:
+    def _replay(self, state: ConversationState, messages: Sequence[MessageRow], what: str,
+                cancel: threading.Event | None = None) -> int:
         """Decode `messages` (SQLite rows) at the end of the open conversation's KV, emitting `kv_rebuilding`
         progress (done/total tokens; total is an estimate until the last event, where done == total) and
-        refreshing its stats as blocks land. The tokens and seconds are kept for `take_rebuild`."""
+        refreshing its stats as blocks land. The tokens and seconds are kept for `take_rebuild`. A set `cancel`
+        raises `RebuildCancelled` before the next block (the caller drops the half-built state)."""
         model = self.model
         memory, system = state.memory, state.system_message
         texts = [m.text if m.role == "assistant" else render_user_content(m.text, m.attachments) for m in messages]
@@ -333,11 +350,17 @@ class ConversationLifecycle:
                                  conversation_id=state.id, tokens=done,
                                  detail={"done": done, "total": shown, "messages": len(messages)}))
 
+        def stop_if_cancelled() -> None:
+            if cancel is not None and cancel.is_set():
+                raise RebuildCancelled(f"rebuilding {what} from history was cancelled")
+
         def on_block(_block) -> None:
             progress(memory.counters.prefill_tokens - first)
+            stop_if_cancelled()
 
         progress(0)
         for message in messages:
+            stop_if_cancelled()
             if message.role == "assistant":
                 replay_reply(memory, model.rt, model.template, state.history, message.text, system=system,
                              on_block=on_block)
@@ -358,7 +381,8 @@ class ConversationLifecycle:
         if not state.history:
             return False
         try:
-            snapshot = state.memory.snapshot(state.prefix.key, state.history)
+            snapshot = pack_for_file(state.memory.snapshot(state.prefix.key, state.history),
+                                     self.model.settings.kv_file_bits)
             payload = encode_payload(snapshot)
             self.files.write(state.id, ttl_class or state.ttl_class, payload)
         except (StoreError, RemoteDeviceLost) as exc:       # a lost worker's K/V cannot be read: SQLite has the text

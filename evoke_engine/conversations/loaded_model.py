@@ -79,7 +79,7 @@ class LoadedModel:
                                                                  block=b.name, tokens=b.n_tokens)))
             files = KVFileStore(settings.cache_dir, model_hash(rt.model_path, settings.kv_cache_type, rt.n_ctx,
                                                                settings.slots, rt.flash_attention),
-                                settings.ttl_seconds(), clock=clock)
+                                settings.ttl_seconds(), clock=clock, disk_budget_bytes=settings.disk_budget_bytes)
             files.check(fix=True)
             chunks = ChunkIndex(files=KVFileChunks(files))
             chunks.files.catalogue(chunks)           # closed conversations' KV files: exact blocks to reuse
@@ -142,9 +142,13 @@ def follow_pool_settings(hub: SettingsHub, pool: SavedPool) -> list[Subscription
 
 def follow_ttl_settings(hub: SettingsHub, files: Callable[[], KVFileStore | None]) -> Subscription:
     """The KV files `files()` gives (those of the model loaded last: they outlive it) adopt new TTLs, so their
-    expiry is computed with them from the change on."""
+    expiry is computed with them from the change on, and a new disk budget (enforced at once and on each write)."""
     def changed(old: Settings, new: Settings) -> None:
         store = files()
-        if store is not None:
+        if store is None:
+            return
+        if new.ttl_seconds() != old.ttl_seconds():
             store.set_ttl_seconds(new.ttl_seconds())
-    return hub.subscribe(changed, fields=TTL_SETTINGS)
+        if new.disk_budget_bytes != old.disk_budget_bytes:
+            store.set_disk_budget(new.disk_budget_bytes)
+    return hub.subscribe(changed, fields=(*TTL_SETTINGS, "disk_budget_bytes"))

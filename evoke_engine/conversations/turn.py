@@ -2,7 +2,8 @@
 
 Invariants: the message's blocks are named (`file:<name>#i`, `user#N`, `user#N.k`), decoded
 in chunks with eviction between them (never truncated); the reply grows as the last resident
-block and is split into `assistant#N` blocks at the end; a cancelled reply keeps its text. Text a
+block and is split into `assistant#N` blocks at the end; a cancelled reply keeps its text; a continued reply
+(`continue_reply`) decodes its text so far as a rebuild would and grows from there, with no closing between. Text a
 user, a file, a tool or a reply wrote is tokenized with special-token parsing off (only the template's
 markup is special), alike live and in a rebuild from history, so both give the same tokens.
 """
@@ -13,7 +14,7 @@ import codecs
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..events import EventKind
 from ..kvcache.blocks import Block, BlockState
@@ -21,6 +22,7 @@ from ..memory.memory import ConversationMemory
 from ..runtime.runtime import Cancelled, Runtime
 from ..runtime.sampling import SamplerChain, SamplingParams
 from ..runtime.template import ChatTemplate, Segment
+from .breakdown import TurnBreakdown
 
 Attachment = tuple[str, str]
 
@@ -37,10 +39,12 @@ class Reply:
     rebuild_s: float = 0.0    # a KV rebuild (from history) the turn waited for; counted in ttft_s
     rebuilt_tokens: int = 0   # tokens that rebuild decoded
     reused_tokens: int = 0    # message tokens spliced from other conversations' K/V (not in prefill_tokens)
+    resumed_tokens: int = 0   # a continued reply: the tokens it had before (in n_tokens, not sampled this time)
+    breakdown: dict = field(default_factory=dict)   # where the turn's time went (`TurnBreakdown.as_dict`)
 
     @property
     def tokens_per_s(self) -> float:
-        return self.n_tokens / self.decode_s if self.decode_s > 0 else 0.0
+        return (self.n_tokens - self.resumed_tokens) / self.decode_s if self.decode_s > 0 else 0.0
 
 
 def render_user_content(text: str, attachments: Sequence[Attachment]) -> str:
@@ -145,8 +149,12 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     new_hashes = {b.hash for b in blocks if b.role == "file"}
     message_tokens = sum(b.n_tokens for b in blocks)
     reserve = min(params.max_tokens, memory.budget_tokens // 8) + len(opening) + len(closing)
+    clock = TurnBreakdown()
     recovered = memory.recover(text, message_tokens=min(message_tokens, memory.budget_tokens // 2),
                                reply_reserve=reserve, identity_hashes=new_hashes)
+    clock.add("decide", memory.last_decide_s - memory.last_embed_s)
+    clock.add("embed", memory.last_embed_s)
+    clock.add("restore", memory.last_restore_s)
     reused = {b.hash for b in recovered if b.role == "file"}
 
     # Decode the message in blocks, evicting between them when the budget needs it.
@@ -155,6 +163,7 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     to_decode = [b for b in blocks if not (b.role == "file" and b.hash in reused)]   # identity hits came back
     last = to_decode.pop() if to_decode else None        # decoded with the reply's opening, in one call
     reused: list[dict] = []
+    decoding = time.perf_counter()
     try:
         for at, block in enumerate(to_decode):
             following = [*to_decode[at + 1:], *([last] if last is not None else [])]
@@ -172,9 +181,10 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
             done += hit["repaired"]
             last = None
         memory.report_reuse(reused)
+        clock.add("prompt_decode", time.perf_counter() - decoding)
         question = [b for b in blocks if b.role == "user"][-1:]      # kept while the reply is written
         reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, current, started,
-                          last_block=last, next_opening=next_opening, question=question)
+                          last_block=last, next_opening=next_opening, question=question, clock=clock)
         done += last.n_tokens if last is not None else 0
     except Cancelled:
         reply = Reply(text="", n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0,
@@ -185,8 +195,17 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     reply.recovered = [b.name for b in recovered]
     history.append({"role": "assistant", "content": reply.text, "evoke_turn": turn})
     memory.focus.update(memory.query)
+    ending = time.perf_counter()
     memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT], reply=reply.text)
+    clock.add("turn_end", time.perf_counter() - ending)
+    memory.last_breakdown = reply.breakdown = _finished(clock, started)
     return reply
+
+
+def _finished(clock: TurnBreakdown, started: float) -> dict:
+    """The turn's breakdown as plain data, its total counted up to now (the turn end's evictions included)."""
+    clock.finish(time.perf_counter() - started)
+    return clock.as_dict()
 
 
 def regenerate_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
@@ -202,15 +221,58 @@ def regenerate_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemp
     next_opening = next_user_opening(rt, template, [*([system] if system else []), *history])
     memory.set_query(history[-1]["content"][-2000:])
     question = [b for b in memory.table.resident if b.message_key() == (turn, "input") and b.role == "user"][-1:]
+    clock = TurnBreakdown()
     try:
         reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, [], started,
-                          next_opening=next_opening, question=question)
+                          next_opening=next_opening, question=question, clock=clock)
     except Cancelled:
         reply = Reply(text="", n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0, prefill_tokens=0,
                       recovered=[])
         _close_reply(memory, rt, turn, opening, [], closing, "", question, next_opening=next_opening)
     history.append({"role": "assistant", "content": reply.text, "evoke_turn": turn})
+    ending = time.perf_counter()
     memory.end_turn()
+    clock.add("turn_end", time.perf_counter() - ending)
+    memory.last_breakdown = reply.breakdown = _finished(clock, started)
+    return reply
+
+
+def continue_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
+                   partial: str, params: SamplingParams, on_token: Callable[[str], None] | None,
+                   cancel: threading.Event, *, system: dict | None = None) -> Reply:
+    """Sample on after `partial`, the text of the last reply so far (its blocks already removed, `history` ending
+    with its input): the reply's opening and `partial` are decoded as a rebuild would (older chunks as finished
+    blocks), and the reply grows from there with no closing in between. The Reply's text is the whole reply;
+    `on_token` hears only the new pieces. Cancelled propagates (the caller drops the KV)."""
+    started = time.perf_counter()
+    if not history or history[-1].get("role") == "assistant":
+        raise ValueError("there is no message the reply answers")
+    head = [system] if system else []
+    turn = memory.turn = history[-1]["evoke_turn"]
+    frame = template.assistant_frame([*head, *history])
+    closing = rt.tokenize(frame.closing)
+    next_opening = next_user_opening(rt, template, [*head, *history])
+    memory.set_query(history[-1]["content"][-2000:])
+    question = [b for b in memory.table.resident if b.message_key() == (turn, "input") and b.role == "user"][-1:]
+    tokens = rt.tokenize_parts([(frame.opening, True), (partial, False)])
+    chunks = split_tokens(rt, tokens, memory.settings.block_tokens) or [[]]
+    clock = TurnBreakdown()
+    decoding = time.perf_counter()
+    for k, chunk in enumerate(chunks[:-1]):
+        memory.append_decoded(Block(name=_reply_name(turn, k), role="assistant", turn=turn, tokens=chunk,
+                                    text=rt.detokenize(chunk)), current=question)
+    clock.add("prompt_decode", time.perf_counter() - decoding)
+    reply = _generate(memory, rt, chunks[-1], closing, params, on_token, cancel, turn, [], started,
+                      next_opening=next_opening, question=question, first_part=len(chunks) - 1, clock=clock)
+    reply.resumed_tokens = len(tokens) - len(rt.tokenize(frame.opening))
+    reply.n_tokens += reply.resumed_tokens
+    reply.prefill_tokens = len(tokens)
+    reply.text = partial + reply.text
+    history.append({"role": "assistant", "content": reply.text, "evoke_turn": turn})
+    ending = time.perf_counter()
+    memory.end_turn()
+    clock.add("turn_end", time.perf_counter() - ending)
+    memory.last_breakdown = reply.breakdown = _finished(clock, started)
     return reply
 
 
@@ -236,21 +298,29 @@ def _finish_older_part(memory: ConversationMemory, rt: Runtime, reply_block: Blo
 def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closing: list[int],
               params: SamplingParams, on_token, cancel: threading.Event, turn: int,
               current: list[Block], started: float, last_block: Block | None = None,
-              next_opening: list[int] = (), question: list[Block] = ()) -> Reply:
+              next_opening: list[int] = (), question: list[Block] = (), first_part: int = 0,
+              clock: TurnBreakdown | None = None) -> Reply:
     """Sample the reply. `last_block` (the message's last block, not yet decoded) goes into the same
     llama_decode call as the reply's opening: the first token waits for one decode, not two.
     `next_opening` is decoded ahead with the closing (see `_close_reply`). `current` (this turn's
     recoveries) and `question` are kept while the reply grows unless the budget needs their room; the
-    reply's own older blocks leave like any other, so the budget never cuts a reply (`min_budget_tokens`)."""
-    reply_block = Block(name=_reply_name(turn, 0), role="assistant", turn=turn, tokens=[], text="")
-    part = 0
+    reply's own older blocks leave like any other, so the budget never cuts a reply (`min_budget_tokens`).
+    `first_part`: the part number the growing block starts at (a continued reply's earlier parts are decoded).
+    `clock` (a fresh one when None) gains the prompt's last decode, sampling, token decodes and detokenising."""
+    clock = clock or TurnBreakdown()
+    perf = time.perf_counter
+    decoding = perf()
+    reply_block = Block(name=_reply_name(turn, first_part), role="assistant", turn=turn, tokens=[], text="")
+    part = first_part
     question = list(question)
     pending = last_block.tokens if last_block is not None else []
     memory.make_room(len(pending) + len(opening) + 1, current=[*current, *question])
     reply_block.tokens = list(opening)
     memory.sequence.append([*([last_block] if last_block is not None else []), reply_block])
+    clock.add("prompt_decode", perf() - decoding)
     if last_block is not None:
         memory.counters.prefill_tokens += last_block.n_tokens
+    sample_s = token_decode_s = detokenize_s = 0.0
     memory.reply_starts()          # what the reply reads; with the capture on, what the message attends to
 
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -264,11 +334,15 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
             if cancel.is_set():
                 stopped = "cancelled"
                 break
+            at = perf()
             token = sampler.sample()
+            sampled = perf()
+            sample_s += sampled - at
             if rt.is_eog(token):
                 stopped = "eos"
                 break
             piece = decoder.decode(rt.token_bytes(token))
+            detokenize_s += perf() - sampled
             hit = _stop_hit(text + piece, params.stop, len(text))
             if hit is not None:
                 piece = (text + piece)[len(text):hit]
@@ -279,8 +353,12 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
                 break
             text += piece
             if first_at is None:
-                first_at = time.perf_counter()
+                first_at = perf()
                 ttft = first_at - started
+                clock.add("sample", sample_s)
+                clock.add("detokenize", detokenize_s)
+                clock.mark_first_token(ttft)
+                sample_s = detokenize_s = 0.0
             if piece and on_token is not None:
                 on_token(piece)
             limit = memory.turn_limit_tokens             # the budget, plus a wide recovery's overdraft
@@ -292,12 +370,19 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
                     stopped = "budget"
                     memory.record_event(EventKind.ERROR, "reply stopped: the budget is full of protected blocks")
                     break
+            at = perf()
             memory.sequence.extend_tail(reply_block, [token])
+            token_decode_s += perf() - at
             generated.append(token)
     text += decoder.decode(b"", final=True)
     decode_s = time.perf_counter() - first_at if first_at else 0.0
+    clock.add("sample", sample_s)
+    clock.add("token_decode", token_decode_s)
+    clock.add("detokenize", detokenize_s)
+    closing_at = perf()
     _close_reply(memory, rt, turn, [], generated, closing, text, [*current, *question], reply_block,
                  next_opening=next_opening, first_part=part)
+    clock.add("turn_end", perf() - closing_at)
     return Reply(text=text, n_tokens=len(generated), stopped=stopped, ttft_s=ttft, decode_s=decode_s,
                  prefill_tokens=0, recovered=[])
 

@@ -1,9 +1,10 @@
-"""A turn and a regenerate as jobs on the engine thread: the user's row, the streamed reply's row, the KV, and
-the roll-back of all three when the turn fails.
+"""A turn, a regenerate and a continued reply as jobs on the engine thread: the user's row, the streamed reply's
+row, the KV, and the roll-back of all three when the turn fails.
 
 Invariants: a turn's message is in SQLite before its reply starts and its reply's row is written as it streams
 (`reply_row`); any failure but a cancel, saving the reply included, leaves history, SQLite and KV as before the
-turn (or the KV dropped, to be rebuilt from what SQLite kept). Works on the open conversations, never the Engine.
+turn (or the KV dropped, to be rebuilt from what SQLite kept); a continued reply grows its own row and a failed or
+cancelled-before-sampling one leaves the row as it was. Works on the open conversations, never the Engine.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import logging
 import threading
 from collections.abc import Callable
 
+from ..errors import EditError
 from ..events import EngineEvent, EventKind
+from ..runtime.runtime import Cancelled
 from ..runtime.sampling import SamplingParams
 from ..store.history import DELETED
 from . import editing
 from .lifecycle import ConversationLifecycle, ConversationState
 from .live_stats import StatsTicker
 from .reply_row import StreamedReply, reply_metrics
-from .turn import Attachment, Reply, regenerate_reply, run_turn
+from .turn import Attachment, Reply, continue_reply, regenerate_reply, run_turn
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +78,13 @@ class TurnJobs:
                               conversation_id=state.id, tokens=reply.n_tokens))
         return reply
 
-    def _reply_row(self, conversation_id: str, on_token, previous_id: int | None = None) -> StreamedReply:
+    def _reply_row(self, conversation_id: str, on_token, previous_id: int | None = None, *,
+                   row_id: int | None = None, text: str = "") -> StreamedReply:
         def failed(exc: Exception) -> None:
             self.emit(EngineEvent(EventKind.ERROR, f"the reply could not be saved while it streams ({exc}); "
                                   "it is saved when it ends", conversation_id=conversation_id))
         return StreamedReply(self.history, conversation_id, previous_id=previous_id, forward=on_token,
-                             on_error=failed)
+                             on_error=failed, row_id=row_id, text=text)
 
     def _count_rebuild(self, conversation_id: str, reply: Reply) -> None:
         """A KV rebuild this turn waited for is part of its reply's timing (its first token came after it)."""
@@ -143,3 +147,40 @@ class TurnJobs:
                               conversation_id=state.id, tokens=reply.n_tokens))
         return reply
 
+
+    def continue_reply(self, conversation_id: str, *, params: SamplingParams, on_token,
+                       cancel: threading.Event) -> Reply:
+        """Continue the last reply where it stopped (a stop, max tokens, a crash): the same row grows. EditError
+        when the last message is not a reply."""
+        self.conversations.take_rebuild(conversation_id)
+        state = self.conversations.open(conversation_id)
+        rows, state = editing.aligned_rows(self.conversations, state)
+        if not rows or rows[-1].role != "assistant":
+            raise EditError("there is no reply to continue: the last message is not the assistant's")
+        old = rows[-1]
+        model = self.conversations.model
+        row = self._reply_row(state.id, on_token, row_id=old.id, text=old.text)
+        try:
+            editing.truncate_state(self.conversations, state, len(rows) - 1)      # its blocks decode again
+            reply = continue_reply(state.memory, model.rt, model.template, state.history, old.text, params,
+                                   StatsTicker(self.conversations, state, row.on_token), cancel,
+                                   system=state.system_message)
+            self._count_rebuild(conversation_id, reply)
+            row.finish(reply.text, reply_metrics(reply))
+        except BaseException as exc:
+            try:
+                self.history.update_message(state.id, old.id, old.text, extra=old.extra)
+            except Exception as undo:  # noqa: BLE001 - the KV is rebuilt from what SQLite kept
+                log.warning("continue of %s could not be undone in the history: %s", state.id, undo)
+            self.conversations.discard(state, f"the continued reply failed: {exc}")
+            if not isinstance(exc, Cancelled):
+                raise
+            reply = Reply(text=old.text, n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0,
+                          prefill_tokens=0, recovered=[])
+        finally:
+            self.conversations.refresh(state)
+            state.last_used = self.clock()
+            self.on_activity(state.last_used)
+        self.emit(EngineEvent(EventKind.TURN_DONE, f"continued: {reply.n_tokens} tokens, stopped: {reply.stopped}",
+                              conversation_id=state.id, tokens=reply.n_tokens))
+        return reply

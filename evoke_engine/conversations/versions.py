@@ -1,9 +1,10 @@
-"""Earlier versions of a message (regenerated replies, edited messages) and the undo of a delete.
+"""Versions of a message (regenerated replies, edited messages) and the undo of a delete.
 
-Invariants: a live message's versions are the rows its `previous_id` chain names, oldest first and the live
-row last; reading them changes nothing. An undelete runs on the engine thread: it puts `deleted` rows back into
-the live history and drops the conversation's open KV (slot, pool, file), then reopens it, so the KV is rebuilt
-from SQLite and stays equal to the history.
+Invariants: a live message's versions are the rows linked to it through `previous_id` (either way, deleted rows
+left out), oldest first, the live one among them wherever it stands (another version can be made current,
+`branches.switch_version`); reading them changes nothing. An undelete runs on the engine thread: it puts `deleted`
+rows back into the live history and drops the conversation's open KV (slot, pool, file), then reopens it, so the
+KV is rebuilt from SQLite and stays equal to the history.
 """
 
 from __future__ import annotations
@@ -18,18 +19,25 @@ if TYPE_CHECKING:
 
 
 def version_chains(rows: list[MessageRow]) -> dict[int, list[MessageRow]]:
-    """{live row id: its versions, oldest first, the live row last} for every live row that replaced others."""
-    by_id = {r.id: r for r in rows}
+    """{live row id: its versions, oldest first} for every live row with other versions (rows linked by
+    `previous_id`, either way; a deleted row is no version)."""
+    kept = {r.id: r for r in rows if r.status != DELETED}
+    linked: dict[int, set[int]] = {i: set() for i in kept}
+    for row in kept.values():
+        if row.previous_id is not None and row.previous_id in kept and row.previous_id != row.id:
+            linked[row.id].add(row.previous_id)
+            linked[row.previous_id].add(row.id)
     chains: dict[int, list[MessageRow]] = {}
-    for row in rows:
+    for row in kept.values():
         if row.status != LIVE:
             continue
-        chain, seen = [row], {row.id}
-        while (earlier := chain[-1].previous_id) is not None and earlier in by_id and earlier not in seen:
-            chain.append(by_id[earlier])
-            seen.add(earlier)
-        if len(chain) > 1:
-            chains[row.id] = chain[::-1]
+        group, todo = {row.id}, [row.id]
+        while todo:
+            for other in linked[todo.pop()] - group:
+                group.add(other)
+                todo.append(other)
+        if len(group) > 1:
+            chains[row.id] = [kept[i] for i in sorted(group)]
     return chains
 
 

@@ -51,11 +51,12 @@ def is_loopback(host: str) -> bool:
 
 def worker_environment() -> dict[str, str]:
     """The worker's environment: llama.cpp's run-time backends (a CUDA build) are found in its library folder
-    (the working directory), the CUDA runtime from PyPI's NVIDIA packages on LD_LIBRARY_PATH."""
+    (the working directory), libggml there too and the CUDA runtime from PyPI's NVIDIA packages on LD_LIBRARY_PATH
+    (the binary's own run path names the build machine's venv, which a PyInstaller bundle elsewhere lacks)."""
     env = dict(os.environ)
-    extra = [str(p) for p in device.nvidia_library_dirs()] if device.cuda_build() else []
-    if extra:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([*extra, *filter(None, [env.get("LD_LIBRARY_PATH", "")])])
+    extra = [str(device.LLAMA_LIB_DIR)]
+    extra += [str(p) for p in device.nvidia_library_dirs()] if device.cuda_build() else []
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*extra, *filter(None, [env.get("LD_LIBRARY_PATH", "")])])
     return env
 
 

@@ -1,9 +1,12 @@
 """Running the endpoint: `EndpointServer` (uvicorn on its own thread, for the app and tests) and `serve`
 (headless, `evoke-desk serve` / `python -m evoke_engine serve`).
 
-Invariants: the bind is checked (`ServerConfig.check_bind`) before any socket opens; `stop` returns once
-the server has closed; a server given `lifetime_s` stops by itself after that long; a connection that has not
-sent a request's headers within `header_timeout_s` is closed, and one past `max_connections` is refused.
+Invariants: the bind is checked (`ServerConfig.check_bind`) before any socket opens; `stop` cancels the
+generations in flight (their partial replies are kept) and returns once the server has closed; a server given
+`lifetime_s` stops by itself after that long; a connection that has not sent a request's headers within
+`header_timeout_s` is closed, and one past `max_connections` is refused. uvicorn always runs on its own thread, so
+it never installs signal handlers: `serve` owns SIGTERM, SIGINT and SIGHUP (`evoke_engine.shutdown`), stops the
+server, closes the engine (which writes every open conversation's KV file) and returns 0.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..engine import Engine
+from ..shutdown import shutdown_signals, signal_name
 from .app import create_app
 from .security import ServerConfig
 
@@ -97,6 +101,7 @@ class EndpointServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._server.should_exit = True
+        self.app.state.service.cancel_all()          # a stream in flight ends now, with its partial reply kept
         if self._timer is not None:
             self._timer.cancel()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -115,20 +120,30 @@ class EndpointServer:
 
 
 def serve(engine: Engine, config: ServerConfig, lifetime_s: float | None = None) -> int:
-    """Serve until interrupted, or for `lifetime_s` (the calling thread runs uvicorn)."""
+    """Serve until SIGTERM, SIGINT or SIGHUP, or for `lifetime_s`, then close the engine (every open
+    conversation's KV file is written) with the signals still handled; 0 on a clean stop, 2 when the address
+    cannot be served."""
     try:
-        server = EndpointServer(engine, config, lifetime_s=lifetime_s)
+        server = EndpointServer(engine, config)
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        log.error("cannot serve: %s", exc)
         return 2
     if server.warning:
         print(server.warning, file=sys.stderr)
-    key_note = "an API key is required" if config.api_key else "no API key"
-    print(f"Evoke Desk endpoint on {server.address} ({key_note}); Ctrl-C stops it", flush=True)
-    if server._timer is not None:
-        server._timer.daemon = True
-        server._timer.start()
-    with contextlib.suppress(KeyboardInterrupt):       # uvicorn re-raises the Ctrl-C it shut down on
-        server._server.run(sockets=[server._sock])
+    stop_requested = threading.Event()
+    with shutdown_signals(lambda _signum: stop_requested.set()) as received:
+        server.start()
+        if not server.wait_started():
+            server.stop()
+            log.error("the endpoint on %s did not start", server.address)
+            return 2
+        key_note = "an API key is required" if config.api_key else "no API key"
+        print(f"Evoke Desk endpoint on {server.address} ({key_note}); Ctrl-C stops it", flush=True)
+        stop_requested.wait(lifetime_s)
+        why = signal_name(received[0]) if received else "lifetime over" if lifetime_s else "stopped"
+        print(f"stopping the endpoint ({why})", flush=True)
+        server.stop()
+        engine.close()                # a second signal now changes nothing: the handlers are still ours
+    log.info("endpoint stopped (%s)", why)
     print("endpoint stopped", flush=True)
     return 0

@@ -5,7 +5,10 @@ Invariants: one request per conversation at a time (a per-conversation lock held
 cancelled or not); the plan is re-checked under that lock against the conversation's stored messages;
 a conversation whose system prompt or tools differ from the request's is never continued; a request reaches
 another client's conversation only by re-sending its history (a name or an id alone never does); sizes are
-checked by counting tokens on the calling worker thread, never on the engine thread.
+checked by counting tokens on the calling worker thread, never on the engine thread. A stateless request (no
+X-Evoke-Session) that makes a conversation marks it `stateless`; one that fails or is cancelled before its first
+token leaves nothing behind (the conversation it made is deleted, the turn it added to one is taken back), and a
+stateless conversation idle past its KV file's TTL is deleted (`expire_stateless`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +49,8 @@ from .toolcalls import RawTextMap, new_call_id, parse_tool_calls
 log = logging.getLogger(__name__)
 MIN_SHARED_TOKENS = 64
 MODEL_ALIASES = ("evoke", "evoke-desk")
+STATELESS = "stateless"              # the conversation's settings key marking a stateless API conversation
+EXPIRY_CHECK_S = 60.0                # how often requests look for expired stateless conversations
 
 
 @dataclass
@@ -60,6 +66,13 @@ class Prepared:
     lock: asyncio.Lock
     future: Future | None = None
     extras: dict = field(default_factory=dict)
+    messages_before: int = 0         # the conversation's messages before this turn
+    tokens_seen: bool = False        # the reply's first token has come
+
+    @property
+    def made_here(self) -> bool:
+        """The conversation was made by this request (a new, forked or imported one)."""
+        return self.route != "continue"
 
 
 @dataclass
@@ -84,6 +97,36 @@ class ChatService:
         self._views: dict[str, tuple[float, str, str, list[Msg]]] = {}
         self._counter: VocabCounter | None = None
         self._counter_lock = threading.Lock()
+        self._in_flight: dict[int, Conversation] = {}      # id(Prepared) -> its conversation, while its turn runs
+        self._flight_lock = threading.Lock()
+        self._expiry_checked = 0.0                   # the first request looks for expired stateless conversations
+        self._cleanups: set[asyncio.Task] = set()    # `abandon` tasks running (held: the loop keeps weak references)
+
+    def cancel_all(self) -> None:
+        """Stop every generation in flight (shutdown): partial replies are kept, streams end with [DONE]."""
+        with self._flight_lock:
+            conversations = list(self._in_flight.values())
+        for conv in conversations:
+            conv.cancel()
+
+    def expire_stateless(self, now: float | None = None) -> list[str]:
+        """Delete the stateless API conversations (not pinned, no request running) idle past their KV file's TTL;
+        their ids."""
+        now = time.time() if now is None else now
+        self._expiry_checked = now
+        ttl = self.engine.settings.ttl_seconds()["long"]           # the TTL class of an unpinned conversation
+        expired = []
+        for row in self.engine.history.list_conversations():
+            settings = row.settings if isinstance(row.settings, dict) else {}
+            lock = self._locks.get(row.id)
+            if (settings.get(STATELESS) and not row.pinned and row.updated_at + ttl < now
+                    and not (lock is not None and lock.locked())):
+                self.engine.delete_conversation(row.id)
+                expired.append(row.id)
+        if expired:
+            self.sessions.prune(lambda cid: self.engine.history.get_conversation(cid) is not None)
+            log.info("endpoint: %d stateless API conversation(s) expired", len(expired))
+        return expired
 
     def close(self) -> None:
         with self._counter_lock:
@@ -190,6 +233,8 @@ class ChatService:
         tools_key = _tools_key(tools)
         if session is not None:
             session = SessionMap.valid(session)
+        if time.time() - self._expiry_checked > EXPIRY_CHECK_S:
+            await to_thread.run_sync(self.expire_stateless)
         await to_thread.run_sync(self._check_sizes, system, tools, canonical.messages[-1])
         target = await to_thread.run_sync(self._target, client, session, system, tools_key, canonical.messages)
         key = target or f"new:{id(request)}"
@@ -230,6 +275,8 @@ class ChatService:
                 conv = self._import(system, tools, title, messages[:-1])
             else:
                 conv = self.engine.new_conversation(system_prompt=system, tools=tools, title=title, source="api")
+            if session is None and route.action != "continue":
+                self._mark(conv.id, source="api", **{STATELESS: True})
         except BudgetError as exc:                      # a prefix that leaves the budget no room for a reply
             raise ApiError(400, f"{exc} (the budget_tokens setting)", "context_length_exceeded", "messages") from exc
         except EvokeError as exc:
@@ -241,6 +288,7 @@ class ChatService:
         return Prepared(conv=conv, route=route.action, session=session, client=client, message=message,
                         sampling=request.sampling(min(self.engine.settings.max_tokens, 4096)),
                         before=conv.stats(), lock=lock,
+                        messages_before=len(conv.messages()) if route.action == "continue" else 0,
                         tool_names={t["function"]["name"] for t in tools} if request.parse_tools else set(),
                         extras={"priority": request.evoke_priority, "pinned": request.evoke_pinned,
                                 "keep": [(i, m.keep) for i, m in enumerate(messages) if m.keep],
@@ -253,9 +301,15 @@ class ChatService:
             "tools": tools, "messages": [{"role": m.role, "text": m.text, "extra": m.extra,
                                           "attachments": [{"name": n, "text": t} for n, t in m.attachments]}
                                          for m in history]})
-        row = self.engine.history.get_conversation(conv.id)
-        self.engine.history.set_settings(conv.id, {**(row.settings if row else {}), "source": "api"})
+        self._mark(conv.id, source="api")
         return self.engine.open_conversation(conv.id)
+
+    def _mark(self, conversation_id: str, **values) -> None:
+        """Add `values` to the conversation's stored settings (its source, the stateless mark)."""
+        row = self.engine.history.get_conversation(conversation_id)
+        current = row.settings if row is not None and isinstance(row.settings, dict) else {}
+        self.engine.history.set_settings(conversation_id, {**current, **values})
+        self._views.pop(conversation_id, None)
 
     def _check_sizes(self, system: str, tools: list[dict], message: Msg) -> None:
         """400 before any decoding when the prefix (system prompt + tools) or the new message cannot fit in a
@@ -284,9 +338,48 @@ class ChatService:
         kwargs = dict(prepared.sampling)
         if message.role == "tool":
             kwargs.update(role="tool", extra=message.extra or None)
-        prepared.future = prepared.conv.submit(message.text, message.attachments, on_token=on_token, **kwargs)
-        prepared.future.add_done_callback(lambda _: self._views.pop(prepared.conv.id, None))
+
+        def token(piece, *rest) -> None:
+            prepared.tokens_seen = True
+            if on_token is not None:
+                on_token(piece, *rest)
+
+        key = id(prepared)
+        with self._flight_lock:
+            self._in_flight[key] = prepared.conv
+        prepared.future = prepared.conv.submit(message.text, message.attachments, on_token=token, **kwargs)
+
+        def landed(_) -> None:
+            self._views.pop(prepared.conv.id, None)
+            with self._flight_lock:
+                self._in_flight.pop(key, None)
+        prepared.future.add_done_callback(landed)
         return prepared.future
+
+    @staticmethod
+    def came_to_nothing(prepared: Prepared) -> bool:
+        """A stateless request whose turn ended (or never began) before its first token: failed or cancelled."""
+        if prepared.session is not None or prepared.tokens_seen:
+            return False
+        future = prepared.future
+        if future is None or future.cancelled() or future.exception() is not None:
+            return True
+        reply = future.result()
+        return reply.stopped == "cancelled" and int(reply.n_tokens) == 0
+
+    def abandon(self, prepared: Prepared) -> None:
+        """Leave nothing of a stateless request that came to nothing: delete the conversation it made, or take
+        back the turn it added to one (worker thread, after the turn ended)."""
+        conv_id = prepared.conv.id
+        try:
+            if prepared.made_here:
+                self.engine.delete_conversation(conv_id)
+                self.sessions.prune(lambda cid: cid != conv_id)
+            elif len(prepared.conv.messages()) > prepared.messages_before:
+                self.engine.truncate(conv_id, prepared.messages_before)
+        except (EvokeError, KeyError) as exc:
+            log.warning("endpoint: could not remove what a failed request left in %s: %s", conv_id, exc)
+        self._views.pop(conv_id, None)
 
     def finish(self, prepared: Prepared, reply) -> Outcome:
         """Tool calls, raw-text map, `evoke_*` marks and usage, once the reply is done (worker thread)."""
@@ -343,11 +436,27 @@ class ChatService:
                           "conversation_id": prepared.conv.id, "route": prepared.route,
                           "engine_ttft_ms": round(float(reply.ttft_s) * 1000, 1)}}
 
-    @staticmethod
-    def release(prepared: Prepared, loop: asyncio.AbstractEventLoop) -> None:
-        """Free the conversation's lock once its turn has ended (also after a cancel)."""
+    def release(self, prepared: Prepared, loop: asyncio.AbstractEventLoop) -> None:
+        """Free the conversation's lock once its turn has ended (also after a cancel), first removing what a
+        stateless request that came to nothing left (`abandon`)."""
+        def settle() -> None:
+            if self.came_to_nothing(prepared):
+                task = loop.create_task(self._abandon_then_release(prepared))
+                self._cleanups.add(task)
+                task.add_done_callback(self._cleanups.discard)
+            else:
+                prepared.lock.release()
+
         future = prepared.future
         if future is None or future.done():
-            loop.call_soon_threadsafe(prepared.lock.release)
+            loop.call_soon_threadsafe(settle)
         else:
-            future.add_done_callback(lambda _: loop.call_soon_threadsafe(prepared.lock.release))
+            future.add_done_callback(lambda _: loop.call_soon_threadsafe(settle))
+
+    async def _abandon_then_release(self, prepared: Prepared) -> None:
+        try:
+            await to_thread.run_sync(self.abandon, prepared)
+        finally:
+            prepared.lock.release()
+            if prepared.made_here:
+                self._locks.pop(prepared.conv.id, None)

@@ -5,8 +5,10 @@ message bumps its conversation's `updated_at`; rows leave as immutable dataclass
 edited, regenerated or deleted message is never erased at once: its row leaves the live history with a
 status (`superseded`, `deleted`) and a replacement points back at it (`previous_id`) until `compact`.
 A reply is written while it streams: its row carries `extra["interrupted"]` until the turn finalizes it,
-so a row still flagged after a crash is a reply cut short (`MessageRow.interrupted`). Live messages are
-indexed for full-text search by SQLite triggers (`store.search`), so every write here keeps the index.
+so a row still flagged after a crash is a reply cut short (`MessageRow.interrupted`). A row hidden below another
+version of an earlier message carries `extra["branch_of"]` (that version's id: the branch it comes back with,
+`conversations.branches`); rows coming back live lose the mark. Live messages are indexed for full-text search by
+SQLite triggers (`store.search`), so every write here keeps the index.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ Attachment = tuple[str, str]
 
 LIVE, SUPERSEDED, DELETED = "live", "superseded", "deleted"
 INTERRUPTED = "interrupted"     # the `extra` key of a reply row written while it streams (or cut short by a crash)
+BRANCH_OF = "branch_of"         # the `extra` key of a row hidden in the branch below another version's row
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,12 @@ class MessageRow:
     def interrupted(self) -> bool:
         """A reply still streaming, or cut short (the app was killed before the turn ended)."""
         return bool(self.extra.get(INTERRUPTED))
+
+    @property
+    def branch_of(self) -> int | None:
+        """The id of the version row this hidden row follows (it comes back when that version is chosen)."""
+        value = self.extra.get(BRANCH_OF)
+        return value if isinstance(value, int) and self.status == SUPERSEDED else None
 
 
 def _create_schema_v1(conn: sqlite3.Connection) -> None:
@@ -94,6 +103,8 @@ def _add_message_status_v2(conn: sqlite3.Connection) -> None:
 
 MIGRATIONS: list[Migration] = [_create_schema_v1, _add_message_status_v2, add_message_search_v3]
 _MESSAGE_COLUMNS = "id, conversation_id, role, text, attachments_json, created_at, status, previous_id, extra_json"
+
+_EXTRA = "(CASE WHEN json_valid(extra_json) THEN extra_json ELSE '{}' END)"   # an unreadable one reads as {}
 
 _CONVERSATION_COLUMNS = "id, title, created_at, updated_at, pinned, system_prompt, settings_json"
 
@@ -233,19 +244,28 @@ class HistoryDB:
                                 " ORDER BY id", (conversation_id,)).fetchall()
         return [_message_of(row) for row in rows]
 
-    def hide_messages(self, conversation_id: str, message_ids: Iterable[int], status: str) -> None:
-        """Take messages out of the live history (`superseded` or `deleted`); the rows stay until `compact`."""
+    def hide_messages(self, conversation_id: str, message_ids: Iterable[int], status: str, *,
+                      branch_of: int | None = None) -> None:
+        """Take messages out of the live history (`superseded` or `deleted`); the rows stay until `compact`.
+        `branch_of` marks them as the branch below that version row (they come back with it); without it any
+        earlier mark goes."""
         if status not in (SUPERSEDED, DELETED):
             raise ValueError(f"unknown message status {status!r}")
         ids = list(message_ids)
+        mark = (f"json_set({_EXTRA}, '$.{BRANCH_OF}', ?)" if branch_of is not None
+                else f"json_remove({_EXTRA}, '$.{BRANCH_OF}')")
+        params = (branch_of,) if branch_of is not None else ()
         with self._db.transaction() as conn:
-            conn.executemany("UPDATE messages SET status = ? WHERE id = ? AND conversation_id = ?",
-                             [(status, i, conversation_id) for i in ids])
+            conn.executemany(f"UPDATE messages SET status = ?, extra_json = {mark}"
+                             " WHERE id = ? AND conversation_id = ?",
+                             [(status, *params, i, conversation_id) for i in ids])
 
     def restore_messages(self, conversation_id: str, message_ids: Iterable[int]) -> None:
-        """Put hidden rows back into the live history (undo of a failed or cancelled edit)."""
+        """Put hidden rows back into the live history (undo of a failed or cancelled edit, a branch chosen again);
+        their branch mark goes."""
         with self._db.transaction() as conn:
-            conn.executemany(f"UPDATE messages SET status = '{LIVE}' WHERE id = ? AND conversation_id = ?",
+            conn.executemany(f"UPDATE messages SET status = '{LIVE}', extra_json = json_remove({_EXTRA}, "
+                             f"'$.{BRANCH_OF}') WHERE id = ? AND conversation_id = ?",
                              [(i, conversation_id) for i in message_ids])
 
     def search(self, text: str, limit: int = 50) -> list[SearchHit]:

@@ -4,7 +4,10 @@ atomically, checked on every read (a digest, see kvheader), expired by TTL class
 Invariants: a reader gets a complete payload written for this model or None, never damaged bytes;
 damaged, foreign, stale and expired files are deleted when met; a conversation's files of other TTL
 classes are deleted only after its new file has replaced them; files are 0600 in 0700 folders, and a
-failed write is logged with its conversation id. One lock serialises this store's calls.
+failed write is logged with its conversation id. With a disk budget (`set_disk_budget`) every write ends
+under it: other models' files go first, then the least recently used (oldest mtime: reads and keep-alive
+refresh it), never the file just written (a budget smaller than one file keeps that one). A deleted file
+is only a cache: its conversation is rebuilt from history when reopened. One lock serialises this store's calls.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ class KVFileStore:
     """TTL-tagged KV payloads per conversation for one model hash; see the module docstring."""
 
     def __init__(self, root: Path, model_hash: str, ttl_seconds: Mapping[str, float] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, disk_budget_bytes: int | None = None) -> None:
         if not is_model_hash(model_hash):
             raise ValueError(f"model hash must be 16 lowercase hex characters, got {model_hash!r}")
         ttl = dict(DEFAULT_TTL_SECONDS if ttl_seconds is None else ttl_seconds)
@@ -122,6 +125,7 @@ class KVFileStore:
         self.directory = self.kv_root / model_hash
         self._ttl_seconds = ttl
         self._clock = clock
+        self._disk_budget_bytes = disk_budget_bytes       # None: writes are not capped (the sweep still is)
         self._lock = threading.RLock()
 
     # -- helpers -------------------------------------------------------------------------------------
@@ -140,6 +144,17 @@ class KVFileStore:
             raise ValueError(f"ttl_seconds lacks TTL classes {missing}; needs all of {list(TTL_CLASSES)}")
         with self._lock:
             self._ttl_seconds = ttl
+
+    @property
+    def disk_budget_bytes(self) -> int | None:
+        """The cap every write enforces (None: none)."""
+        return self._disk_budget_bytes
+
+    def set_disk_budget(self, budget_bytes: int | None) -> list[str]:
+        """Adopt a new cap and enforce it now; returns the names of the files it removed."""
+        with self._lock:
+            self._disk_budget_bytes = budget_bytes
+            return [] if budget_bytes is None else self.enforce_disk_budget(budget_bytes)
 
     def _relative(self, path: Path) -> str:
         return f"{path.parent.name}/{path.name}"
@@ -241,6 +256,8 @@ class KVFileStore:
             for name in candidate_names(conversation_id):
                 if name != final_path.name:
                     self._unlink(self.directory / name, f"superseded by {final_path.name}", warn=False)
+            if self._disk_budget_bytes is not None:
+                self.enforce_disk_budget(self._disk_budget_bytes, keep=final_path)
         return final_path
 
     # -- reading -------------------------------------------------------------------------------------
@@ -406,9 +423,9 @@ class KVFileStore:
             return sum(file.size for directory in self._model_directories(all_models)
                        for file in self._cache_files_in(directory))
 
-    def enforce_disk_budget(self, budget_bytes: int) -> list[str]:
+    def enforce_disk_budget(self, budget_bytes: int, keep: Path | None = None) -> list[str]:
         """Delete files until `total_bytes()` <= budget: other models' files first (this model cannot read
-        them), then least recently used (oldest mtime). Returns the removed names."""
+        them), then least recently used (oldest mtime), never `keep`. Returns the removed names."""
         removed: list[str] = []
         with self._lock:
             directories = self._model_directories(all_models=True)
@@ -419,6 +436,8 @@ class KVFileStore:
             for _, _, file in ranked:
                 if total <= budget_bytes:
                     break
+                if file.path == keep:
+                    continue
                 if self._unlink(file.path, f"over the disk budget of {budget_bytes} bytes", warn=False):
                     total -= file.size
                     removed.append(self._relative(file.path))

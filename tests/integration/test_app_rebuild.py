@@ -26,7 +26,7 @@ def test_a_rebuild_from_history_shows_its_progress_in_the_chat_and_the_status_ba
             (title, done, total, desk.w.chat.notice.isVisible(), desk.w.status.state.text())))
         with qtbot.wait_signal(desk.c.currentChanged, timeout=REPLY_MS):
             desk.c.open_conversation(conv.id)
-        qtbot.wait_until(lambda: seen and seen[-1][1] >= seen[-1][2], timeout=REPLY_MS)
+        qtbot.wait_until(lambda: bool(seen) and seen[-1][1] >= seen[-1][2], timeout=REPLY_MS)
         during = [s for s in seen if s[1] < s[2]]
         assert during, seen
         title, done, total, notice_shown, status = during[0]

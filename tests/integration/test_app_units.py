@@ -12,7 +12,7 @@ from app import settings_form as form
 from app.attachments import AttachmentError, is_large_paste, paste_name, read_text_attachment
 from app.model_finder import find_models
 from app.models import BlockTableModel, ConversationListModel, EventLogModel
-from app.render import render_markdown, split_fences
+from app.render import Part, render_markdown, render_parts
 from evoke_engine.settings import Settings
 
 pytestmark = pytest.mark.qt_log_level_fail("WARNING")
@@ -30,8 +30,9 @@ def test_fenced_code_is_highlighted_with_a_copy_link_per_block():
 
 
 def test_unclosed_fence_while_streaming_renders_as_code():
-    segments = split_fences("Here:\n```js\nlet x = 1")
-    assert segments == [("text", "Here:\n", ""), ("code", "let x = 1", "js")]
+    parts = render_parts("Here:\n```js\nlet x = 1")
+    assert [(p.kind, p.code, p.lang) for p in parts] == [("html", "", ""), ("code", "let x = 1", "js")]
+    assert isinstance(parts[0], Part) and "Here:" in parts[0].html
     assert render_markdown("Here:\n```js\nlet x = 1").code_blocks == ["let x = 1"]
 
 

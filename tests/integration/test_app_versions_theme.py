@@ -16,7 +16,6 @@ from PySide6.QtWidgets import QApplication, QDialogButtonBox
 from app.resources import stylesheet
 from app.theme import LIGHT, light_sheet, scheme_for, sheet_colours
 from app.versions_flow import DELETED_NOTE
-from app.widgets.version_switch import EARLIER_NOTE
 from evoke_engine.conversations import live_stats
 from evoke_engine.events import EngineEvent, EventKind
 from integration.test_app_gui import REPLY_MS, close_desk, fresh_conversation, open_desk, send_and_wait
@@ -53,7 +52,7 @@ def regenerate_and_wait(desk, qtbot, versions: int, **options) -> None:
 
 
 # -- 1: earlier versions -------------------------------------------------------------------------
-def test_a_regenerated_reply_steps_through_its_versions_read_only(desk, qtbot):
+def test_a_regenerated_reply_steps_through_its_versions_each_made_current(desk, qtbot):
     fresh_conversation(desk, qtbot)
     send_and_wait(desk, qtbot, "Name a fruit.")
     bubble = desk.w.chat.bubbles[-1]
@@ -61,25 +60,26 @@ def test_a_regenerated_reply_steps_through_its_versions_read_only(desk, qtbot):
     regenerate_and_wait(desk, qtbot, 2, temperature=1.0, seed=11)
     regenerate_and_wait(desk, qtbot, 3, temperature=1.0, seed=12)
     live = engine_call(desk, desk.c.conv.messages)[-1]
-    versions = [v["text"] for v in engine_call(desk, desk.c.conv.versions)[live["id"]]]
-    bubble = desk.w.chat.bubbles[-1]
-    switch = bubble.versions
+    versions = engine_call(desk, desk.c.conv.versions)[live["id"]]
+    switch = desk.w.chat.bubbles[-1].versions
     assert switch.isVisibleTo(desk.w) and switch.label.text() == "3/3" and not switch.next.isEnabled()
-    live_footer = bubble.footer.text()
-    qtbot.mouseClick(switch.previous, Qt.MouseButton.LeftButton)
-    assert switch.label.text() == "2/3"
-    assert bubble.text().strip() == versions[1].strip()
-    assert bubble.footer.text() == EARLIER_NOTE.format(n=2, total=3)
-    assert not any(bubble.buttons[n].isEnabled() for n in ("regenerate", "fork", "delete"))
-    qtbot.mouseClick(switch.previous, Qt.MouseButton.LeftButton)
-    assert switch.label.text() == "1/3" and not switch.previous.isEnabled()
-    assert bubble.text().strip() == versions[0].strip()
-    qtbot.mouseClick(switch.next, Qt.MouseButton.LeftButton)
-    qtbot.mouseClick(switch.next, Qt.MouseButton.LeftButton)
-    assert switch.label.text() == "3/3"
-    assert bubble.text().strip() == live["text"].strip() and bubble.footer.text() == live_footer
+
+    def step(button: str, label: str) -> None:          # issue 41: a step makes that version current
+        with qtbot.wait_signal(desk.c.messagesReset, timeout=REPLY_MS):
+            qtbot.mouseClick(getattr(desk.w.chat.bubbles[-1].versions, button), Qt.MouseButton.LeftButton)
+        qtbot.wait_until(lambda: desk.w.chat.bubbles[-1].versions.label.text() == label)
+    step("previous", "2/3")
+    bubble = desk.w.chat.bubbles[-1]
+    assert bubble.source.strip() == versions[1]["text"].strip()
+    assert engine_call(desk, desk.c.conv.messages)[-1]["id"] == versions[1]["id"]
     assert all(bubble.buttons[n].isEnabled() for n in ("regenerate", "fork", "delete"))
-    assert engine_call(desk, desk.c.conv.messages)[-1]["id"] == live["id"]     # reading changed nothing
+    step("previous", "1/3")
+    assert not desk.w.chat.bubbles[-1].versions.previous.isEnabled()
+    assert desk.w.chat.bubbles[-1].source.strip() == versions[0]["text"].strip()
+    step("next", "2/3")
+    step("next", "3/3")
+    assert desk.w.chat.bubbles[-1].source.strip() == live["text"].strip()
+    assert engine_call(desk, desk.c.conv.messages)[-1]["id"] == live["id"]
 
 
 def test_an_edited_message_shows_its_earlier_text(desk, qtbot):
@@ -91,9 +91,10 @@ def test_an_edited_message_shows_its_earlier_text(desk, qtbot):
     user = desk.w.chat.bubbles[0]
     qtbot.wait_until(lambda: user.versions.label.text() == "2/2")
     assert not desk.w.chat.bubbles[1].versions.isVisibleTo(desk.w)     # the new reply has one version
-    qtbot.mouseClick(user.versions.previous, Qt.MouseButton.LeftButton)
-    assert user.text().strip() == "Name a color of the sky."
-    assert not user.buttons["edit"].isEnabled()
+    with qtbot.wait_signal(desk.c.messagesReset, timeout=REPLY_MS):    # issue 41: its old branch comes back
+        qtbot.mouseClick(user.versions.previous, Qt.MouseButton.LeftButton)
+    qtbot.wait_until(lambda: desk.w.chat.bubbles[0].versions.label.text() == "1/2")
+    assert desk.w.chat.bubbles[0].text().strip() == "Name a color of the sky."
 
 
 # -- 2: undo a delete ----------------------------------------------------------------------------

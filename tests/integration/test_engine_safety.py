@@ -114,7 +114,7 @@ NEW_VALUES = {
     "recovery_keep_used": False, "recall_file_name_line": False, "recall_skip_questions": True,
     "chunk_reuse": False, "chunk_reuse_approximate": True, "chunk_reuse_repair_tokens": 8,
     "recall_signal": "lines+lexical", "recall_user_margin": 0.2, "ram_budget_bytes": 1 << 20, "embedder": "off",
-    "pool_bits": 8,
+    "pool_bits": 8, "kv_file_bits": 8,
     "weight_similarity": 2.0, "weight_focus": 0.25, "weight_recency": 0.75, "recency_half_life_turns": 6.0,
     "focus_ema": 0.45, "focus_snap_cosine": 0.1, "user_floor": 0.4, "assistant_floor": 0.3,
     "weight_attention": 0.5, "attention_aggregation": "mean",
@@ -143,6 +143,7 @@ def test_every_applies_now_setting_applies_without_a_reload_and_the_conversation
         assert conv.stats().budget_tokens == NEW_VALUES["budget_tokens"]
         assert engine.pool.ram_budget_bytes == NEW_VALUES["ram_budget_bytes"] and engine.pool.bits == 8
         assert engine.kvfiles.ttl_seconds == {"short": 111, "long": 222, "extended": 333}
+        assert engine.settings.kv_file_bits == 8                    # read by the next persist (lifecycle.persist)
         assert not engine.embedder.enabled
         jobs = {job["id"]: job["interval_s"] for job in engine.sweeps.jobs()}
         assert jobs["keepalive"] == 77 and jobs["eviction"] == 88
