@@ -7,7 +7,7 @@ export QT_QPA_PLATFORM ?= offscreen
 
 .PHONY: install run chat test test-fast test-soak test-hostile lint bench gpu cpu clean
 
-$(STAMP): pyproject.toml packaging/install.sh native/build.sh native/rope_reanchor.c native/attention_capture.cpp \
+$(STAMP): pyproject.toml packaging/install.sh native/build.sh native/rope_reanchor.c native/attention_capture.cpp native/kv_direct.cpp native/kvquant.c \
           native/build_cpu.sh native/llama_wheel.sh native/build_rpc_server.sh native/rpc_server/CMakeLists.txt
 	bash packaging/install.sh
 	bash native/build.sh

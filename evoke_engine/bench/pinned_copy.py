@@ -9,30 +9,15 @@ from __future__ import annotations
 import ctypes
 import statistics
 import time
-from pathlib import Path
+
+from ..runtime.host_arena import cuda_runtime
 
 _H2D = 1   # cudaMemcpyHostToDevice
 
 
-def _cudart() -> ctypes.CDLL | None:
-    candidates = ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
-    try:
-        import nvidia
-        for root in nvidia.__path__:
-            candidates = [str(p) for p in sorted(Path(root).glob("*/lib/libcudart.so.*"))] + candidates
-    except ImportError:
-        pass
-    for name in candidates:
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
-
-
 def h2d_copy_ms(nbytes: int, trials: int = 7) -> float | None:
     """Median milliseconds of one cudaMemcpy of `nbytes` from pinned host memory to the GPU."""
-    rt = _cudart()
+    rt = cuda_runtime()
     if rt is None or nbytes <= 0:
         return None
     count = ctypes.c_int(0)

@@ -28,8 +28,9 @@ class Shape:
 
 
 QWEN25_7B = Shape("qwen2", n_layer=28, n_embd=3584, n_head=28, n_head_kv=4, n_ff=18944)
+QWEN25_05B = Shape("qwen2", n_layer=24, n_embd=896, n_head=14, n_head_kv=2, n_ff=4864)    # head_dim 64
 TINY = Shape("qwen2", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512)   # for the test
-SHAPES = {"qwen2.5-7b": QWEN25_7B, "tiny": TINY}
+SHAPES = {"qwen2.5-7b": QWEN25_7B, "qwen2.5-0.5b": QWEN25_05B, "tiny": TINY}
 
 _Q8_BLOCK = 32
 _WEIGHT_STD = 0.02
@@ -101,7 +102,7 @@ def write(path: Path, shape: Shape = QWEN25_7B, seed: int = 0) -> Path:
 
 
 def main() -> None:
-    """`python -m evoke_engine.bench.synthetic_model OUT.gguf [--shape qwen2.5-7b]`."""
+    """`python -m evoke_engine.bench.synthetic_model OUT.gguf [--shape qwen2.5-7b|qwen2.5-0.5b|tiny]`."""
     parser = argparse.ArgumentParser(prog="python -m evoke_engine.bench.synthetic_model")
     parser.add_argument("out", type=Path)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-7b")

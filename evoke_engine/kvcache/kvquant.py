@@ -3,6 +3,9 @@
 Owns the packed format and the walk of every K and V tensor of a one-sequence state blob (reanchor.parse
 finds the K rows only). KIVI-style: keys per channel (min and step over the block's tokens), values per
 token, per layer, with f16 minimum and step; at 4 bits, per group of 32 along that axis where it divides.
+Every layer's K (or V) is packed and unpacked in one pass: by native/kvquant.c (libevoke_kvquant.so) where it is
+built and agrees bit for bit with the numpy path on a probe when this module loads, else by numpy over the stacked
+layers; the bytes are the same either way.
 Invariants: `unpack(pack(blob))` has the exact length and every byte outside the K/V data of `blob` (headers,
 positions, sequence ids); each value is within half a step (plus the f16 rounding of the result) of the
 original; `pack` returns None for anything it does not cover (a q8_0 cache, non-finite values, an unknown
@@ -12,11 +15,17 @@ header, shapes or scales do not fit, writing nothing.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import logging
 import struct
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..package_files import native_library
+
+log = logging.getLogger(__name__)
 
 MAGIC_PREFIX = b"EVKVQ"                 # then format 2, bits (8 or 4), 0
 _HEAD = struct.Struct("<8sQI")          # magic, unpacked length, region count
@@ -153,18 +162,74 @@ def _unlined(grouped: np.ndarray, region: Region) -> np.ndarray:
     return lined if region.per_row else lined.T
 
 
-def _quantize(grouped: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(minimum f16, step f16, codes) per group, every value within step/2 of minimum + code * step."""
+def _quantize(grouped: np.ndarray, bits: int, axis: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(minimum f16, step f16, codes) per group (the values along `axis`), every value within step/2 of
+    minimum + code * step; minimum and step keep the other axes, codes the input's shape."""
     levels = (1 << bits) - 1
     wide = grouped.astype(np.float32)
-    low = wide.min(axis=2, keepdims=True)               # an f16 value: exact in f16
-    span = wide.max(axis=2, keepdims=True) - low
+    low = wide.min(axis=axis, keepdims=True)            # an f16 value: exact in f16
+    span = wide.max(axis=axis, keepdims=True) - low
     step = (span / levels).astype(np.float16)
     short = step.astype(np.float32) * levels < span     # f16 rounding went down: one ulp up covers the span
     step = np.where(short, np.nextafter(step, np.float16(np.inf)), step)
     divisor = np.where(step > 0, step.astype(np.float32), np.float32(1.0))
-    codes = np.clip(np.rint((wide - low) / divisor), 0, levels).astype(np.uint8)
-    return low.astype(np.float16).ravel(), step.ravel(), codes.ravel()
+    wide -= low
+    wide /= divisor
+    np.rint(wide, out=wide)
+    np.clip(wide, 0, levels, out=wide)
+    return low.astype(np.float16), step, wide.astype(np.uint8)
+
+
+def _batches(found: list[Region]) -> list[list[Region]]:
+    """Consecutive regions of one shape at one spacing (every layer's K, every layer's V): one numpy pass each."""
+    batches: list[list[Region]] = []
+    for region in found:
+        last = batches[-1] if batches else None
+        if (last and dataclasses.replace(last[0], offset=0) == dataclasses.replace(region, offset=0)
+                and (len(last) == 1 or region.offset - last[-1].offset == last[1].offset - last[0].offset)
+                and region.offset - last[-1].offset >= region.nbytes):
+            last.append(region)
+        else:
+            batches.append([region])
+    return batches
+
+
+def _stacked(blob: bytes | bytearray | memoryview, batch: list[Region], writable: bool = False) -> np.ndarray:
+    """The batch's f16 matrices as one (layers, rows, cols) view of `blob` (no copy)."""
+    first = batch[0]
+    spacing = batch[1].offset - first.offset if len(batch) > 1 else first.nbytes
+    array = np.ndarray((len(batch), first.rows, first.cols), dtype="<f2", buffer=blob, offset=first.offset,
+                       strides=(spacing, first.cols * 2, 2))
+    return array
+
+
+def _quantize_batch(values: np.ndarray, region: Region, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_quantize` over every layer of a batch at once: per layer, (minimum, step) in the order of
+    `_lines(values, region)`'s groups and the codes in its value order, as flat rows."""
+    n, rows, cols = values.shape
+    if region.per_row:                               # values per token: groups along each row
+        group = region.group or cols
+        low, step, codes = _quantize(values.reshape(n, rows, cols // group, group), bits, axis=3)
+        return low.reshape(n, -1), step.reshape(n, -1), codes.reshape(n, -1)
+    group = region.group or rows                     # keys per channel: groups down each column
+    low, step, codes = _quantize(values.reshape(n, rows // group, group, cols), bits, axis=2)
+    order = (0, 3, 1, 2)                             # [layer, column, group, value]: `_lines`'s order
+    return (low.transpose(order).reshape(n, -1), step.transpose(order).reshape(n, -1),
+            codes.reshape(n, rows, cols).transpose(0, 2, 1).reshape(n, -1))
+
+
+def _dequantize_batch(codes: np.ndarray, low: np.ndarray, step: np.ndarray, region: Region) -> np.ndarray:
+    """The inverse of `_quantize_batch`: (layers, rows, cols) f16 values from flat per-layer codes and scales."""
+    n, rows, cols = codes.shape[0], region.rows, region.cols
+    if region.per_row:
+        group = region.group or cols
+        shape = (n, rows, cols // group, 1)
+        values = codes.reshape(n, rows, cols // group, group) * step.reshape(shape) + low.reshape(shape)
+        return values.astype("<f2").reshape(n, rows, cols)
+    group = region.group or rows
+    shape = (n, cols, rows // group, 1)
+    values = codes.reshape(n, cols, rows // group, group) * step.reshape(shape) + low.reshape(shape)
+    return values.astype("<f2").reshape(n, cols, rows).transpose(0, 2, 1)
 
 
 def _code_bytes(codes: np.ndarray, bits: int) -> bytes:
@@ -174,11 +239,114 @@ def _code_bytes(codes: np.ndarray, bits: int) -> bytes:
     return (padded[0::2] | (padded[1::2] << 4)).astype(np.uint8).tobytes()
 
 
+def _nibbles(codes: np.ndarray) -> np.ndarray:
+    """4-bit codes (one per byte, per layer rows) two to a byte, low nibble first, each row padded to a byte."""
+    if codes.shape[1] % 2:
+        codes = np.concatenate([codes, np.zeros((codes.shape[0], 1), dtype=np.uint8)], axis=1)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
 def _codes_of(packed: bytes | bytearray | memoryview, offset: int, count: int, bits: int) -> np.ndarray:
     raw = np.frombuffer(packed, dtype=np.uint8, count=(count * bits + 7) // 8, offset=offset)
     if bits == 8:
         return raw
     return np.stack([raw & 0x0F, raw >> 4], axis=1).ravel()[:count]
+
+
+def _load_native() -> ctypes.CDLL | None:
+    path = native_library("libevoke_kvquant.so")
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    i32, i64, vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
+    lib.evoke_kvq_pack.argtypes = [vp, i64, i32, i32, i32, i32, i32, i32, vp]
+    lib.evoke_kvq_pack.restype = ctypes.c_int
+    lib.evoke_kvq_unpack.argtypes = [vp, i32, i32, i32, i32, i32, i32, vp, i64]
+    lib.evoke_kvq_unpack.restype = None
+    lib.evoke_kvq_layer_bytes.argtypes = [i32, i32, i32, i32, i32]
+    lib.evoke_kvq_layer_bytes.restype = i64
+    return lib
+
+
+def _spacing(batch: list[Region]) -> int:
+    return batch[1].offset - batch[0].offset if len(batch) > 1 else batch[0].nbytes
+
+
+def _pack_batch_native(blob, batch: list[Region], bits: int) -> bytes | None:
+    region = batch[0]
+    per_layer = _native.evoke_kvq_layer_bytes(region.rows, region.cols, int(region.per_row), region.group, bits)
+    out = np.empty(len(batch) * per_layer, dtype=np.uint8)
+    source = np.frombuffer(blob, dtype=np.uint8)
+    bad = _native.evoke_kvq_pack(source.ctypes.data + region.offset, _spacing(batch), len(batch), region.rows,
+                                 region.cols, int(region.per_row), region.group, bits, out.ctypes.data)
+    return None if bad else out.tobytes()
+
+
+def _pack_batch_numpy(blob, batch: list[Region], bits: int) -> bytes | None:
+    values = _stacked(blob, batch)
+    if not np.isfinite(values).all():
+        return None
+    low, step, codes = _quantize_batch(values, batch[0], bits)
+    packed_codes = _nibbles(codes) if bits == 4 else codes
+    return np.concatenate([low.view(np.uint8), step.view(np.uint8), packed_codes], axis=1).tobytes()
+
+
+def _native_agrees(lib: ctypes.CDLL) -> bool:
+    """The native kernels give numpy's bytes on a probe of every shape kind (per row, per column, 4-bit groups)."""
+    global _native
+    rng = np.random.default_rng(7)
+    probe = bytearray(rng.normal(0, 2, size=3 * 70 * 64).astype("<f2").tobytes())
+    kept, _native = _native, lib
+    try:
+        for per_row in (True, False):
+            for bits in BITS:
+                batch = [Region(i * 70 * 64 * 2, 70 if per_row else 64, 64 if per_row else 70, per_row)
+                         .grouped(bits) for i in range(3)]
+                if per_row is False and bits == 4:
+                    batch = [dataclasses.replace(r, rows=64, cols=70, group=32) for r in batch]
+                packed = _pack_batch_numpy(probe, batch, bits)
+                if _pack_batch_native(probe, batch, bits) != packed:
+                    return False
+                ours, theirs = bytearray(len(probe)), bytearray(len(probe))
+                _unpack_batch_native(packed, batch, bits, ours)
+                _unpack_batch_numpy(packed, batch, bits, theirs)
+                if ours != theirs:
+                    return False
+        return True
+    finally:
+        _native = kept
+
+
+def _unpack_batch_native(rows: bytes | np.ndarray, batch: list[Region], bits: int, blob: bytearray) -> None:
+    region = batch[0]
+    source = np.frombuffer(rows, dtype=np.uint8) if not isinstance(rows, np.ndarray) else np.ascontiguousarray(rows)
+    target = np.frombuffer(blob, dtype=np.uint8)
+    _native.evoke_kvq_unpack(source.ctypes.data, len(batch), region.rows, region.cols, int(region.per_row),
+                             region.group, bits, target.ctypes.data + region.offset, _spacing(batch))
+
+
+def _unpack_batch_numpy(rows: bytes | np.ndarray, batch: list[Region], bits: int, blob: bytearray) -> None:
+    region, layers = batch[0], len(batch)
+    n = region.n_scales
+    rows = np.frombuffer(rows, dtype=np.uint8).reshape(layers, -1) if not isinstance(rows, np.ndarray) else rows
+    low = rows[:, :2 * n].copy().view("<f2").astype(np.float32)
+    step = rows[:, 2 * n:4 * n].copy().view("<f2").astype(np.float32)
+    raw = rows[:, 4 * n:]
+    codes = raw if bits == 8 else np.stack([raw & 0x0F, raw >> 4], axis=2).reshape(layers, -1)
+    codes = codes[:, :region.rows * region.cols]
+    _stacked(blob, batch)[...] = _dequantize_batch(codes, low, step, region)
+
+
+_native: ctypes.CDLL | None = None
+_candidate = _load_native()
+if _candidate is not None:
+    if _native_agrees(_candidate):
+        _native = _candidate
+    else:
+        log.warning("the native 8/4-bit kernels differ from the numpy path on this machine: numpy is used")
 
 
 def pack(blob: bytes | bytearray | memoryview, bits: int = 8) -> bytes | None:
@@ -191,12 +359,12 @@ def pack(blob: bytes | bytearray | memoryview, bits: int = 8) -> bytes | None:
         return None
     found = [region.grouped(bits) for region in found]
     payload: list[bytes] = []
-    for region in found:
-        values = _matrix(blob, region)
-        if not np.isfinite(values).all():
+    pack_batch = _pack_batch_numpy if _native is None else _pack_batch_native
+    for batch in _batches(found):                    # every layer's K (or V) in one pass
+        rows = pack_batch(blob, batch, bits)
+        if rows is None:                             # a value that is not finite
             return None
-        low, step, codes = _quantize(_lines(values, region), bits)
-        payload += [low.tobytes(), step.tobytes(), _code_bytes(codes, bits)]
+        payload.append(rows)
     view = memoryview(blob).cast("B")
     skeleton = [bytes(view[start:end]) for start, end in _gaps(found, len(blob))]
     table = b"".join(_REGION.pack(r.offset, r.rows, r.cols, int(r.per_row), r.group) for r in found)
@@ -258,22 +426,21 @@ def _read(packed: bytes | bytearray | memoryview, *, values: bool) -> bytearray:
         blob[start:end] = source[at:at + end - start]
         at += end - start
     levels = (1 << bits) - 1
-    for region in found:
-        n = region.n_scales
-        low = np.frombuffer(packed, dtype="<f2", count=n, offset=at).astype(np.float32)
-        step = np.frombuffer(packed, dtype="<f2", count=n, offset=at + 2 * n).astype(np.float32)
-        codes_at = at + 4 * n
-        at += 4 * n + region.code_bytes(bits)
+    for batch in _batches(found):                    # every layer's K (or V) in one pass
+        region, layers = batch[0], len(batch)
+        n, code_bytes = region.n_scales, region.code_bytes(bits)
+        per_layer = 4 * n + code_bytes
+        rows = np.frombuffer(packed, dtype=np.uint8, count=layers * per_layer, offset=at).reshape(layers, per_layer)
+        at += layers * per_layer
+        low = rows[:, :2 * n].copy().view("<f2").astype(np.float32)
+        step = rows[:, 2 * n:4 * n].copy().view("<f2").astype(np.float32)
         if not (np.isfinite(low).all() and np.isfinite(step).all() and (step >= 0).all()):
             raise UnfitPacked("packed K/V scales are not finite and non-negative")
         if not np.isfinite((low + levels * step).astype(np.float16)).all():
             raise UnfitPacked("packed K/V values overflow f16")
         if not values:
             continue
-        codes = _codes_of(packed, codes_at, region.rows * region.cols, bits)
-        shape = (region.lines, n // region.lines, 1)
-        grouped = codes.reshape(shape[0], shape[1], -1) * step.reshape(shape) + low.reshape(shape)
-        blob[region.offset:region.offset + region.nbytes] = _unlined(grouped, region).astype("<f2").tobytes()
+        (_unpack_batch_numpy if _native is None else _unpack_batch_native)(rows, batch, bits, blob)
     if [dataclasses.replace(r, group=0) for r in found] != regions(blob):
         raise UnfitPacked("the unpacked blob's layout does not match its packed tensors")
     return blob

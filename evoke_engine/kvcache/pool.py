@@ -9,7 +9,8 @@ spill never takes `spill_bytes` past `spill_budget_bytes` nor the disk's free sp
 stays in RAM instead); bytes shared by two blocks (a forked conversation) are counted once and freed when
 the last holder lets go. With `bits` 8 or 4, blocks are held packed (kvquant: RAM and `.kvq` spill files, counted
 at their packed size) and unpacked on take; blocks kvquant does not cover (a q8_0 cache) and slot images are
-held as they are; packed bytes that do not unpack are a RestoreError (the entry is gone). Spill files live
+held as they are; packed bytes that do not unpack are a RestoreError (the entry is gone). Bytes of a deferred save
+(their rows still copying on a worker) are waited for before the pool reads them (pack, spill, peek). Spill files live
 under one 0700 folder of this process, locked (flock) while the pool lives and removed by `close`; a new pool
 removes the folders of pools whose process is gone.
 """
@@ -136,6 +137,12 @@ def _read_into_bytearray(path: Path) -> bytearray:
     return data
 
 
+def _wait(held: SavedKV | PackedKV) -> None:
+    """Bytes of a deferred save (`KVCache.save_deferred`) are whole before the pool reads them."""
+    if isinstance(held, SavedKV):
+        held.wait()
+
+
 class BytesOwner(Protocol):
     """Who holds a pool entry's block (its resident sequence): told when the pool moves the bytes on its own."""
 
@@ -209,6 +216,7 @@ class SavedPool:
             return PackedKV(bytes(saved.data), saved.origin_pos, saved.n_tokens)
         if self.bits == 16 or block.role in NEVER_DROPPED:
             return saved
+        saved.wait()                               # a deferred save's rows are all there before they are packed
         packed = kvquant.pack(saved.data, self.bits)
         return saved if packed is None else PackedKV(packed, saved.origin_pos, saved.n_tokens)
 
@@ -287,6 +295,7 @@ class SavedPool:
         RestoreError, with the entry kept, where they do not fit)."""
         if block in self._ram:
             saved = self._ram[block][0]
+            _wait(saved)
             data, origin, n_tokens = saved.data, saved.origin_pos, saved.n_tokens
             packed = isinstance(saved, PackedKV)
         else:
@@ -304,6 +313,7 @@ class SavedPool:
         `put` takes them back as they are)."""
         if block in self._ram:
             saved = self._ram[block][0]
+            _wait(saved)
             return bytes(saved.data), saved.origin_pos, saved.n_tokens
         path, origin, n_tokens, _ = self._disk[block]
         return path.read_bytes(), origin, n_tokens
@@ -413,6 +423,7 @@ class SavedPool:
             self._files_made += 1
             path = self.spill_dir / f"{self._files_made}.{'kvq' if isinstance(saved, PackedKV) else 'kv'}"
             try:
+                _wait(saved)
                 self._write(path, saved.data)
             except OSError as exc:          # full disk: keep it in RAM rather than lose it
                 log.warning("spill of %s failed (%s); kept in RAM", block.name, exc)

@@ -9,21 +9,32 @@ is one) after llama.cpp did it. Sharing between two contexts copies the bytes (s
 Tokens held ahead of a sequence (`hold_ahead`) live only until the next operation on it: any but a
 compaction below them drops them, and `claim_ahead` hands them to the decode that was going to decode
 them anyway.
+
+Bytes move by the direct path (`kv_direct`: the cells copied between the cache's tensors and host bytes, the
+re-anchor fused with the copy on the CPU, llama.cpp's device K-shift elsewhere) where the native helper covers the
+cache and its calibration on this model holds (the bytes equal llama.cpp's own serialisation, both ways); else,
+and for any range it refuses, through llama.cpp's serialised state and the scratch sequence, as one log line says.
+Both write and read the same bytes.
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import llama_cpp as ll
 import numpy as np
 
 from ..errors import RestoreError
-from . import reanchor
+from . import host_arena, kv_direct, reanchor
 from .held_ahead import HeldAhead
+from .kv_direct import DirectError, DirectKV
 from .runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 _ROTATION_BUFFER_MAX = 16 << 20          # bytes: a block's K/V (a few hundred tokens) fits with room to spare
 
@@ -32,12 +43,20 @@ _ROTATION_BUFFER_MAX = 16 << 20          # bytes: a block's K/V (a few hundred t
 class SavedKV:
     """K/V bytes of a position range as llama.cpp serialises a sequence, and where they sit.
 
-    `origin_pos` is the position the bytes are anchored at (updated when they are re-anchored).
+    `origin_pos` is the position the bytes are anchored at (updated when they are re-anchored). `pending`: the
+    copy of the rows still under way on a worker (`KVCache.save_deferred`); `wait` before reading `data`.
     """
 
     data: bytearray | memoryview      # writable, so restore and re-anchoring need no copy
     origin_pos: int
     n_tokens: int
+    pending: Future | None = field(default=None, compare=False, repr=False)
+
+    def wait(self) -> None:
+        """Return once `data` holds every byte (at once unless a deferred save is still copying)."""
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
 
     @property
     def nbytes(self) -> int:
@@ -86,6 +105,20 @@ class KVCache:
         self.reanchor_note = self._calibrate_native_reanchor()
         self.ahead = HeldAhead(lambda seq, p0: self._seq_rm(seq, p0, -1))
         self._rotation_buffer = bytearray()                     # reused: its pages are already the process's
+        settings = runtime.settings
+        self.use_direct = settings.kv_direct                   # False: always the serialised path
+        self.arena = host_arena.configure_arena(settings.pool_pinned_share, pin=runtime.device.on_gpu,
+                                                ram_budget_bytes=settings.ram_budget_bytes)
+        self._direct: dict[int, DirectKV] = {}                  # by llama_context address
+        self.direct_saves = self.direct_restores = self.deferred_saves = 0
+        self._copier: ThreadPoolExecutor | None = None            # deferred saves' row copies, one at a time
+        self._copying: list[Future] = []
+        self._before_decode = runtime.before_decode
+        runtime.before_decode = self._join_then_decode             # no decode writes cells a copy still reads
+        self.direct_note = ""
+        self.direct_note = self._calibrate_direct()
+        if self.direct_note:
+            log.info("KV blocks move through llama.cpp's serialised state: %s", self.direct_note)
 
     # -- queries ----------------------------------------------------------------------------
     def pos_max(self, seq: int) -> int:
@@ -134,12 +167,58 @@ class KVCache:
             raise ValueError(f"empty range [{p0}, {p1})")
         context = self.rt.context_of(seq)
         self._flush_context(context)
+        self.join_copies()
+        direct = self._direct_for(context)
+        if direct is not None:
+            try:
+                data = self._save_direct(direct, seq, p0, p1)
+            except DirectError as exc:               # not each position once: llama.cpp writes what it holds
+                log.debug("serialised save: %s", exc)
+            else:
+                self.direct_saves += 1
+                return SavedKV(data=data, origin_pos=p0, n_tokens=p1 - p0)
         self._seq_cp(seq, self.scratch, p0, p1, context)
         try:
             data = self._state_of(self.scratch, context)
         finally:
             self._seq_rm(self.scratch, -1, -1, context)
         return SavedKV(data=data, origin_pos=p0, n_tokens=p1 - p0)
+
+    def save_deferred(self, seq: int, p0: int, p1: int) -> SavedKV:
+        """`save`, with the rows copied on a worker thread while the engine goes on (a turn's eviction: the next
+        decode overlaps the copy). The cells may be evicted at once; every decode, restore and save joins the copy
+        first, and the pool waits (`SavedKV.wait`) before it reads the bytes. Where the direct path is not
+        available this is `save`."""
+        self.rt._check_thread()
+        context = self.rt.context_of(seq)
+        direct = self._direct_for(context) if p1 > p0 else None
+        if direct is None:
+            return self.save(seq, p0, p1)
+        self._flush_context(context)
+        try:
+            out = self._save_buffer(direct.save_size(seq, p0, p1))
+            plan = direct.plan_save(out, seq, p0, p1, self.scratch)
+        except DirectError as exc:
+            log.debug("deferred save taken at once: %s", exc)
+            return self.save(seq, p0, p1)
+        if self._copier is None:
+            self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-copy")
+        future = self._copier.submit(_copy_rows, plan, out)
+        self._copying.append(future)
+        self.direct_saves += 1
+        self.deferred_saves += 1
+        return SavedKV(data=out, origin_pos=p0, n_tokens=p1 - p0, pending=future)
+
+    def join_copies(self) -> None:
+        """Wait for every deferred save's row copy (before anything writes cells)."""
+        copying, self._copying = self._copying, []
+        for future in copying:
+            future.result()
+
+    def _join_then_decode(self, seq: int) -> None:
+        self.join_copies()
+        if self._before_decode is not None:
+            self._before_decode(seq)
 
     def _state_of(self, seq: int, context: int | None = None) -> bytearray:
         ctx = self.rt.ctx(self._context(seq, context))
@@ -164,9 +243,13 @@ class KVCache:
     def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None:
         """Splice saved K/V into `seq` at positions at_pos.. (RoPE re-anchored, no forward pass)."""
         self.rt._check_thread()
+        self.join_copies()
+        saved.wait()
         self.ahead.forget(seq)
         context = self.rt.context_of(seq)
         delta, data = at_pos - saved.origin_pos, saved.data
+        if self._restore_direct(saved, seq, context, delta):
+            return
         if delta and self.geometry is not None:
             layout = reanchor.parse(data, self.geometry)
             if layout is not None:
@@ -193,6 +276,100 @@ class KVCache:
             self._seq_cp(self.scratch, seq, -1, -1, context)
         finally:
             self._seq_rm(self.scratch, -1, -1, context)
+
+    def _save_direct(self, direct: DirectKV, seq: int, p0: int, p1: int) -> bytearray | memoryview:
+        """[p0, p1) of `seq` by the direct path, into the host arena (pinned on a GPU, pre-faulted on the CPU) while
+        it has room, else into a buffer of its own."""
+        out = self._save_buffer(direct.save_size(seq, p0, p1))
+        direct.save_into(out, seq, p0, p1, self.scratch)
+        return out
+
+    def _save_buffer(self, size: int) -> bytearray | memoryview:
+        """`size` bytes for a save: from the host arena while it has room, else a buffer of their own."""
+        out = self.arena.buffer(size) if self.arena is not None else None
+        return bytearray(size) if out is None else out
+
+    def _restore_direct(self, saved: SavedKV, seq: int, context: int, delta: int) -> bool:
+        """The restore by the direct path: True when it placed the cells; False to take the serialised path (no
+        direct path here, bytes it does not read, or positions `seq` holds already: llama.cpp's own path gives the
+        sequence a second cell there, as before); RestoreError when the cells have no room."""
+        direct = self._direct_for(context)
+        if direct is None:
+            return False
+        rotate = self.geometry if delta and direct.on_host else None
+        try:
+            direct.restore(saved.data, seq, delta, rotate)
+        except DirectError as exc:
+            if exc.status == kv_direct.NO_ROOM:
+                raise RestoreError(f"{saved.n_tokens} saved tokens do not fit seq {seq}: {exc}") from exc
+            # positions the sequence holds (llama.cpp's seq_cp lets two cells share one), bytes of another shape
+            log.debug("serialised restore: %s", exc)
+            return False
+        self.direct_restores += 1
+        if rotate is not None:
+            self.native_reanchors += 1
+        elif delta:
+            self._shifted.add(context)
+        if self.mirror is not None:               # as the serialised path tells it: loaded, moved, copied
+            self.mirror.load_state(self.scratch, saved.data)
+            if delta:
+                self.mirror.seq_add(self.scratch, -1, -1, delta)
+            self.mirror.seq_cp(self.scratch, seq, -1, -1)
+            self.mirror.seq_rm(self.scratch, -1, -1)
+        return True
+
+    def _direct_for(self, context: int) -> DirectKV | None:
+        """The direct path over `context`'s cache, opened on first use; None where it is off or not covered."""
+        if not self.use_direct or self.direct_note:
+            return None
+        ctx = self.rt.ctx(context)
+        key = ctypes.cast(ctx, ctypes.c_void_p).value or 0
+        direct = self._direct.get(key)
+        if direct is None:
+            direct, why = DirectKV.open(ctx)
+            if direct is None:
+                self.direct_note = why
+                log.info("KV blocks move through llama.cpp's serialised state: %s", why)
+                return None
+            self._direct[key] = direct
+        return direct
+
+    def _calibrate_direct(self) -> str:
+        """Use the direct path only where it writes what llama.cpp's serialisation writes, and reads it back to the
+        same state (at the same positions, and re-anchored as the native rotation re-anchors). "" when it holds."""
+        if not kv_direct.available():
+            return f"the direct KV library is {kv_direct.missing_note()}"
+        if not self.rt.eviction_supported:
+            return self.rt.eviction_note
+        if self.rt.settings.rpc_servers:          # layers on remote devices: not checked there, so not used there
+            return "the model is split over RPC workers"
+        direct = self._direct_for(self.rt.context_of(self.scratch))
+        if direct is None:
+            return self.direct_note or "the direct path is off"
+        rt, scratch, delta = self.rt, self.scratch, 37
+        probe = rt.tokenize("Calibration: the quick brown fox jumps over the lazy dog.")[:12]
+        try:
+            rt.decode(probe, scratch, 0, logits_last=False)
+            theirs = self._state_of(scratch)
+            ours = direct.save(scratch, 0, len(probe), scratch)
+            if bytes(ours) != bytes(theirs):
+                return "the direct save differs from llama.cpp's serialisation"
+            self._seq_rm(scratch, -1, -1)
+            direct.restore(ours, scratch, 0)
+            if bytes(self._state_of(scratch)) != bytes(theirs):
+                return "the direct restore does not read back as llama.cpp's state"
+            if self.geometry is not None and direct.on_host:
+                self._seq_rm(scratch, -1, -1)
+                direct.restore(ours, scratch, delta, self.geometry)
+                expected = bytearray(theirs)
+                reanchor.shift(expected, reanchor.parse(expected, self.geometry), self.geometry, delta)
+                if bytes(self._state_of(scratch)) != bytes(expected):
+                    return "the fused re-anchor differs from the native rotation"
+        except DirectError as exc:
+            return f"the direct path refused its calibration ({exc})"
+        finally:
+            self._seq_rm(scratch, -1, -1)
+        return ""
 
     def _rotation_copy(self, data: memoryview) -> memoryview:
         """`data` copied into the reused rotation buffer. Rotating a copy-on-write file mapping in place
@@ -314,6 +491,14 @@ class KVCache:
         self.geometry = geometry
         self.calibration_error = worst
         return ""
+
+
+def _copy_rows(plan: int, out: bytearray | memoryview) -> int:
+    """A deferred save's copy; holding `out` keeps its buffer (an arena span) from being reused meanwhile, even
+    when the SavedKV it went to is let go first."""
+    written = DirectKV.copy_rows(plan)
+    del out
+    return written
 
 
 def rope_geometry(rt: Runtime) -> reanchor.RopeGeometry | None:
