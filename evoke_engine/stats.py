@@ -6,7 +6,7 @@ is a new object (`dataclasses.replace`); a conversation not measured yet reads a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -32,6 +32,7 @@ class ConversationStats:
     events: tuple[dict[str, Any], ...] = ()    # the latest events, `EngineEvent.as_dict()`
     recovery_decisions: tuple[dict[str, Any], ...] = ()   # per recovered block, the signal values that chose it
     reply_context: tuple[str, ...] = ()  # names of the blocks resident when the last reply started (what it read)
+    turn_breakdown: dict[str, Any] = field(default_factory=dict)   # the last turn's time by phase (breakdown.py)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (lists, not tuples) for JSON and Qt signals: a copy of each row, not a deep copy (the window
@@ -39,4 +40,4 @@ class ConversationStats:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "blocks": [dict(b) for b in self.blocks],
                 "events": [dict(e) for e in self.events],
                 "recovery_decisions": [dict(d) for d in self.recovery_decisions],
-                "reply_context": list(self.reply_context)}
+                "reply_context": list(self.reply_context), "turn_breakdown": dict(self.turn_breakdown)}

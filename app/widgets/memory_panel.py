@@ -1,6 +1,7 @@
 """The memory dock's content: counters, a block strip, the block table and the event list.
 
-Invariant: shows `BlockTableModel` and `EventLogModel` and the last stats dict; colours come
+Invariant: shows `BlockTableModel` and `EventLogModel` and the last stats dict (with the last turn's
+breakdown of its first token); colours come
 from STATE_COLORS so the strip, the table and the legend agree; shared blocks (the prefix, or
 cells shared with a fork) are darker in the strip and named in the table's Shared column. A long chat's
 hundreds of blocks and events cost the GUI thread a bounded amount per stats refresh: event rows take their
@@ -101,6 +102,18 @@ def _counter(title: str) -> tuple[QLabel, QWidget]:
     return value, box
 
 
+def breakdown_text(breakdown: dict[str, Any]) -> str:
+    """The last turn's time to its first token by phase, largest first, in ms (`conversations.breakdown`)."""
+    first = breakdown.get("first_token") or breakdown
+    if not first.get("total_s"):
+        return ""
+    phases = sorted(((key[:-2].replace("_", " "), float(value)) for key, value in first.items()
+                     if key.endswith("_s") and key not in ("total_s", "outside_llama_s") and float(value) >= 0.0005),
+                    key=lambda kv: -kv[1])
+    shown = " · ".join(f"{name} {value * 1000:.0f}" for name, value in phases)
+    return f"Last first token {float(first['total_s']) * 1000:.0f} ms: {shown or 'nothing measurable'} (ms)"
+
+
 class MemoryPanel(QWidget):
     def __init__(self, blocks_model, events_model, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -111,6 +124,9 @@ class MemoryPanel(QWidget):
         self.summary = QLabel("No conversation open", objectName="memorySummary")
         self.summary.setWordWrap(True)
         layout.addWidget(self.summary)
+        self.breakdown = QLabel("", objectName="turnBreakdown")     # the last turn's first token, by phase
+        self.breakdown.setWordWrap(True)
+        layout.addWidget(self.breakdown)
         grid = QGridLayout()
         grid.setSpacing(6)
         self.counters: dict[str, QLabel] = {}
@@ -187,6 +203,7 @@ class MemoryPanel(QWidget):
         self.summary.setText(f"Turn {stats.get('turn', 0)} · prefix {stats.get('prefix_tokens', 0)} tokens "
                              f"(shared) · recovery: {stats.get('recovery', '?')} · "
                              f"memory: {stats.get('memory', '?')}")
+        self.breakdown.setText(breakdown_text(stats.get("turn_breakdown") or {}))
 
     def counts(self) -> dict[str, str]:
         return {k: v.text() for k, v in self.counters.items()}

@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flash-attention", default="auto", choices=("auto", "on", "off"))
     p.add_argument("--pool-bits", default="", help="also the host pool at these bits (e.g. 16,8,4): RAM per saved "
                    "token, take+splice time, logit difference against the 16-bit restore (bench pool's rows)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Settings override (repeatable), e.g. --set kv_direct=false for the serialised path alone")
     p = sub.add_parser("pool", help="host pool at 16, 8 and 4 bits: bytes, pack/unpack time, logits after a splice")
     p.add_argument("--bits", default="16,8,4")
     p.add_argument("--docs", type=int, default=6)
@@ -147,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("edit", help="regenerate, edit 3 turns back and fork against re-prefill")
     p.add_argument("--tokens", type=int, default=None)
     p.add_argument("--trials", type=int, default=3)
+    p = sub.add_parser("overhead", help="the engine's time per turn outside llama.cpp calls (p50, p95) at 50 and "
+                       "300 blocks, and its share of the first token (each reply's breakdown)")
+    p.add_argument("--blocks", type=_ints, default=(50, 300), help="block counts, comma-separated")
+    p.add_argument("--turns", type=int, default=20, help="timed turns per block count (after 2 warm-up turns)")
+    p.add_argument("--max-tokens", type=int, default=8, help="reply length of each timed turn")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     p = sub.add_parser("attention", help="decode tokens/s with the attention capture on one layer against off")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--tokens", type=int, default=64)
@@ -198,11 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     busy = warn_if_busy()
 
     if args.name == "restore":
+        from .recall_suite import parse_overrides
         from .restore import run
 
         result = run(tuple(int(s) for s in args.sizes.split(",")), trials=args.trials, n_ctx=args.n_ctx,
                      model_path=args.model, n_gpu_layers=args.n_gpu_layers, rpc=args.rpc,
-                     flash_attention=args.flash_attention, pool_bits=_ints(args.pool_bits))
+                     flash_attention=args.flash_attention, pool_bits=_ints(args.pool_bits),
+                     overrides=parse_overrides(args.set))
     elif args.name == "pool":
         from .pool import run
 
@@ -282,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         from .edit import run
 
         result = run(tokens=args.tokens, trials=args.trials)
+    elif args.name == "overhead":
+        from .overhead import run
+
+        result = run(blocks=args.blocks, turns=args.turns, threads=args.threads, max_tokens=args.max_tokens)
     else:
         from . import conversations
         from .llama_server import check_binary

@@ -4,7 +4,9 @@ per turn and system (first token, decode speed, context, memory), with the issue
 Invariants: every system serves the same generated session (`long_workload`) in its own process (llama-server is
 one), the systems take turns at every turn (rotating who goes first, a pause before each request), so a drift of
 the machine lands on all alike; a system that fails a turn stops there (its row says why) and the others go on;
-bars are reported, never enforced; the flatness windows are fixed by turn index and kind, never by the results.
+bars are reported, never enforced; the flatness windows are fixed by turn index and kind, never by the results,
+and the reference window ends before the last five turns begin at every length (`window_turns`; the JSON names the
+turns of both).
 """
 
 from __future__ import annotations
@@ -86,18 +88,33 @@ def _median(values) -> float | None:
     return round(statistics.median(values), 4) if values else None
 
 
-def _windows(rows: list[dict], kinds: tuple[str, ...], key: str) -> tuple[float | None, float | None]:
-    """(median near turn 20, median of the last five) of `key` over the turns of `kinds` that succeeded."""
-    usable = [r for r in rows if r["kind"] in kinds and r.get(key) is not None and not r.get("error")]
-    near = sorted(usable, key=lambda r: abs(r["turn"] - REFERENCE_TURN))[:5]
-    return _median(r[key] for r in near), _median(r[key] for r in usable[-5:])
+def window_turns(turns: list[int], size: int = 5) -> tuple[list[int], list[int]]:
+    """(reference, end) windows over the usable `turns` (ascending): the end is the last `size`; the reference is
+    the `size` turns nearest `REFERENCE_TURN` among those before the end window begins, so the two never share a
+    turn at any length (a short run's reference is simply earlier; too short a run has none)."""
+    end = turns[-size:]
+    before = [t for t in turns if end and t < end[0]]
+    reference = sorted(sorted(before, key=lambda t: (abs(t - REFERENCE_TURN), -t))[:size])
+    return reference, end
+
+
+def _windows(rows: list[dict], kinds: tuple[str, ...], key: str) -> dict:
+    """Medians of `key` over the reference window and the last five of the turns of `kinds` that succeeded,
+    with the turns of each (`window_turns`)."""
+    usable = {r["turn"]: r for r in rows if r["kind"] in kinds and r.get(key) is not None and not r.get("error")}
+    reference, end = window_turns(sorted(usable))
+    return {"near_turn_20": _median(usable[t][key] for t in reference),
+            "last_five": _median(usable[t][key] for t in end),
+            "near_turn_20_turns": reference, "last_five_turns": end}
 
 
 def summarize(label: str, rows: list[dict], described: dict, accounting: dict | None) -> dict:
     ok = [r for r in rows if not r.get("error")]
-    ttft_ref, ttft_end = _windows(rows, COMPARABLE, "ttft_s")
+    ttft = _windows(rows, COMPARABLE, "ttft_s")
     decode_kinds = ("short", "code", "log", "trace", "probe")
-    decode_ref, decode_end = _windows(rows, decode_kinds, "decode_tok_s")
+    decode = _windows(rows, decode_kinds, "decode_tok_s")
+    ttft_ref, ttft_end = ttft["near_turn_20"], ttft["last_five"]
+    decode_ref, decode_end = decode["near_turn_20"], decode["last_five"]
     probes = [r for r in ok if r.get("fact_in_context") is not None]
     first = ok[0] if ok else {}
     last = ok[-1] if ok else {}
@@ -105,11 +122,9 @@ def summarize(label: str, rows: list[dict], described: dict, accounting: dict | 
                                                                           None),
            "error": next((r["error"] for r in rows if r.get("error")), None),
            "conversation_tokens": last.get("conversation_tokens"),
-           "ttft_s": {"near_turn_20": ttft_ref, "last_five": ttft_end,
-                      "end_over_turn_20": round(ttft_end / ttft_ref, 3) if ttft_ref and ttft_end else None},
-           "decode_tok_s": {"near_turn_20": decode_ref, "last_five": decode_end,
-                            "turn_20_over_end": round(decode_ref / decode_end, 3) if decode_ref and decode_end
-                            else None},
+           "ttft_s": {**ttft, "end_over_turn_20": round(ttft_end / ttft_ref, 3) if ttft_ref and ttft_end else None},
+           "decode_tok_s": {**decode, "turn_20_over_end": round(decode_ref / decode_end, 3)
+                            if decode_ref and decode_end else None},
            "facts_in_context_at_probes": f"{sum(bool(r['fact_in_context']) for r in probes)}/{len(probes)}",
            "fact_rate": round(sum(bool(r["fact_in_context"]) for r in probes) / len(probes), 3) if probes else None,
            "rss_bytes": {"after_turn_1": first.get("rss_bytes"), "end": last.get("rss_bytes"),

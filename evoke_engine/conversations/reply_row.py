@@ -4,7 +4,8 @@ Invariants: the row is created at the reply's first piece, flagged `interrupted`
 and rewritten at most once per `interval_s` with the text so far; when a piece is handed on, the row holds
 every piece handed on more than `interval_s` earlier. Writes while streaming are best effort (a failure is
 reported once and the reply goes on); `finish` writes the final text unflagged and raises when it cannot, with
-the reply's speed under `extra["metrics"]` (`reply_metrics`), so its footer is shown again after a restart.
+the reply's speed under `extra["metrics"]` (`reply_metrics`), so its footer is shown again after a restart. A
+continued reply (`row_id` and `text` given) grows its own row: the same message, never a new one.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ log = logging.getLogger(__name__)
 
 WRITE_INTERVAL_S = 1.0
 WRITE_ERRORS = (StoreError, sqlite3.Error, OSError)
-METRICS = "metrics"      # the `extra` key of a finished reply's row: {tokens, tokens_per_s, ttft_s, stopped}
+METRICS = "metrics"      # the `extra` key of a finished reply's row: {tokens, tokens_per_s, ttft_s, stopped, breakdown}
 
 
 def reply_metrics(reply: Any) -> dict[str, Any]:
     """The `extra` of a finished reply's row: what its footer shows (tokens, tok/s, first token, why it stopped)."""
-    return {METRICS: {"tokens": int(reply.n_tokens), "tokens_per_s": round(float(reply.tokens_per_s), 3),
-                      "ttft_s": round(float(reply.ttft_s), 4), "stopped": str(reply.stopped)}}
+    metrics = {"tokens": int(reply.n_tokens), "tokens_per_s": round(float(reply.tokens_per_s), 3),
+               "ttft_s": round(float(reply.ttft_s), 4), "stopped": str(reply.stopped)}
+    if getattr(reply, "breakdown", None):               # where the turn's time went (conversations.breakdown)
+        metrics["breakdown"] = dict(reply.breakdown)
+    return {METRICS: metrics}
 
 
 class ReplySaveError(EvokeError):
@@ -42,7 +46,8 @@ class StreamedReply:
     def __init__(self, history: HistoryDB, conversation_id: str, *, previous_id: int | None = None,
                  forward: Callable[[str], None] | None = None,
                  on_error: Callable[[Exception], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, interval_s: float = WRITE_INTERVAL_S) -> None:
+                 clock: Callable[[], float] = time.monotonic, interval_s: float = WRITE_INTERVAL_S,
+                 row_id: int | None = None, text: str = "") -> None:
         self.history = history
         self.conversation_id = conversation_id
         self.previous_id = previous_id
@@ -50,8 +55,8 @@ class StreamedReply:
         self.on_error = on_error
         self.clock = clock
         self.interval_s = interval_s
-        self.row_id: int | None = None
-        self.text = ""
+        self.row_id: int | None = row_id        # given: a continued reply's own row
+        self.text = text
         self.writes = 0
         self._written_at: float | None = None
         self._failed = False

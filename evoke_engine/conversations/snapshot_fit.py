@@ -86,9 +86,11 @@ def _adapt_vectors(snapshot: Snapshot, embedder: Embedder, messages: Sequence[Me
         notes.append(f"vectors of {snapshot.embedder or 'an unrecorded embedder'} dropped, "
                      f"recomputed with {current} when needed")
         snapshot.focus = None
+        snapshot.lines = {}                              # line vectors of another embedder: embedded again
     else:
         dim = embedder.dimension()
         stale = [b for b in with_vectors if b.embedding.shape[0] != dim]
+        snapshot.lines = {key: kept for key, kept in snapshot.lines.items() if kept[1].shape[1] == dim}
         if stale:
             notes.append(f"{len(stale)} vectors not {dim}-d dropped")
         if snapshot.focus is not None and len(snapshot.focus) != dim:

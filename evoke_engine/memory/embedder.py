@@ -1,7 +1,8 @@
 """Sentence embeddings for the scorer: the bundled MiniLM by default, any local model as a setting.
 
 Invariants: loaded lazily on first use, offline (HF_HUB_OFFLINE); vectors are float32 and
-L2-normalised, so a dot product is a cosine. 'off' disables similarity (every vector is None).
+L2-normalised, so a dot product is a cosine. 'off' disables similarity (every vector is None). `warming` is
+true only while `warm` runs (a turn then decides without it); `embed_s` only grows.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -28,6 +30,13 @@ class Embedder:
         self.enabled = name != "off"
         self._model = None
         self._lock = threading.Lock()
+        self._warming = False
+        self.embed_s = 0.0            # seconds spent in `embed` so far (a turn's breakdown reads the difference)
+
+    @property
+    def warming(self) -> bool:
+        """`warm` is loading the model now: a turn does not wait for it (it decides with the lexical signal)."""
+        return self._warming
 
     @property
     def identity(self) -> str | None:
@@ -54,7 +63,11 @@ class Embedder:
     def warm(self) -> None:
         """Load the model now (the engine does this in the background after the LLM loads)."""
         if self.enabled:
-            self._load().encode(["warm up"], show_progress_bar=False)     # first inference allocates
+            self._warming = True
+            try:
+                self._load().encode(["warm up"], show_progress_bar=False)     # first inference allocates
+            finally:
+                self._warming = False
 
     def dimension(self) -> int | None:
         """Length of this embedder's vectors (loads the model); None when similarity is off."""
@@ -68,9 +81,11 @@ class Embedder:
         """(len(texts), dim) unit vectors, or None when similarity is off."""
         if not self.enabled or not texts:
             return None
+        started = time.perf_counter()
         model = self._load()
         vectors = model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True,
                                show_progress_bar=False)
+        self.embed_s += time.perf_counter() - started
         return np.asarray(vectors, dtype=np.float32)
 
     def embed_one(self, text: str) -> np.ndarray | None:

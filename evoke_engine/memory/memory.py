@@ -32,7 +32,7 @@ from ..stats import ConversationStats
 from .attention_signal import AttentionSignal
 from .embedder import Embedder
 from .policy import RecoveryPick, choose_recoveries, choose_victims, named_in, protected_blocks
-from .recall_signals import MODES, RecallSignal, reply_grounding
+from .recall_signals import MODES, RecallSignal, export_lines, reply_grounding, seed_lines
 from .recall_signals import prepare as prepare_lines
 from .recovery import Breadcrumb, RecoveryBackend
 from .recovery import backend as recovery_backend
@@ -89,6 +89,10 @@ class ConversationMemory:
         self._query: np.ndarray | None = None
         self._query_ready = True
         self.last_decide_s = 0.0                 # the last recovery decision: embedding, signals, choosing
+        self.last_embed_s = 0.0                  # of which embedding (the new message only; `Embedder.embed_s`)
+        self.last_restore_s = 0.0                # the last recovery's splices of saved bytes back (and breadcrumbs)
+        self._warming_turn = False               # this turn decided without the embedder (it was warming up)
+        self.last_breakdown: dict = {}           # the last turn's time by phase (`conversations.breakdown`)
         self._spliced_run: tuple | None = None   # (source block, our block, source owner) of the last splice
         self.overdraft = 0                       # tokens this turn may run over the budget (a wide recovery)
         self._recovered: list[tuple[Block, dict]] = []   # this turn's recoveries, best ranked first, and why
@@ -304,7 +308,8 @@ class ConversationMemory:
         self.sequence.flush_pending_shifts()     # pay the K-shift now, after the reply, not before the next one
         if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
             self.ensure_embeddings(b for b in self.table.resident if not b.shared)
-            self._embed_lines(b for b in self.table.resident if not b.shared)
+            # saved blocks too: a KV file of an older format held no line vectors (cached ones cost nothing)
+            self._embed_lines(b for b in self.table.blocks if not b.shared)
 
     def _reply_used(self, reply: str) -> dict[Block, int]:
         """The blocks from before this turn that the reply quoted (`reply_grounding` against the message), among
@@ -368,21 +373,26 @@ class ConversationMemory:
                 identity_hashes: set[str] = frozenset()) -> list[Block]:
         """Bring back saved blocks this message needs, at the tail, before its tokens decode."""
         started = time.perf_counter()
-        self.last_decide_s = 0.0
+        embedded_before = getattr(self.embedder, "embed_s", 0.0)
+        self.last_decide_s = self.last_embed_s = self.last_restore_s = 0.0
         self.overdraft, self._recovered, self.turn_protected, self._working = 0, [], [], {}
         saved = self.candidates()
         if not saved or self.settings.recovery_top_k == 0 and not identity_hashes:
             return []
-        if self.settings.recovery_top_k == 0 or not self.embedder.enabled:
+        # the embedder warming up: decide with the lexical signal now rather than wait for it (said in each decision)
+        self._warming_turn = self.embedder.enabled and getattr(self.embedder, "warming", False)
+        if self.settings.recovery_top_k == 0 or not (self.embedder.enabled or self._warming_turn):
             saved = [b for b in saved if b.hash in identity_hashes or (b.file_name and b.file_name in message)]
-        self.ensure_embeddings(saved)
         residents = [b for b in self.table.resident if not b.shared]
-        self.ensure_embeddings(residents)
-        signal = RecallSignal(self.settings.recall_signal, query_text=self._query_text, query=self.query,
+        if not self._warming_turn:
+            self.ensure_embeddings(saved)            # no-ops after a turn end or a KV file: vectors are kept
+            self.ensure_embeddings(residents)
+        signal = RecallSignal("lexical" if self._warming_turn else self.settings.recall_signal,
+                              query_text=self._query_text, query=None if self._warming_turn else self.query,
                               saved=saved, residents=residents, embedder=self.embedder,
                               user_margin=self.settings.recall_user_margin,
                               file_names=self.settings.recall_file_name_line,
-                              skip_questions=self.settings.recall_skip_questions)
+                              skip_questions=self.settings.recall_skip_questions, embed_lines=False)
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
         room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve)
         wide = self._overdraft_allowed()
@@ -396,7 +406,9 @@ class ConversationMemory:
                                   margin=self.settings.recovery_margin if working is None else math.inf,
                                   eligible=None if working is None else working.__contains__)
         self.last_decide_s = time.perf_counter() - started
+        self.last_embed_s = getattr(self.embedder, "embed_s", 0.0) - embedded_before
         self.overdraft = min(wide, max(0, sum(p.block.n_tokens for p in picks) - room))
+        restoring = time.perf_counter()
         recovered: list[Block] = []
         used = 0
         for pick in picks:
@@ -410,6 +422,7 @@ class ConversationMemory:
             self._recovered.append((block, detail))
             if pick.reason == "identity":
                 self.counters.identity_hits += 1
+        self.last_restore_s = time.perf_counter() - restoring
         return recovered
 
     def _move_best_to_tail(self, working: dict[Block, int], room_tokens: int) -> list[Block]:
@@ -458,6 +471,8 @@ class ConversationMemory:
                   "score": round(pick.similarity, 5), **signal.explain(pick.block)}
         if past_room:
             detail["past_room"] = True
+        if self._warming_turn:
+            detail["embedder_warming"] = "decided with the lexical signal while the embedder warmed up"
         self.decisions.append(detail)
         return detail
 
@@ -542,7 +557,8 @@ class ConversationMemory:
                         budget_tokens=self.budget_tokens, history=history, blocks=self.table.blocks,
                         image=image, saved=self.sequence.saved_bytes(), counters=asdict(self.counters), focus=focus,
                         embedder=self.embedder.identity, ahead=ahead, chunks=self.sequence.chunk_records(),
-                        exact=self.sequence.exact)
+                        exact=self.sequence.exact,
+                        lines=export_lines(self.embedder, [b for b in self.table.blocks if not b.shared]))
 
     def load_snapshot(self, snapshot: Snapshot, prefix_tokens: int) -> None:
         """Adopt a snapshot's table while out of a slot; `unpark` then restores its image."""
@@ -566,6 +582,14 @@ class ConversationMemory:
                 setattr(self.counters, key, value)
         if snapshot.focus is not None:
             self.focus.vector = np.asarray(snapshot.focus, dtype=np.float32)
+        self.adopt_line_vectors(snapshot)
+
+    def adopt_line_vectors(self, snapshot: Snapshot) -> int:
+        """The KV file's line vectors into the recall signal's cache when this embedder made them (a reopen embeds
+        none of its blocks); the count adopted. An older file holds none: the next turn end embeds them."""
+        if not snapshot.lines or snapshot.embedder is None or snapshot.embedder != self.embedder.identity:
+            return 0
+        return seed_lines(self.embedder, snapshot.lines)
 
     def adopt_embedder(self, embedder: Embedder, focus: list[float] | None) -> None:
         """Switch embedder: every vector of the old one is dropped (recomputed on demand), focus replaced."""
@@ -609,4 +633,5 @@ class ConversationMemory:
             memory=self.memory_location(),
             recovery=self.settings.recovery, blocks=tuple(self._block_summaries()),
             events=tuple(e.as_dict() for e in list(self.events)[-50:]),
-            recovery_decisions=tuple(self.decisions), reply_context=self.reply_context)
+            recovery_decisions=tuple(self.decisions), reply_context=self.reply_context,
+            turn_breakdown=dict(self.last_breakdown))

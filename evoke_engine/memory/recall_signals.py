@@ -4,8 +4,9 @@ with `skip_questions`, a user's earlier question that asks for a value (`asks_fo
 
 Invariants: pure ranking over plain blocks and one embedder (no llama.cpp); line vectors are cached per embedder
 by block content hash, file name where it is a line and whether questions are skipped (an embedder switch never
-mixes vectors); mode "block" reproduces the one-vector-per-block cosine exactly; every score a decision used is
-returned by `explain`.
+mixes vectors), seeded from a KV file on a reopen (`seed_lines`) and exported into it (`export_lines`); the
+engine's decisions never embed lines (`embed_lines=False`); mode "block" reproduces the one-vector-per-block
+cosine exactly; every score a decision used is returned by `explain`.
 """
 
 from __future__ import annotations
@@ -110,10 +111,11 @@ def file_name_line(file_name: str) -> str:
 
 
 def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: bool = False,
-                 skip_questions: bool = False) -> dict[str, tuple[list[str], np.ndarray | None]]:
+                 skip_questions: bool = False, compute: bool = True) -> dict[str, tuple[list[str], np.ndarray | None]]:
     """Lines and their unit vectors for each block (by `line_key`), embedded in one batch where missing; with
     `file_names`, a file's block has its file's name as one more line; with `skip_questions`, a user message's
-    lines are its `fact_lines` (none, when all of it asks)."""
+    lines are its `fact_lines` (none, when all of it asks). Without `compute`, only what is cached already (a
+    decision on the critical path: a block without them falls back to its block vector)."""
     cache = _line_cache.setdefault(embedder, OrderedDict())
     blocks = [b for b in blocks if b.text.strip()]
     missing: dict[str, list[str]] = {}
@@ -121,11 +123,11 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: boo
         key = line_key(block, file_names, skip_questions)
         if key in cache:
             cache.move_to_end(key)
-        elif key not in missing:
+        elif compute and key not in missing:
             lines = fact_lines(block, skip_questions)
             named = file_names and bool(block.file_name)
             missing[key] = [*lines, file_name_line(block.file_name)] if named else lines
-    if missing:
+    if missing and compute:
         flat = [code_words(line) for lines in missing.values() for line in lines]
         vectors = embedder.embed(flat) if flat else None
         at = 0
@@ -210,11 +212,13 @@ def _ranks(values: dict[Block, float]) -> dict[Block, int]:
 
 
 class RecallSignal:
-    """Scores for one recovery decision over saved candidates and resident blocks (the gate)."""
+    """Scores for one recovery decision over saved candidates and resident blocks (the gate). With
+    `embed_lines=False` (the engine's turns) it embeds nothing: a block whose line vectors are not cached yet is
+    ranked by its block vector and its detail says `lines_pending`."""
 
     def __init__(self, mode: str, *, query_text: str, query: np.ndarray | None, saved: list[Block],
                  residents: list[Block], embedder: Embedder, user_margin: float = 0.0,
-                 file_names: bool = False, skip_questions: bool = False) -> None:
+                 file_names: bool = False, skip_questions: bool = False, embed_lines: bool = True) -> None:
         if mode not in SIGNALS:
             raise ValueError(f"recall signal {mode!r}: choose one of {', '.join(SIGNALS)}")
         self.mode = mode
@@ -224,10 +228,16 @@ class RecallSignal:
         block_cos = {b: _cos(b.embedding, query) for b in pool}
         dense = dict(block_cos)
         best_line: dict[Block, str] = {}
+        pending: set[Block] = set()
         if dense_kind == "lines" and query is not None and embedder.enabled:
-            vectors = line_vectors(embedder, pool, file_names=file_names, skip_questions=skip_questions)
+            vectors = line_vectors(embedder, pool, file_names=file_names, skip_questions=skip_questions,
+                                   compute=embed_lines)
             for block in pool:
-                lines, matrix = vectors.get(line_key(block, file_names, skip_questions), ([], None))
+                key = line_key(block, file_names, skip_questions)
+                if key not in vectors and block.text.strip():
+                    pending.add(block)
+                    continue
+                lines, matrix = vectors.get(key, ([], None))
                 if skip_questions and block.role == "user" and not lines:
                     dense[block] = -1.0                # all of it asks: no line to match, last in the dense order
                 elif matrix is not None and len(lines):
@@ -261,6 +271,8 @@ class RecallSignal:
             detail = {"signal": mode, "block_cosine": round(block_cos[block], 3)}
             if block in best_line:
                 detail.update(line_cosine=round(dense[block], 3), best_line=best_line[block][:100])
+            elif block in pending:
+                detail["lines_pending"] = True
             if lexical_kind is not None:
                 detail.update(bm25=round(lexical.get(block, 0.0), 3), lexical_rank=lexical_rank.get(block))
                 if dense_kind is not None:
@@ -305,6 +317,30 @@ def prepare(embedder: Embedder, mode: str, blocks: Iterable[Block], *, file_name
     """Embed the lines of `blocks` now (turn end), so a later recovery finds them cached."""
     if MODES[mode][0] == "lines" and embedder.enabled:
         line_vectors(embedder, blocks, file_names=file_names, skip_questions=skip_questions)
+
+
+def export_lines(embedder: Embedder, blocks: Iterable[Block]) -> dict[str, tuple[list[str], np.ndarray]]:
+    """The cached line vectors of `blocks` (every `line_key` variant cached for them), for a KV file."""
+    cache = _line_cache.get(embedder)
+    if not cache:
+        return {}
+    hashes = {b.hash for b in blocks}
+    return {key: (lines, vectors) for key, (lines, vectors) in cache.items()
+            if vectors is not None and key.split("|", 1)[0] in hashes}
+
+
+def seed_lines(embedder: Embedder, records: dict[str, tuple[list[str], np.ndarray]]) -> int:
+    """Put line vectors read from a KV file into `embedder`'s cache (a reopen embeds none of them); the count
+    added. The caller has checked that the file's vectors are this embedder's."""
+    cache = _line_cache.setdefault(embedder, OrderedDict())
+    added = 0
+    for key, (lines, vectors) in records.items():
+        if key not in cache and len(lines) == len(vectors):
+            cache[key] = (list(lines), np.asarray(vectors, dtype=np.float32))
+            added += 1
+    while len(cache) > CACHE_BLOCKS:
+        cache.popitem(last=False)
+    return added
 
 
 def clear_cache(embedder: Embedder) -> None:

@@ -16,7 +16,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..kvcache.blocks import Block, BlockState
-from .snapshot_check import FORMAT, SnapshotError, check_head, chunks_of, focus_of, migrate_head, vector_of
+from .snapshot_check import (
+    FORMAT,
+    SnapshotError,
+    check_head,
+    chunks_of,
+    focus_of,
+    line_vectors_of,
+    migrate_head,
+    vector_of,
+)
 
 __all__ = ["FORMAT", "Snapshot", "SnapshotError", "decode_payload", "encode_payload"]
 Buffer = bytes | bytearray | memoryview
@@ -38,6 +47,7 @@ class Snapshot:
     ahead: list[int] = field(default_factory=list)   # the next message's opening: the image's last cells
     chunks: dict[int, tuple[str, int]] = field(default_factory=dict)   # block index -> (chain key, origin): exact
     exact: bool = False          # every resident cell was what a fresh decode of the resident tokens gives
+    lines: dict[str, tuple[list[str], np.ndarray]] = field(default_factory=dict)  # line_key -> lines, vectors
 
 
 def _block_head(block: Block) -> dict:
@@ -66,7 +76,10 @@ def encode_payload(snapshot: Snapshot) -> bytes:
             "blocks": [_block_head(b) for b in snapshot.blocks], "spans": spans, "counters": snapshot.counters,
             "focus": snapshot.focus, "embedder": snapshot.embedder, "ahead": snapshot.ahead,
             "chunks": {str(index): [key, origin] for index, (key, origin) in sorted(snapshot.chunks.items())},
-            "exact": snapshot.exact}
+            "exact": snapshot.exact,
+            "line_vectors": {key: [lines, base64.b64encode(np.ascontiguousarray(vectors, dtype=np.float16)
+                                                           .tobytes()).decode()]
+                             for key, (lines, vectors) in snapshot.lines.items()}}
     head_bytes = json.dumps(head, separators=(",", ":")).encode()
     return struct.pack("<I", len(head_bytes)) + head_bytes + b"".join(blobs)
 
@@ -110,4 +123,5 @@ def decode_payload(payload: Buffer) -> Snapshot:
                     budget_tokens=head["budget_tokens"], history=head["history"], blocks=blocks,
                     image=blob("image"), saved=saved, counters=dict(head.get("counters", {})),
                     focus=None if focus is None else [float(x) for x in focus], embedder=head.get("embedder"),
-                    ahead=list(head["ahead"]), chunks=chunks_of(head), exact=head.get("exact", False))
+                    ahead=list(head["ahead"]), chunks=chunks_of(head), exact=head.get("exact", False),
+                    lines=line_vectors_of(head))

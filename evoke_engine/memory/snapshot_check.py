@@ -19,7 +19,9 @@ import numpy as np
 from ..kvcache.blocks import BlockState, content_hash
 from ..settings import Settings
 
-FORMAT = 4               # 4: a saved block's bytes may be kvquant's 8- or 4-bit packed form (the pool's)
+FORMAT = 5               # 5: the head holds the blocks' line vectors ("line_vectors"); older files compute them
+                         #    after the turn that first needs them
+                         # 4: a saved block's bytes may be kvquant's 8- or 4-bit packed form (the pool's)
                          # 3: the image may end with the next message's opening ("ahead", its tokens)
                          # 2: the head names the embedder of its vectors ("embedder")
 MAX_AHEAD = 64           # tokens of a message's opening held ahead (a template's role header is a few)
@@ -67,6 +69,8 @@ def migrate_head(head: Any) -> dict:
         head = {**head, "format": 3, "ahead": []}
     if head["format"] == 3:
         head = {**head, "format": 4}                  # nothing to change: format 3 files hold f16 bytes only
+    if head["format"] == 4:
+        head = {**head, "format": 5, "line_vectors": {}}
     return head
 
 
@@ -199,6 +203,30 @@ def check_head(head: dict, body_len: int) -> None:
     if "chunks" in head:
         _check_chunks(head["chunks"], rows, head["spans"])
     need(isinstance(head.get("exact", False), bool), "exact is not a boolean")
+    line_vectors_of(head)
+
+
+def line_vectors_of(head: dict) -> dict[str, tuple[list[str], np.ndarray]]:
+    """The head's line vectors ("line_vectors": line key -> [lines, base64 float16 matrix, one row a line]),
+    as float32 matrices; SnapshotError when a record's rows do not match its lines."""
+    records = head.get("line_vectors", {})
+    need(isinstance(records, dict), "line_vectors is not an object")
+    out: dict[str, tuple[list[str], np.ndarray]] = {}
+    for key, record in records.items():
+        what = f"line vectors of {key[:40]}"
+        need(isinstance(record, list) and len(record) == 2 and isinstance(record[0], list)
+             and all(isinstance(line, str) for line in record[0]) and isinstance(record[1], str),
+             f"{what} are not [lines, vectors]")
+        lines = record[0]
+        try:
+            raw = base64.b64decode(record[1], validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise SnapshotError(f"{what} are not base64 ({exc})") from exc
+        need(bool(lines) and len(raw) % (2 * len(lines)) == 0, f"{what}: {len(raw)} bytes for {len(lines)} lines")
+        matrix = np.frombuffer(raw, dtype=np.float16).astype(np.float32).reshape(len(lines), -1)
+        need(bool(np.isfinite(matrix).all()), f"{what} are not finite")
+        out[key] = (lines, matrix)
+    return out
 
 
 def chunks_of(head: dict) -> dict[int, tuple[str, int]]:

@@ -163,7 +163,7 @@ def _focus_op(head, body, data):
 
 
 def _format_op(head, body, data):
-    value = data.draw(st.sampled_from([1, 2, 3, 0, 5, "2", None, 2.0]), label="format")
+    value = data.draw(st.sampled_from([1, 2, 3, 0, 6, "2", None, 2.0]), label="format")
     head["format"] = value
     if value == 1:
         head.pop("embedder", None)                      # a file of format 1: migrated, its vectors dropped
