@@ -3,7 +3,7 @@
 settings, same requests, one server at a time; per-request TTFT and latency, and the turn-14 TTFT ratio.
 
 Invariants: both servers get byte-identical requests (the full history every turn, streamed, greedy);
-ours also reports `usage.evoke` per turn, so `decoded` can be checked against the new tail.
+ours also reports its `evoke` object per turn, so `decoded` can be checked against the new tail.
 """
 
 from __future__ import annotations
@@ -56,20 +56,20 @@ def run_session(client: openai.OpenAI, seed: int, session: str | None = None) ->
     for i, (text, max_tokens) in enumerate(turns, 1):
         history.append({"role": "user", "content": text})
         started = time.perf_counter()
-        ttft, reply, usage = None, "", None
+        ttft, reply, usage, figures = None, "", None, None
         stream = client.chat.completions.create(model="evoke", messages=history, max_tokens=max_tokens,
                                                 temperature=0, stream=True, stream_options={"include_usage": True},
                                                 extra_headers=headers)
         for chunk in stream:
             if chunk.usage is not None:
-                usage = chunk.usage
+                usage, figures = chunk.usage, (chunk.model_extra or {}).get("evoke")
             for choice in chunk.choices:
                 if choice.delta.content:
                     ttft = ttft if ttft is not None else time.perf_counter() - started
                     reply += choice.delta.content
         total = time.perf_counter() - started
         history.append({"role": "assistant", "content": reply})
-        extra = (usage.model_extra or {}).get("evoke") if usage is not None else None
+        extra = figures if usage is not None else None
         records.append({"turn": i, "ttft_s": ttft if ttft is not None else total, "latency_s": total,
                         "prompt_tokens": usage.prompt_tokens if usage else None, "evoke": extra, "reply": reply})
     return {"seed": seed, "passkey": passkey, "probe_passed": passed(records[-1]["reply"], passkey),

@@ -53,19 +53,19 @@ ENDPOINT_SYSTEM = "You are a coding assistant. Answer briefly."
 
 
 def _stream(client, messages: list[dict], session: str, max_tokens: int) -> dict:
-    """One streamed greedy request: client-side TTFT, the reply and `usage.evoke`."""
+    """One streamed greedy request: client-side TTFT, the reply and its `evoke` figures."""
     started = time.perf_counter()
-    ttft, reply, usage = None, "", None
+    ttft, reply, extra = None, "", {}
     stream = client.chat.completions.create(model="evoke", messages=messages, max_tokens=max_tokens, temperature=0,
                                             stream=True, stream_options={"include_usage": True},
                                             extra_headers={"X-Evoke-Session": session})
     for chunk in stream:
-        usage = chunk.usage or usage
+        if chunk.usage is not None:
+            extra = (chunk.model_extra or {}).get("evoke") or {}
         for choice in chunk.choices:
             if choice.delta.content:
                 ttft = ttft if ttft is not None else time.perf_counter() - started
                 reply += choice.delta.content
-    extra = (usage.model_extra or {}).get("evoke", {}) if usage is not None else {}
     return {"ttft_s": round(ttft if ttft is not None else time.perf_counter() - started, 4), "reply": reply,
             "reused_tokens": extra.get("reused"), "decoded_tokens": extra.get("decoded"),
             "conversation_id": extra.get("conversation_id")}

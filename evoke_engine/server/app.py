@@ -1,9 +1,12 @@
-"""The FastAPI application: `POST /v1/chat/completions` (SSE or JSON), `GET /v1/models`, `GET /health`.
+"""The FastAPI application: `POST /v1/chat/completions` (SSE or JSON), `POST /v1/embeddings`, `GET /v1/models`,
+`GET /v1/models/{id}`, `GET /health`.
 
 Invariants: every engine call runs off the event loop (worker threads, the engine thread behind them);
 a stream ends with `data: [DONE]`; a client that disconnects, streaming or not, cancels its generation, whose
 partial reply the engine keeps; errors are OpenAI-shaped (`errors.py`); every response names the client's
-token (`X-Evoke-Client`) when the server handed one out.
+token (`X-Evoke-Client`) when the server handed one out; `usage` holds OpenAI's fields only (the tokens not decoded
+are `prompt_tokens_details.cached_tokens`), Evoke's own figures are the top-level `evoke` object; a context overflow
+is OpenAI's `context_length_exceeded`, worded "maximum context length is N tokens" as litellm recognises it.
 """
 
 from __future__ import annotations
@@ -18,12 +21,16 @@ from pathlib import Path
 from anyio import to_thread
 from fastapi import FastAPI, Header, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from ..engine import Engine
 from ..errors import BudgetError, EvokeError
+from ..runtime.sampling import GrammarError
 from .clients import CLIENT_HEADER, identify
+from .constraints import grammar_for
+from .embeddings import EmbeddingRequest, embed
 from .errors import ApiError, install_handlers
+from .metrics import Metrics
 from .models import ChatRequest, unpaired_surrogate
 from .security import GuardMiddleware, ServerConfig
 from .service import ChatService, Outcome, Prepared
@@ -35,22 +42,55 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
     service = ChatService(engine, state_dir or engine.settings.data_dir)
     app = FastAPI(title="Evoke Desk", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
+    metrics = app.state.metrics = Metrics()
     install_handlers(app)
-    if config.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type", "X-Evoke-Session", CLIENT_HEADER],
-                           expose_headers=["X-Evoke-Session", "X-Evoke-Conversation", CLIENT_HEADER])
     app.add_middleware(GuardMiddleware, config=config)
+    if config.cors_origins:      # outermost: refusals (401, 403, 413, ...) carry the CORS headers too
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["*"],     # any request header (the openai-node SDK's x-stainless-*)
+                           expose_headers=["X-Evoke-Session", "X-Evoke-Conversation", CLIENT_HEADER])
 
     @app.get("/health")
-    async def health() -> dict:
+    async def health():
+        """200 once the model has loaded (llama-server's contract); 503 with the reason while it loads or failed."""
+        if not engine.ready.done():
+            return JSONResponse({"status": "loading", "reason": "the model is loading"}, status_code=503)
+        if engine.ready.exception() is not None:
+            return JSONResponse({"status": "error", "reason": f"the model failed to load: {engine.ready.exception()}"},
+                                status_code=503)
         return {"status": "ok", "model_loaded": engine.model_loaded}
+
+    def model_card() -> dict:
+        model_id, info, settings = service.model_id(), engine.model_info(), engine.settings
+        length = context_length(engine)
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "evoke-desk",
+                "context_length": length, "max_model_len": length, "max_context_length": length,
+                "meta": {"n_ctx": length, "n_ctx_train": info.n_ctx_train, "budget_tokens": settings.budget_tokens,
+                         "n_params": info.n_params, "size": info.size_bytes}}
 
     @app.get("/v1/models")
     async def models() -> dict:
+        return {"object": "list", "data": [await to_thread.run_sync(model_card)]}
+
+    @app.get("/v1/models/{model_name:path}")
+    async def model(model_name: str) -> dict:
+        await to_thread.run_sync(service.check_model, model_name)
+        return await to_thread.run_sync(model_card)
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        def scrape() -> str:
+            kvfiles = engine.kvfiles
+            gauges = {"model_loaded": ("1 while the model is loaded", float(engine.model_loaded)),
+                      "conversations": ("conversations in the history",
+                                        float(len(engine.history.list_conversations())))}
+            return metrics.render(gauges, kvfiles.kv_root if kvfiles is not None else None)
+        return PlainTextResponse(await to_thread.run_sync(scrape), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: EmbeddingRequest) -> dict:
         model_id = await to_thread.run_sync(service.model_id)
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0,
-                                            "owned_by": "evoke-desk"}]}
+        return await to_thread.run_sync(embed, engine, request, model_id)
 
     @app.post("/v1/chat/completions")
     async def chat(request: ChatRequest, http: Request, x_evoke_session: str | None = Header(default=None),
@@ -59,9 +99,22 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         if surrogate is not None:
             raise ApiError(400, f"{surrogate[0]}: a lone UTF-16 surrogate at character {surrogate[1]}; "
                                 "text must be valid Unicode", "invalid_unicode", surrogate[0])
+        refused = request.refusal()
+        if refused is not None:
+            raise ApiError(400, f"{refused} is not supported by this server; remove it from the request",
+                           "unsupported_parameter", refused)
         client = identify(x_evoke_client, bool(config.api_key))
         model_id = await to_thread.run_sync(service.check_model, request.model)
-        prepared = await service.prepare(request, x_evoke_session, client)
+        grammar = await to_thread.run_sync(grammar_for, request)
+        try:
+            prepared = await service.prepare(request, x_evoke_session, client)
+        except ApiError as exc:
+            raise overflow(exc, engine) from exc
+        if grammar is not None:
+            prepared.sampling["grammar"] = grammar
+        logprobs: list[dict] | None = [] if request.logprobs else None
+        if logprobs is not None:
+            prepared.sampling["on_logprobs"] = logprobs.append       # filled on the engine thread, read once done
         headers = {"X-Evoke-Session": prepared.session or prepared.conv.id,
                    "X-Evoke-Conversation": prepared.conv.id}
         if client.issued:
@@ -69,7 +122,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         loop = asyncio.get_running_loop()
         if request.stream:
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
-            return StreamingResponse(_stream(service, prepared, model_id, include_usage, loop),
+            return StreamingResponse(_stream(service, prepared, model_id, include_usage, loop, metrics),
                                      media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         watcher = None
@@ -78,20 +131,48 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
             watcher = asyncio.create_task(_cancel_on_disconnect(http, prepared))
             reply = await asyncio.wrap_future(future)
             outcome = await to_thread.run_sync(service.finish, prepared, reply)
+            metrics.observe(*split_usage(outcome.usage))
         except asyncio.CancelledError:
             prepared.conv.cancel()
             raise
         except BudgetError as exc:
-            raise ApiError(400, str(exc), "context_length_exceeded") from exc
+            raise overflow(ApiError(400, str(exc), "context_length_exceeded", "messages"), engine) from exc
+        except GrammarError as exc:
+            raise ApiError(400, f"grammar: {exc}", "invalid_grammar", "grammar") from exc
         except EvokeError as exc:
             raise ApiError(500, f"generation failed: {exc}", "engine_error") from exc
         finally:
             if watcher is not None:
                 watcher.cancel()
             service.release(prepared, loop)
-        return JSONResponse(_completion(model_id, outcome), headers=headers)
+        return JSONResponse(_completion(model_id, outcome, logprobs), headers=headers)
 
     return app
+
+
+PING_S = 5.0                 # an SSE comment (": ping") this often while no token comes (a long prefill)
+
+
+def context_length(engine: Engine) -> int:
+    """The tokens one conversation's context holds (a slot's share of n_ctx when slots have their own)."""
+    settings = engine.settings
+    return settings.n_ctx // (settings.slots if settings.slot_contexts else 1)
+
+
+def overflow(exc: ApiError, engine: Engine) -> ApiError:
+    """A `context_length_exceeded` error worded as OpenAI's, which litellm maps to ContextWindowExceededError."""
+    if exc.code != "context_length_exceeded" or "maximum context length is" in exc.message:
+        return exc
+    return ApiError(400, f"This model's maximum context length is {context_length(engine)} tokens. However, "
+                         f"your messages do not fit: {exc.message}", "context_length_exceeded", exc.param or "messages")
+
+
+def split_usage(usage: dict) -> tuple[dict, dict]:
+    """OpenAI's `usage` (with `prompt_tokens_details.cached_tokens`) and Evoke's own figures, apart."""
+    figures = dict(usage.get("evoke") or {})
+    openai_usage = {k: v for k, v in usage.items() if k != "evoke"}
+    openai_usage["prompt_tokens_details"] = {"cached_tokens": int(figures.get("cached", 0))}
+    return openai_usage, figures
 
 
 async def _cancel_on_disconnect(http: Request, prepared: Prepared, poll_s: float = 0.25) -> None:
@@ -103,14 +184,16 @@ async def _cancel_on_disconnect(http: Request, prepared: Prepared, poll_s: float
         await asyncio.sleep(poll_s)
 
 
-def _completion(model_id: str, outcome: Outcome) -> dict:
+def _completion(model_id: str, outcome: Outcome, logprobs: list[dict] | None = None) -> dict:
     message: dict = {"role": "assistant", "content": outcome.content}
     if outcome.tool_calls:
         message["tool_calls"] = outcome.tool_calls
+    usage, figures = split_usage(outcome.usage)
     return {"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
             "model": model_id, "choices": [{"index": 0, "message": message, "finish_reason": outcome.finish_reason,
-                                            "logprobs": None}],
-            "usage": outcome.usage}
+                                            "logprobs": None if logprobs is None else
+                                            {"content": logprobs, "refusal": None}}],
+            "usage": usage, "evoke": figures}
 
 
 def _sse(payload: dict | str) -> str:
@@ -118,7 +201,7 @@ def _sse(payload: dict | str) -> str:
 
 
 async def _stream(service: ChatService, prepared: Prepared, model_id: str, include_usage: bool,
-                  loop: asyncio.AbstractEventLoop) -> AsyncIterator[str]:
+                  loop: asyncio.AbstractEventLoop, metrics: Metrics) -> AsyncIterator[str]:
     chunk_id, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
 
     def chunk(delta: dict, finish: str | None = None) -> str:
@@ -132,18 +215,31 @@ async def _stream(service: ChatService, prepared: Prepared, model_id: str, inclu
         future = service.submit(prepared, on_token=lambda p: loop.call_soon_threadsafe(pieces.put_nowait, p))
         future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, done))
         yield chunk({"role": "assistant", "content": ""})
-        while (piece := await pieces.get()) is not done:
+        while True:
+            try:
+                piece = await asyncio.wait_for(pieces.get(), PING_S)
+            except TimeoutError:            # a long prefill: an SSE comment keeps proxies and read timeouts happy
+                yield ": ping\n\n"
+                continue
+            if piece is done:
+                break
             out = splitter.feed(piece)
             if out:
                 yield chunk({"content": out})
         try:
             reply = future.result()
+        except GrammarError as exc:
+            yield _sse({"error": {"message": f"grammar: {exc}", "type": "invalid_request_error",
+                                  "code": "invalid_grammar", "param": "grammar"}})
+            yield _sse("[DONE]")
+            return
         except EvokeError as exc:
             yield _sse({"error": {"message": f"generation failed: {exc}", "type": "server_error",
                                   "code": "engine_error", "param": None}})
             yield _sse("[DONE]")
             return
         outcome = await to_thread.run_sync(service.finish, prepared, reply)
+        metrics.observe(*split_usage(outcome.usage))
         if outcome.tool_calls:
             if outcome.content and splitter.sent == 0:
                 yield chunk({"content": outcome.content})
@@ -153,8 +249,9 @@ async def _stream(service: ChatService, prepared: Prepared, model_id: str, inclu
             yield chunk({"content": splitter.unsent()})
         yield chunk({}, outcome.finish_reason)
         if include_usage:
+            usage, figures = split_usage(outcome.usage)
             yield _sse({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
-                        "choices": [], "usage": outcome.usage})
+                        "choices": [], "usage": usage, "evoke": figures})
         yield _sse("[DONE]")
     finally:
         if prepared.future is not None and not prepared.future.done():

@@ -1,7 +1,8 @@
 """Request bodies of the endpoint as pydantic models: the fields OpenAI clients send, `evoke_*` extensions.
 
-Invariants: unknown fields are ignored (clients send many), wrong types are rejected (400 through the
-validation handler), `messages` is never empty, and no string holds a lone UTF-16 surrogate (`unpaired_surrogate`
+Invariants: OpenAI fields the engine cannot honour are refused by name (`ChatRequest.refusal`, a 400), other
+unknown fields are ignored (clients add their own), wrong types are rejected (400 through the validation
+handler), `messages` is never empty, and no string holds a lone UTF-16 surrogate (`unpaired_surrogate`
 finds one for a 400 that names where).
 """
 
@@ -62,7 +63,16 @@ class StreamOptions(Loose):
     include_usage: bool = False
 
 
+# OpenAI chat fields the engine does not honour: a request that sets one (to anything but its no-op value) gets a
+# 400 naming it rather than a reply that silently ignored it.
+REFUSED_FIELDS = {"functions": (None,),
+                  "function_call": (None, "none", "auto"), "audio": (None,), "modalities": (None, ["text"]),
+                  "prediction": (None,), "web_search_options": (None,), "reasoning_effort": (None,),
+                  "best_of": (None, 1), "echo": (None, False)}
+
+
 class ChatRequest(Loose):
+    model_config = ConfigDict(extra="allow")
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
@@ -77,6 +87,16 @@ class ChatRequest(Loose):
     tools: list[ToolSpec] | None = None
     tool_choice: str | dict[str, Any] | None = None
     user: str | None = None
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repeat_penalty: float | None = Field(default=None, gt=0.0, le=5.0)
+    logit_bias: dict[int, float] | None = None
+    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    grammar: str | None = None                 # extension (llama-server's name): GBNF with a `root` rule
     evoke_priority: float | None = Field(default=None, ge=0.0, le=100.0)
     evoke_pinned: bool | None = None
     evoke_task_boundary: bool | None = None
@@ -92,7 +112,30 @@ class ChatRequest(Loose):
             out["seed"] = self.seed
         if self.stop:
             out["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        for key in ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.logprobs:
+            out["logprobs"] = self.top_logprobs or 0
+        if self.logit_bias:
+            out["logit_bias"] = [(token, max(-100.0, min(100.0, bias))) for token, bias in self.logit_bias.items()]
         return out
+
+    def refusal(self) -> str | None:
+        """The first field this request sets that the engine does not honour (see REFUSED_FIELDS), or None."""
+        for key, value in (self.model_extra or {}).items():
+            if key in REFUSED_FIELDS and value not in REFUSED_FIELDS[key]:
+                return key
+        if self.logprobs and self.stream:
+            return "logprobs (with stream: true)"
+        if self.top_logprobs and not self.logprobs:
+            return "top_logprobs (without logprobs: true)"
+        for message in self.messages:
+            if isinstance(message.content, list):
+                for part in message.content:
+                    if part.type not in ("text", "file"):
+                        return f"messages.content.{part.type}"
+        return None
 
     def tool_dicts(self) -> list[dict]:
         return [t.model_dump(exclude_none=True) for t in self.tools or []]

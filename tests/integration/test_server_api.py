@@ -23,8 +23,8 @@ def ask(client, messages, **kw):
     return client.chat.completions.create(model="evoke", messages=messages, **kw)
 
 
-def evoke(usage) -> dict:
-    return usage.model_extra["evoke"]
+def evoke(reply) -> dict:
+    return reply.model_extra["evoke"]
 
 
 def test_models_and_health(served):
@@ -41,7 +41,7 @@ def test_non_streaming_reply_and_usage(served):
     choice = reply.choices[0]
     assert choice.message.role == "assistant" and choice.message.content
     assert choice.finish_reason in ("stop", "length")
-    figures = evoke(reply.usage)
+    figures = evoke(reply)
     assert set(figures) >= {"active", "budget", "cached", "decoded", "evictions", "recoveries"}
     assert figures["budget"] == 512 and figures["decoded"] > 0
     assert reply.usage.prompt_tokens == figures["cached"] + figures["decoded"]
@@ -52,15 +52,15 @@ def test_streaming_matches_and_ends(served):
     engine, _, client = served
     stream = ask(client, [{"role": "user", "content": Q1}], stream=True, stream_options={"include_usage": True},
                  extra_headers={"X-Evoke-Session": "t-stream"})
-    text, finish, usage = "", None, None
+    text, finish, usage, last = "", None, None, None
     for chunk in stream:                       # the client stops at `data: [DONE]`
         if chunk.usage is not None:
-            usage = chunk.usage
+            usage, last = chunk.usage, chunk
         for choice in chunk.choices:
             text += choice.delta.content or ""
             finish = choice.finish_reason or finish
     assert text and finish in ("stop", "length") and usage.completion_tokens > 0
-    conv_id = evoke(usage)["conversation_id"]
+    conv_id = evoke(last)["conversation_id"]
     assert [m["text"] for m in engine.open_conversation(conv_id).messages()] == [Q1, text]
 
 
@@ -72,22 +72,22 @@ def test_session_header_continues_and_decodes_only_the_tail(served):
     history += [{"role": "assistant", "content": first.choices[0].message.content},
                 {"role": "user", "content": "And the capital of Italy?"}]
     second = ask(client, history, extra_headers=headers)
-    figures = evoke(second.usage)
-    assert figures["conversation_id"] == evoke(first.usage)["conversation_id"]
+    figures = evoke(second)
+    assert figures["conversation_id"] == evoke(first)["conversation_id"]
     assert figures["route"] == "continue"
     tail = engine.template.segment([{"role": "system", "content": "x"}], {"role": "user", "content": history[-1]
                                                                             ["content"]})
     assert figures["decoded"] == len(engine.tokenize(tail))
     other = ask(client, [{"role": "user", "content": Q1}], extra_headers={"X-Evoke-Session": "t-other"})
-    assert evoke(other.usage)["conversation_id"] != figures["conversation_id"]
+    assert evoke(other)["conversation_id"] != figures["conversation_id"]
 
 
 def test_user_field_is_a_label_not_a_routing_key(served):
     _, _, client = served
     first = ask(client, [{"role": "user", "content": Q1}], user="t-user-field")
     second = ask(client, [{"role": "user", "content": "And of Spain?"}], user="t-user-field")
-    assert evoke(second.usage)["conversation_id"] != evoke(first.usage)["conversation_id"]
-    assert evoke(second.usage)["route"] == "new"
+    assert evoke(second)["conversation_id"] != evoke(first)["conversation_id"]
+    assert evoke(second)["route"] == "new"
 
 
 def test_a_session_continues_with_only_the_new_message(served):
@@ -95,8 +95,8 @@ def test_a_session_continues_with_only_the_new_message(served):
     headers = {"X-Evoke-Session": "t-stateful"}
     first = ask(client, [{"role": "user", "content": Q1}], extra_headers=headers)
     second = ask(client, [{"role": "user", "content": "And of Spain?"}], extra_headers=headers)
-    assert evoke(second.usage)["conversation_id"] == evoke(first.usage)["conversation_id"]
-    assert evoke(second.usage)["route"] == "continue"
+    assert evoke(second)["conversation_id"] == evoke(first)["conversation_id"]
+    assert evoke(second)["route"] == "continue"
 
 
 def test_prefix_routing_without_a_session(served):
@@ -110,17 +110,17 @@ def test_prefix_routing_without_a_session(served):
     follow = [*opening, {"role": "assistant", "content": first.choices[0].message.content},
               {"role": "user", "content": "How long is it?"}]
     second = ask(client, follow)
-    assert evoke(second.usage)["conversation_id"] == evoke(first.usage)["conversation_id"]
-    assert evoke(second.usage)["route"] == "continue"
+    assert evoke(second)["conversation_id"] == evoke(first)["conversation_id"]
+    assert evoke(second)["route"] == "continue"
     unrelated = ask(client, [{"role": "system", "content": "You translate to German."},
                              {"role": "user", "content": "Good morning"}])
-    assert evoke(unrelated.usage)["conversation_id"] != evoke(first.usage)["conversation_id"]
+    assert evoke(unrelated)["conversation_id"] != evoke(first)["conversation_id"]
 
 
 def test_api_conversations_are_marked_in_the_list(served):
     engine, _, client = served
     reply = ask(client, [{"role": "user", "content": Q1}], extra_headers={"X-Evoke-Session": "t-list"})
-    info = {i.id: i for i in engine.conversations()}[evoke(reply.usage)["conversation_id"]]
+    info = {i.id: i for i in engine.conversations()}[evoke(reply)["conversation_id"]]
     assert info.source == "api"
 
 
@@ -131,7 +131,7 @@ def test_window_conversation_continued_by_its_id(served):
     reply = ask(client, [{"role": "user", "content": Q1}, {"role": "assistant", "content": answer},
                          {"role": "user", "content": "Thanks. And Germany?"}],
                 extra_headers={"X-Evoke-Session": conv.id})
-    assert evoke(reply.usage)["conversation_id"] == conv.id and evoke(reply.usage)["route"] == "continue"
+    assert evoke(reply)["conversation_id"] == conv.id and evoke(reply)["route"] == "continue"
 
 
 def test_evoke_extensions_pin_the_turn(served):
@@ -139,7 +139,7 @@ def test_evoke_extensions_pin_the_turn(served):
     reply = ask(client, [{"role": "user", "content": "Remember: the build command is make dist."}],
                 extra_headers={"X-Evoke-Session": "t-pin"}, extra_body={"evoke_pinned": True, "evoke_priority": 3.0,
                                                                         "evoke_task_boundary": True})
-    conv_id = evoke(reply.usage)["conversation_id"]
+    conv_id = evoke(reply)["conversation_id"]
     engine = served[0]
     blocks = engine.open_conversation(conv_id).stats().blocks
     assert [b["pinned"] for b in blocks if b["role"] == "user"] == [True]

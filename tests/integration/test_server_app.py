@@ -3,6 +3,7 @@ settings say and reports its address; the status bar shows it; API conversations
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import httpx
@@ -16,7 +17,10 @@ pytestmark = pytest.mark.gui
 def test_switch_follows_the_settings(qtbot, tmp_path):
     from app.endpoint import EndpointSwitch
 
-    engine = SimpleNamespace(settings=Settings(home=str(tmp_path)), model_loaded=True)   # /health reads only this
+    loaded: Future = Future()
+    loaded.set_result(None)
+    engine = SimpleNamespace(settings=Settings(home=str(tmp_path)), model_loaded=True,   # /health reads only these
+                             ready=loaded)
     switch = EndpointSwitch()
     seen: list[str] = []
     switch.addressChanged.connect(seen.append)

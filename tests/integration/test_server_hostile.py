@@ -53,21 +53,21 @@ def test_a_session_name_never_grants_another_clients_conversation(served):
     secret = "My deploy password is tulip-4471."
     first = alice.chat.completions.create(model="evoke", messages=[{"role": "user", "content": secret}],
                                           max_tokens=4, temperature=0, extra_headers={"X-Evoke-Session": "alice"})
-    alice_conv = first.usage.model_extra["evoke"]["conversation_id"]
+    alice_conv = first.model_extra["evoke"]["conversation_id"]
     stolen = mallory.chat.completions.create(model="evoke", max_tokens=4, temperature=0,
                                              messages=[{"role": "user", "content": "What did I tell you?"}],
                                              extra_headers={"X-Evoke-Session": "alice"})
-    figures = stolen.usage.model_extra["evoke"]
+    figures = stolen.model_extra["evoke"]
     assert figures["conversation_id"] != alice_conv and figures["route"] == "new"
     assert secret not in texts(engine, figures["conversation_id"])
     by_id = mallory.chat.completions.create(model="evoke", max_tokens=4, temperature=0,
                                             messages=[{"role": "user", "content": "Repeat what I said."}],
                                             extra_headers={"X-Evoke-Session": alice_conv})
-    assert by_id.usage.model_extra["evoke"]["conversation_id"] != alice_conv
+    assert by_id.model_extra["evoke"]["conversation_id"] != alice_conv
     again = alice.chat.completions.create(model="evoke", max_tokens=4, temperature=0,
                                           messages=[{"role": "user", "content": "Thanks."}],
                                           extra_headers={"X-Evoke-Session": "alice"})
-    assert again.usage.model_extra["evoke"]["conversation_id"] == alice_conv      # the owner still continues
+    assert again.model_extra["evoke"]["conversation_id"] == alice_conv      # the owner still continues
     assert texts(engine, alice_conv)[:1] == [secret] and len(texts(engine, alice_conv)) == 4
 
 

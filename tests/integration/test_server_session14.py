@@ -1,5 +1,5 @@
 """What the endpoint must show: a 14-turn session through the `openai` client at budget 512, a document at
-turn 1 probed at turn 14. From turn 2 on, `usage.evoke.decoded` equals the new tail's token count (the
+turn 1 probed at turn 14. From turn 2 on, `evoke.decoded` equals the new tail's token count (the
 re-sent history costs nothing), the run evicts and recovers, and the probe is answered as the window does."""
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def ask(client, messages, session, **kw):
 
 
 def evoke(reply) -> dict:
-    return reply.usage.model_extra["evoke"]
+    return reply.model_extra["evoke"]
 
 
 def test_rewritten_history_forks_and_keeps_the_original(served):

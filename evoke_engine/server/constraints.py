@@ -1,0 +1,82 @@
+"""Constrained decoding for the endpoint: the GBNF grammar a request asks for, from `response_format`
+(`json_object`, `json_schema`), `tool_choice` (`required` or a named function) or the `grammar` extension.
+
+Invariants: the grammar constrains the reply only (the engine builds a sampler chain per reply); JSON schemas are
+turned into GBNF by llama-cpp-python's own converter; a forced tool call has the form `toolcalls.py` parses
+(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`); a request asking for two constraints, or for a
+schema the converter refuses, gets an `ApiError` 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..runtime.sampling import json_grammar, json_schema_grammar
+from .errors import ApiError
+
+
+def _schema_grammar(schema: dict[str, Any], param: str) -> str:
+    try:
+        return json_schema_grammar(json.dumps(schema))
+    except Exception as exc:   # noqa: BLE001 - the converter raises bare exceptions on schemas it cannot express
+        raise ApiError(400, f"{param}: the JSON schema cannot be turned into a grammar: {exc}",
+                       "invalid_schema", param) from exc
+
+
+def _tool_call_grammar(tools: list[dict], names: list[str]) -> str:
+    """One `<tool_call>{"name": N, "arguments": {...}}</tool_call>` naming one of `names`, arguments per its schema."""
+    options = []
+    for tool in tools:
+        function = tool["function"]
+        if function["name"] not in names:
+            continue
+        parameters = function.get("parameters") or {"type": "object"}
+        options.append({"type": "object", "properties": {"name": {"const": function["name"]},
+                                                          "arguments": parameters},
+                        "required": ["name", "arguments"], "additionalProperties": False})
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    body = _schema_grammar(schema, "tool_choice").replace("root ::=", "call ::=", 1)
+    return body + '\nroot ::= "<tool_call>" call "</tool_call>"\n'
+
+
+def grammar_for(request) -> str | None:
+    """The GBNF the reply must match, or None (free text)."""
+    chosen: list[tuple[str, str]] = []
+    fmt = request.response_format
+    if fmt is not None and fmt.get("type") not in (None, "text"):
+        kind = fmt.get("type")
+        if kind == "json_object":
+            chosen.append(("response_format", json_grammar()))
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema") or {}
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise ApiError(400, "response_format.json_schema.schema: a JSON schema object is required",
+                               "invalid_schema", "response_format")
+            chosen.append(("response_format", _schema_grammar(schema, "response_format")))
+        else:
+            raise ApiError(400, f"response_format.type {kind!r} is not supported (text, json_object, json_schema)",
+                           "unsupported_parameter", "response_format")
+    choice = request.tool_choice
+    tools = request.tool_dicts()
+    if choice is not None and choice not in ("auto", "none"):
+        names = [t["function"]["name"] for t in tools]
+        if choice == "required":
+            wanted = names
+        elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+            wanted = [choice["function"].get("name")]
+        else:
+            raise ApiError(400, f"tool_choice {choice!r} is not supported (auto, none, required, or "
+                                '{"type": "function", "function": {"name": ...}})', "unsupported_parameter",
+                           "tool_choice")
+        if not wanted or any(name not in names for name in wanted):
+            raise ApiError(400, f"tool_choice names {wanted!r}, which is not among the declared tools {names!r}",
+                           "invalid_tool_choice", "tool_choice")
+        chosen.append(("tool_choice", _tool_call_grammar(tools, wanted)))
+    if request.grammar:
+        chosen.append(("grammar", request.grammar))
+    if len(chosen) > 1:
+        raise ApiError(400, f"{' and '.join(name for name, _ in chosen)} each constrain the reply; send one",
+                       "conflicting_constraints", chosen[1][0])
+    return chosen[0][1] if chosen else None

@@ -1,0 +1,72 @@
+"""`GET /metrics`: the endpoint's counters in Prometheus' text exposition format (version 0.0.4), written by hand
+(prometheus_client is not a dependency; the format is plain text).
+
+Invariants: counters only grow; every finished chat request is observed once (`observe`, from its `evoke`
+figures); the TTFT histogram's buckets are cumulative with `+Inf` equal to the count; the KV files' disk bytes
+are read from the folder when scraped (a missing folder reads 0).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+COUNTERS = {
+    "requests": "chat completion requests finished",
+    "prompt_tokens": "prompt tokens of finished requests",
+    "cached_tokens": "prompt tokens not decoded (prefix, reused and restored KV)",
+    "decoded_tokens": "prompt tokens decoded",
+    "completion_tokens": "tokens generated",
+    "evictions": "blocks evicted from the KV cache during requests",
+    "recoveries": "evicted blocks recovered during requests",
+    "reused_tokens": "tokens spliced in from other conversations' KV",
+}
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.totals = dict.fromkeys(COUNTERS, 0)
+        self.ttft_counts = [0] * len(TTFT_BUCKETS_S)
+        self.ttft_sum = 0.0
+        self.ttft_count = 0
+
+    def observe(self, usage: dict, figures: dict) -> None:
+        """One finished request: its OpenAI usage and its `evoke` figures."""
+        with self._lock:
+            t = self.totals
+            t["requests"] += 1
+            t["prompt_tokens"] += int(usage.get("prompt_tokens", 0))
+            t["completion_tokens"] += int(usage.get("completion_tokens", 0))
+            for key, name in (("cached_tokens", "cached"), ("decoded_tokens", "decoded"), ("evictions", "evictions"),
+                              ("recoveries", "recoveries"), ("reused_tokens", "reused")):
+                t[key] += max(0, int(figures.get(name, 0)))
+            ttft = float(figures.get("engine_ttft_ms", 0.0)) / 1000
+            self.ttft_sum += ttft
+            self.ttft_count += 1
+            for i, bound in enumerate(TTFT_BUCKETS_S):
+                if ttft <= bound:
+                    self.ttft_counts[i] += 1
+
+    def render(self, gauges: dict[str, tuple[str, float]], kv_folder: Path | None) -> str:
+        """The exposition text: counters, the TTFT histogram, `gauges` (name -> (help, value)), KV disk bytes."""
+        lines: list[str] = []
+        with self._lock:
+            for key, help_text in COUNTERS.items():
+                name = f"evoke_{key}_total"
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {self.totals[key]}"]
+            name = "evoke_time_to_first_token_seconds"
+            lines += [f"# HELP {name} engine time to the first token of a reply", f"# TYPE {name} histogram"]
+            lines += [f'{name}_bucket{{le="{bound}"}} {count}'
+                      for bound, count in zip(TTFT_BUCKETS_S, self.ttft_counts, strict=True)]
+            lines += [f'{name}_bucket{{le="+Inf"}} {self.ttft_count}', f"{name}_sum {self.ttft_sum:.6f}",
+                      f"{name}_count {self.ttft_count}"]
+        disk = 0
+        if kv_folder is not None and kv_folder.is_dir():
+            disk = sum(p.stat().st_size for p in kv_folder.rglob("*") if p.is_file())
+        gauges = {**gauges, "kv_disk_bytes": ("bytes of KV files on disk", float(disk))}
+        for key, (help_text, value) in gauges.items():
+            name = f"evoke_{key}"
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value:g}"]
+        return "\n".join(lines) + "\n"
