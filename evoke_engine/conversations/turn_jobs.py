@@ -71,12 +71,16 @@ class TurnJobs:
             self._roll_back(state, n_before, [user_row, row.row_id], superseded, exc)
             raise
         finally:
-            self.conversations.refresh(state)
-            state.last_used = self.clock()
-            self.on_activity(state.last_used)
+            self._touched(state)
         self.emit(EngineEvent(EventKind.TURN_DONE, f"{reply.n_tokens} tokens, stopped: {reply.stopped}",
                               conversation_id=state.id, tokens=reply.n_tokens))
         return reply
+
+    def _touched(self, state) -> None:
+        """After any turn job, ended or failed: the stats snapshot refreshed, the conversation marked used now."""
+        self.conversations.refresh(state)
+        state.last_used = self.clock()
+        self.on_activity(state.last_used)
 
     def _reply_row(self, conversation_id: str, on_token, previous_id: int | None = None, *,
                    row_id: int | None = None, text: str = "") -> StreamedReply:
@@ -140,9 +144,7 @@ class TurnJobs:
             self.conversations.discard(state, f"the regenerate failed: {exc}")
             raise
         finally:
-            self.conversations.refresh(state)
-            state.last_used = self.clock()
-            self.on_activity(state.last_used)
+            self._touched(state)
         self.emit(EngineEvent(EventKind.TURN_DONE, f"regenerated: {reply.n_tokens} tokens, stopped: {reply.stopped}",
                               conversation_id=state.id, tokens=reply.n_tokens))
         return reply
@@ -178,9 +180,7 @@ class TurnJobs:
             reply = Reply(text=old.text, n_tokens=0, stopped="cancelled", ttft_s=0.0, decode_s=0.0,
                           prefill_tokens=0, recovered=[])
         finally:
-            self.conversations.refresh(state)
-            state.last_used = self.clock()
-            self.on_activity(state.last_used)
+            self._touched(state)
         self.emit(EngineEvent(EventKind.TURN_DONE, f"continued: {reply.n_tokens} tokens, stopped: {reply.stopped}",
                               conversation_id=state.id, tokens=reply.n_tokens))
         return reply
