@@ -49,3 +49,24 @@ def pytest_collection_modifyitems(config, items):
         for marker, reason in reasons.items():
             if reason and item.get_closest_marker(marker):
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_leftover_windows():
+    """A test module leaves no top-level window behind: a settings dialog left open by one module would be the
+    active window of the next and take its keystrokes (CI saw focus land on a leftover dialog's tab bar)."""
+    yield
+    import sys
+
+    if "PySide6.QtWidgets" not in sys.modules:
+        return
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance()
+    if app is None:
+        return
+    for widget in app.topLevelWidgets():
+        if widget.isVisible():
+            widget.close()
+    app.processEvents()

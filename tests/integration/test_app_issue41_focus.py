@@ -55,6 +55,7 @@ def test_keys_typed_as_the_window_appears_land_in_the_message_box_and_wait_for_t
         window.show()
         window.activateWindow()
         qtbot.waitActive(window)
+        qtbot.wait_until(lambda: QApplication.activeWindow() is window)   # keys go to the active window
         model_may_load = threading.Event()       # the load waits behind this on the bridge's one call thread, so
         bridge.call(model_may_load.wait, 60)     # Enter is pressed while the model loads however fast it loads
         controller.start()
