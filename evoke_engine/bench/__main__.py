@@ -155,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=20, help="timed turns per block count (after 2 warm-up turns)")
     p.add_argument("--max-tokens", type=int, default=8, help="reply length of each timed turn")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
+    p = sub.add_parser("decode", help="tokens/s of a greedy reply at 2K and 8K context: Evoke against "
+                       "llama-cpp-python's Llama (and llama-server with --server), same threads and sampler")
+    p.add_argument("--contexts", type=_ints, default=(2048, 8192), help="context lengths, comma-separated")
+    p.add_argument("--tokens", type=int, default=256, help="reply length")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for every system (0 = all cores)")
+    p.add_argument("--server", help="a llama-server binary; its rows are skipped without one")
     p = sub.add_parser("attention", help="decode tokens/s with the attention capture on one layer against off")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--tokens", type=int, default=64)
@@ -252,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run(seeds=args.seeds, budget=args.budget, n_ctx=args.n_ctx, threads=args.threads,
                      embedder=args.embedder)
+    elif args.name == "decode":
+        from .decode import run
+
+        result = run(contexts=args.contexts, tokens=args.tokens, rounds=args.rounds, threads=args.threads,
+                     server=args.server)
     elif args.name == "attention":
         from .attention import run
 

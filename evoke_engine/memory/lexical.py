@@ -11,6 +11,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 
 K1, B = 1.2, 0.75                    # the usual BM25 constants (Robertson et al.)
 RAW = re.compile(r"[A-Za-z0-9_]+")
@@ -59,22 +60,31 @@ def bm25_lines(lines: Mapping[str, list[str]], query: str) -> dict[str, float]:
     wanted = list(dict.fromkeys(terms(query)))
     if not wanted:
         return {}
-    docs = [(key, Counter(terms(line))) for key, key_lines in lines.items() for line in key_lines]
-    docs = [(key, bag) for key, bag in docs if bag]
+    docs = [(key, bag) for key, key_lines in lines.items() for line in key_lines if (bag := line_bag(line))[1]]
     if not docs:
         return {}
     n = len(docs)
-    avg = sum(sum(bag.values()) for _, bag in docs) / n
-    df = Counter(t for _, bag in docs for t in bag.keys() & set(wanted))
+    avg = sum(length for _, (_, length) in docs) / n
+    wanted_set = set(wanted)
+    df = Counter(t for _, (bag, _) in docs for t in wanted_set.intersection(bag))
     idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in wanted if df[t]}
     best: dict[str, float] = {}
-    for key, bag in docs:
-        length = sum(bag.values())
+    for key, (bag, length) in docs:
+        if bag.keys().isdisjoint(idf):
+            continue
         score = sum(idf[t] * bag[t] * (K1 + 1) / (bag[t] + K1 * (1 - B + B * length / avg))
                     for t in idf if t in bag)
         if score > 0:
             best[key] = max(best.get(key, 0.0), score)
     return best
+
+
+@lru_cache(maxsize=1 << 16)
+def line_bag(line: str) -> tuple[Counter, int]:
+    """A line's term counts and length, computed once per distinct line (a decision reads every candidate's
+    lines each turn; the text of a line never changes). Callers never mutate the Counter."""
+    bag = Counter(terms(line))
+    return bag, sum(bag.values())
 
 
 def ranks(values: Mapping, keys: Iterable) -> dict:
