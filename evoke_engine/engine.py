@@ -75,7 +75,8 @@ class Engine:
         self.model: LoadedModel | None = None          # exactly while the model is loaded
         self.lifecycle = ConversationLifecycle(self.history, emit=self.emit, clock=clock,
                                                ensure_model=self.ensure_model)
-        self.turns = TurnJobs(self.lifecycle, emit=self.emit, clock=clock, on_activity=self._stamp_activity)
+        self.turns = TurnJobs(self.lifecycle, emit=self.emit, clock=clock, on_activity=self._stamp_activity,
+                              on_idle=lambda work: self.thread.submit(work, priority=BACKGROUND))
         self.settings_hub.subscribe(self.lifecycle.adopt_settings)        # open conversations' memories
         self.settings_hub.subscribe(self._embedder_changed, fields=("embedder",))
         follow_ttl_settings(self.settings_hub, lambda: self.kvfiles)       # the files outlive the model
@@ -268,9 +269,10 @@ class Engine:
         self.thread.call(self.lifecycle.open, conversation_id, priority=FOREGROUND)
         return Conversation(self, conversation_id)
 
-    def begin_open(self, conversation_id: str) -> Future:
+    def begin_open(self, conversation_id: str, priority: int = FOREGROUND) -> Future:
         """Open a conversation (restore its KV file or rebuild it from history) without waiting; the Future gives
-        its handle, or raises `RebuildCancelled` when `cancel_open` stopped the rebuild."""
+        its handle, or raises `RebuildCancelled` when `cancel_open` stopped the rebuild. The endpoint's imports
+        open at NORMAL priority, behind the turns already waiting."""
         cancel = threading.Event()
         with self._cancels_lock:
             self._open_cancels.setdefault(conversation_id, set()).add(cancel)
@@ -286,7 +288,7 @@ class Engine:
                     events.discard(cancel)
                     if not events:
                         del self._open_cancels[conversation_id]
-        future = self.thread.submit(run, priority=FOREGROUND)
+        future = self.thread.submit(run, priority=priority)
         future.add_done_callback(finished)
         return future
 

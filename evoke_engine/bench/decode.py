@@ -11,6 +11,7 @@ context stays the same length across rounds.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import tempfile
 import time
@@ -32,7 +33,7 @@ class _EvokeArm:
     def __init__(self, context: int, tokens: int, threads: int) -> None:
         budget = context + tokens + 512
         settings = Settings(home=tempfile.mkdtemp(prefix="evoke-decode-"), budget_tokens=budget,
-                            n_ctx=budget + 1024, slots=1, n_threads=threads, system_prompt=SYSTEM,
+                            n_ctx=budget + 1024, slots=1, n_threads=_threads(threads), system_prompt=SYSTEM,
                             tools_enabled=False)
         self.engine = Engine(settings, scheduler=False)
         self.engine.wait_idle()
@@ -58,13 +59,12 @@ class _EvokeArm:
 class _LlamaArm:
     """llama-cpp-python's `Llama` with the same document's tokens; `generate` greedy (llama.cpp's greedy sampler)."""
 
-    def __init__(self, doc: str, context_tokens: int, tokens: int, threads: int) -> None:
-        import os
-
-        n_threads = threads or os.cpu_count() or 1
-        self.llm = comparator_llama(n_ctx=context_tokens + tokens + 64, n_threads=n_threads,
-                                    n_threads_batch=n_threads, n_batch=512)
+    def __init__(self, doc: str, context_tokens: int, tokens: int, threads: int, flash_attention: bool) -> None:
+        self.llm = comparator_llama(n_ctx=context_tokens + tokens + 64, n_threads=_threads(threads),
+                                    n_threads_batch=_threads(threads), n_batch=512, flash_attn=flash_attention)
         doc_tokens = self.llm.tokenize(f"{SYSTEM}\n{ASK}\n\nsvc.txt:\n{doc}".encode(), add_bos=True)
+        while len(doc_tokens) < context_tokens:             # as long as Evoke's context (its template adds some)
+            doc_tokens += doc_tokens[1:context_tokens - len(doc_tokens) + 1]
         self.prompt, self.tokens = doc_tokens[:context_tokens], tokens
         self.context_tokens = len(self.prompt)
         self.llm.eval(self.prompt)
@@ -87,10 +87,9 @@ class _LlamaArm:
 class _ServerArm:
     """llama-server with the same conversation, its own `timings.predicted_per_second` (the server's clock)."""
 
-    def __init__(self, binary: str, doc: str, context: int, tokens: int, threads: int) -> None:
-        import os
-
-        self.server = LlamaServer(binary, n_ctx=context + tokens + 1024, threads=threads or os.cpu_count() or 1)
+    def __init__(self, binary: str, doc: str, context: int, tokens: int, threads: int, flash_attention: bool) -> None:
+        self.server = LlamaServer(binary, n_ctx=context + tokens + 1024, threads=_threads(threads),
+                                  args=["-fa", "on" if flash_attention else "off"])
         self.server.__enter__()
         self.body = {"messages": [{"role": "system", "content": SYSTEM},
                                   {"role": "user", "content": f"{ASK}\n\nsvc.txt:\n{doc}"}],
@@ -107,13 +106,20 @@ class _ServerArm:
         self.server.__exit__(None, None, None)
 
 
+def _threads(threads: int) -> int:
+    """Every system gets the same thread count: all cores unless told (the engine's automatic count follows the
+    load average, which would give it fewer threads than its comparators on a busy machine)."""
+    return threads or os.cpu_count() or 1
+
+
 def _one_context(context: int, tokens: int, rounds: int, threads: int, server: str | None) -> dict:
     evoke = _EvokeArm(context, tokens, threads)
     arms: dict = {"evoke": evoke}
+    flash = evoke.engine.model_info().flash_attention == "on"     # the comparators run the engine's attention kernel
     try:
-        arms["llama_cpp_python"] = _LlamaArm(evoke.doc, evoke.context_tokens, tokens, threads)
+        arms["llama_cpp_python"] = _LlamaArm(evoke.doc, evoke.context_tokens, tokens, threads, flash)
         if server:
-            arms["llama_server"] = _ServerArm(server, evoke.doc, context, tokens, threads)
+            arms["llama_server"] = _ServerArm(server, evoke.doc, context, tokens, threads, flash)
         samples: dict[str, list[float]] = {name: [] for name in arms}
         for arm in arms.values():
             arm.round()                                                 # warm every system once
@@ -125,11 +131,12 @@ def _one_context(context: int, tokens: int, rounds: int, threads: int, server: s
     finally:
         for arm in arms.values():
             arm.close()
-    rows = {name: {"context_tokens": arms[name].context_tokens, "tok_s_median": round(statistics.median(v), 2),
+    rows: dict = {name: {"context_tokens": arms[name].context_tokens, "tok_s_median": round(statistics.median(v), 2),
                    "tok_s_all": [round(x, 2) for x in v]} for name, v in samples.items()}
     base = rows["llama_cpp_python"]["tok_s_median"]
     for row in rows.values():
         row["vs_llama_cpp_python"] = round(row["tok_s_median"] / base, 3) if base else None
+    rows["flash_attention"] = "on" if flash else "off"
     return rows
 
 

@@ -31,9 +31,11 @@ class TurnJobs:
     """Runs turns on the open conversations; `on_activity(now)` hears when each one ends (the idle clock)."""
 
     def __init__(self, conversations: ConversationLifecycle, *, emit: Callable[[EngineEvent], None],
-                 clock: Callable[[], float], on_activity: Callable[[float], None]) -> None:
+                 clock: Callable[[], float], on_activity: Callable[[float], None],
+                 on_idle: Callable[[Callable[[], None]], None] = lambda work: work()) -> None:
         self.conversations, self.history = conversations, conversations.history
         self.emit, self.clock, self.on_activity = emit, clock, on_activity
+        self.on_idle = on_idle              # runs work when the engine thread has nothing more urgent
 
     def turn(self, conversation_id: str, text: str, attachments: list[Attachment] | None, *,
               params: SamplingParams, on_token, cancel: threading.Event, role: str = "user",
@@ -77,10 +79,12 @@ class TurnJobs:
         return reply
 
     def _touched(self, state) -> None:
-        """After any turn job, ended or failed: the stats snapshot refreshed, the conversation marked used now."""
+        """After any turn job, ended or failed: the stats snapshot refreshed, the conversation marked used now, its
+        blocks' vectors queued for idle time."""
         self.conversations.refresh(state)
         state.last_used = self.clock()
         self.on_activity(state.last_used)
+        self.on_idle(state.memory.embed_due)         # the turn's blocks' vectors, after the reply is answered
 
     def _reply_row(self, conversation_id: str, on_token, previous_id: int | None = None, *,
                    row_id: int | None = None, text: str = "") -> StreamedReply:

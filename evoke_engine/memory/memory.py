@@ -95,6 +95,7 @@ class ConversationMemory:
         self.last_breakdown: dict = {}           # the last turn's time by phase (`conversations.breakdown`)
         self._spliced_run: tuple | None = None   # (source block, our block, source owner) of the last splice
         self.overdraft = 0                       # tokens this turn may run over the budget (a wide recovery)
+        self.embedding_due = False               # a turn ended and its blocks' vectors wait for idle time
         self._recovered: list[tuple[Block, dict]] = []   # this turn's recoveries, best ranked first, and why
         self.turn_protected: list[Block] = []    # resident blocks a wide recovery's working set keeps this turn
         self._working: dict[Block, int] = {}     # that working set, block -> rank
@@ -306,10 +307,18 @@ class ConversationMemory:
                               f"of {self.budget_tokens}")
         self.counters.max_active_at_turn_end = max(self.counters.max_active_at_turn_end, self.active_tokens)
         self.sequence.flush_pending_shifts()     # pay the K-shift now, after the reply, not before the next one
-        if self.eviction_enabled:            # and embed this turn's blocks now, not on the next first token
-            self.ensure_embeddings(b for b in self.table.resident if not b.shared)
-            # saved blocks too: a KV file of an older format held no line vectors (cached ones cost nothing)
-            self._embed_lines(b for b in self.table.blocks if not b.shared)
+        self.embedding_due = self.eviction_enabled       # this turn's blocks are embedded on idle time (embed_due)
+
+    def embed_due(self) -> None:
+        """Embed the blocks (and their lines) that ended turns left to do: the engine runs this on its idle
+        time after each turn, so neither the reply's end nor the next first token waits for it; a decision or a
+        KV file that comes first runs it itself, so nothing is ever decided or written without the vectors."""
+        if not self.embedding_due:
+            return
+        self.embedding_due = False
+        self.ensure_embeddings(b for b in self.table.resident if not b.shared)
+        # saved blocks too: a KV file of an older format held no line vectors (cached ones cost nothing)
+        self._embed_lines(b for b in self.table.blocks if not b.shared)
 
     def _reply_used(self, reply: str) -> dict[Block, int]:
         """The blocks from before this turn that the reply quoted (`reply_grounding` against the message), among
@@ -376,6 +385,7 @@ class ConversationMemory:
         embedded_before = getattr(self.embedder, "embed_s", 0.0)
         self.last_decide_s = self.last_embed_s = self.last_restore_s = 0.0
         self.overdraft, self._recovered, self.turn_protected, self._working = 0, [], [], {}
+        self.embed_due()                             # the user was quicker than the idle time (counted as embedding)
         saved = self.candidates()
         if not saved or self.settings.recovery_top_k == 0 and not identity_hashes:
             return []
@@ -551,6 +561,7 @@ class ConversationMemory:
     # -- persistence ------------------------------------------------------------------------
     def snapshot(self, prefix_key: str, history: list[dict]) -> Snapshot:
         """Everything needed to bring this conversation back without a forward pass."""
+        self.embed_due()                             # the file keeps every line vector
         image, ahead = self.sequence.image_bytes()
         focus = None if self.focus.vector is None else [float(x) for x in self.focus.vector]
         return Snapshot(conversation_id=self.id, prefix_key=prefix_key, turn=self.turn,

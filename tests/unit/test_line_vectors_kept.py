@@ -111,7 +111,7 @@ def test_line_vectors_round_trip_through_the_kv_file(rig):
         assert np.allclose(vectors, expected, atol=2e-3)               # float16 on disk
 
 
-def test_an_older_file_opens_and_embeds_its_lines_after_the_turn(rig):
+def test_an_older_file_opens_and_embeds_its_lines_on_idle_time_after_the_turn(rig):
     payload, blocks = _saved_conversation(rig)
     old = _as_format_4(payload)
     assert decode_payload(old).lines == {}
@@ -120,7 +120,11 @@ def test_an_older_file_opens_and_embeds_its_lines_after_the_turn(rig):
     loaded.recover(QUESTION, message_tokens=16, reply_reserve=16)
     assert embedder.texts == [QUESTION]                    # the decision waits for no line vector
     loaded.end_turn()
-    assert len(embedder.texts) > 1                         # after the reply: every block's lines, saved ones too
+    assert embedder.texts == [QUESTION]                    # the reply's end waits for no embedding either
+    loaded.embed_due()                                     # the engine's idle time after the turn
+    assert len(embedder.texts) > 1                         # every block's lines, saved ones too
+    loaded.embed_due()
+    assert embedder.texts.count(QUESTION) == 1 and len(set(embedder.texts)) == len(embedder.texts)   # once
     loaded.park()
     again = CountingEmbedder()
     reopened = _reopen(rig, encode_payload(loaded.snapshot("prefix", HISTORY)), again)
