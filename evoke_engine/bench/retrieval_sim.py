@@ -166,6 +166,7 @@ class SimConversation:
         memory.focus.update(memory.query)
         started = time.perf_counter()
         memory.end_turn(keep=[b for b in recovered if b.state is BlockState.RESIDENT], reply=reply)
+        memory.embed_due()                   # the engine's idle time after the turn (off the reply and the decision)
         self.turn_end_ms.append((time.perf_counter() - started) * 1000)
         got = [(b.name, b.n_tokens) for b in recovered]
         kept = [(b.name, b.n_tokens) for b in recovered if b.state is BlockState.RESIDENT]

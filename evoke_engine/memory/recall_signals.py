@@ -170,7 +170,8 @@ def reply_grounding(reply: str, message: str, blocks: Iterable[Block]) -> dict[B
         return {}
     holders: dict[str, list[Block]] = {}
     for block in blocks:
-        for term in said & set(code_lexical.terms(" ".join(lexical_lines(block)))):
+        held = set().union(*(code_lexical.line_bag(line)[0] for line in lexical_lines(block)))
+        for term in said & held:
             holders.setdefault(term, []).append(block)
     counts: dict[Block, int] = {}
     for owners in holders.values():
@@ -222,12 +223,11 @@ class RecallSignal:
         if mode not in SIGNALS:
             raise ValueError(f"recall signal {mode!r}: choose one of {', '.join(SIGNALS)}")
         self.mode = mode
-        self.details: dict[Block, dict] = {}
         dense_kind, lexical_kind = MODES[mode]
         pool = [*saved, *residents]
         block_cos = {b: _cos(b.embedding, query) for b in pool}
         dense = dict(block_cos)
-        best_line: dict[Block, str] = {}
+        best_line: dict[Block, tuple[list[str], np.ndarray]] = {}     # its lines and their similarities
         pending: set[Block] = set()
         if dense_kind == "lines" and query is not None and embedder.enabled:
             vectors = line_vectors(embedder, pool, file_names=file_names, skip_questions=skip_questions,
@@ -242,9 +242,8 @@ class RecallSignal:
                     dense[block] = -1.0                # all of it asks: no line to match, last in the dense order
                 elif matrix is not None and len(lines):
                     sims = matrix @ query
-                    i = int(np.argmax(sims))
-                    dense[block] = float(sims[i])
-                    best_line[block] = lines[i]
+                    dense[block] = float(sims.max())
+                    best_line[block] = (lines, sims)
         lexical: dict[Block, float] = {}
         if lexical_kind is not None:
             if lexical_kind == "fts5":
@@ -267,17 +266,11 @@ class RecallSignal:
         else:
             lexical_rank, score = {}, dict(dense)
         self.score_of = score
-        for block in pool:
-            detail = {"signal": mode, "block_cosine": round(block_cos[block], 3)}
-            if block in best_line:
-                detail.update(line_cosine=round(dense[block], 3), best_line=best_line[block][:100])
-            elif block in pending:
-                detail["lines_pending"] = True
-            if lexical_kind is not None:
-                detail.update(bm25=round(lexical.get(block, 0.0), 3), lexical_rank=lexical_rank.get(block))
-                if dense_kind is not None:
-                    detail.update(dense_rank=dense_rank[block], fused=round(score[block], 5))
-            self.details[block] = detail
+        # what `explain` reads, kept as computed: a decision explains only the few blocks it picks
+        self._kinds = (dense_kind, lexical_kind)
+        self._block_cos, self._dense, self._best_line, self._pending = block_cos, dense, best_line, pending
+        self._lexical, self._lexical_rank, self._dense_rank = lexical, lexical_rank, dense_rank
+        self._blocked: set[Block] = set()
         self._gate_user(saved, dense, score, user_margin)
         self.resident_best: dict[str, float] = {}
         for block in residents:
@@ -290,20 +283,36 @@ class RecallSignal:
         if margin <= 0 or not saved:
             return
         top = max(saved, key=lambda b: score[b])
+        rivals = sorted((dense[b] for b in saved if b.role != "user"), reverse=True)[:1]
         for block in saved:
             if block.role != "user":
                 continue
-            rivals = [dense[b] for b in saved if b is not block and b.role != "user"]
-            ok = block is top and (not rivals or dense[block] >= max(rivals) + margin)
+            ok = block is top and (not rivals or dense[block] >= rivals[0] + margin)
             if not ok:
                 score[block] = -1.0
-                self.details[block]["user_margin_blocked"] = True
+                self._blocked.add(block)
 
     def similarity(self, block: Block) -> float:
         return self.score_of.get(block, -1.0)
 
     def explain(self, block: Block) -> dict:
-        return dict(self.details.get(block, {}))
+        """The signal values behind `block`'s score (its recovery event and decision record)."""
+        if block not in self._block_cos:
+            return {}
+        dense_kind, lexical_kind = self._kinds
+        detail = {"signal": self.mode, "block_cosine": round(self._block_cos[block], 3)}
+        if block in self._best_line:
+            lines, sims = self._best_line[block]
+            detail.update(line_cosine=round(self._dense[block], 3), best_line=lines[int(np.argmax(sims))][:100])
+        elif block in self._pending:
+            detail["lines_pending"] = True
+        if lexical_kind is not None:
+            detail.update(bm25=round(self._lexical.get(block, 0.0), 3), lexical_rank=self._lexical_rank.get(block))
+            if dense_kind is not None:
+                detail.update(dense_rank=self._dense_rank[block], fused=round(self.score_of[block], 5))
+        if block in self._blocked:
+            detail["user_margin_blocked"] = True
+        return detail
 
 
 def _cos(a: np.ndarray | None, b: np.ndarray | None) -> float:
