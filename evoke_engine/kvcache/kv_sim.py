@@ -295,6 +295,10 @@ class FakeKVCache:
         return self.ahead.claim(seq, pos, tokens, whole=whole)
 
     # -- primitives -------------------------------------------------------------------------
+    def save_deferred(self, seq: int, p0: int, p1: int) -> SavedKV:
+        """`save` (the fake cache copies nothing on a worker: its bytes are whole at once)."""
+        return self.save(seq, p0, p1)
+
     def save(self, seq: int, p0: int, p1: int) -> SavedKV:
         if p1 <= p0:
             raise ValueError(f"empty range [{p0}, {p1})")

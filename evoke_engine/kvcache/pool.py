@@ -270,7 +270,8 @@ class SavedPool:
 
     def take(self, block: Block) -> SavedKV:
         """Remove and return the bytes of `block` (from RAM or its spill file). Bytes a fork still
-        holds are handed out too: a restore re-anchors them in place and updates `origin_pos` for both.
+        holds are handed out too: the direct path rotates K while it copies (the bytes stay as saved), the
+        serialised path re-anchors them in place and updates `origin_pos`, which both holders see.
         Raises RestoreError when the pool does not hold the block, its spill file cannot be read or its
         packed bytes do not unpack; the entry is gone then (the bytes are lost: its text still rebuilds it)."""
         if block in self._ram:

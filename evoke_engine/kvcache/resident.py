@@ -292,8 +292,8 @@ class ResidentSequence:
         if any(b.shared for b in victims):
             raise InvariantError("shared prefix blocks never leave the context")
         # the rows copy on a worker while the engine goes on (KVCache.save_deferred; the fake cache saves at once)
-        save = getattr(self.kv, "save_deferred", self.kv.save)
-        saved = {block: save(self.seq, block.pos, block.end) for block in victims} if keep_bytes else {}
+        saved = ({block: self.kv.save_deferred(self.seq, block.pos, block.end) for block in victims}
+                 if keep_bytes else {})
         if victims:
             first = min(b.pos for b in victims)
             self._unshare_from(first, leaving=victims)
