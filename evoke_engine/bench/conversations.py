@@ -41,8 +41,13 @@ def document(tag: str, n_tokens_hint: int) -> str:
 
 def comparator_llama(**kwargs):
     """llama-cpp-python's `Llama` on the embedded model, loaded with the engine's AMX guard
-    (`runtime.safe_model_params`): without it the comparator crashes where the engine does not."""
+    (`runtime.safe_model_params`): without it the comparator crashes where the engine does not. On a GPU every
+    layer goes there, as the engine's do (`Llama` keeps them on the CPU unless told)."""
     from llama_cpp import Llama, llama_cpp
+
+    from ..runtime import device
+
+    kwargs.setdefault("n_gpu_layers", -1 if device.detect().on_gpu else 0)
 
     original = llama_cpp.llama_model_default_params
     llama_cpp.llama_model_default_params = safe_model_params
