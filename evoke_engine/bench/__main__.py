@@ -155,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=20, help="timed turns per block count (after 2 warm-up turns)")
     p.add_argument("--max-tokens", type=int, default=8, help="reply length of each timed turn")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
+    p = sub.add_parser("day", help="issue 46: 30 facts over a 32K-token coding day, probed 2K-25K tokens later, "
+                       "model-free (the memory manager over kv_sim): in context per form and distance")
+    p.add_argument("--script", default="dev", choices=("dev", "held"), help="held: the final check only")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seed-start", type=int, default=0)
+    p.add_argument("--budgets", type=_ints, default=(2048, 4096))
+    p.add_argument("--set", action="append", default=[], help="a setting override, name=value (repeatable)")
     p = sub.add_parser("decode", help="tokens/s of a greedy reply at 2K and 8K context: Evoke against "
                        "llama-cpp-python's Llama (and llama-server with --server), same threads and sampler")
     p.add_argument("--contexts", type=_ints, default=(2048, 8192), help="context lengths, comma-separated")
@@ -259,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run(seeds=args.seeds, budget=args.budget, n_ctx=args.n_ctx, threads=args.threads,
                      embedder=args.embedder)
+    elif args.name == "day":
+        from .recall_suite import parse_overrides
+        from .workday import run
+
+        result = run(script=args.script, seeds=args.seeds, seed_start=args.seed_start, budgets=args.budgets,
+                     overrides=parse_overrides(args.set))
     elif args.name == "decode":
         from .decode import run
 

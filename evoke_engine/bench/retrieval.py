@@ -96,7 +96,8 @@ def replay(session: Session, settings: Settings, rt: VocabRuntime, embedder: Emb
             if turn.fact is not None:
                 reply = reader(fact_blocks.get(id(turn.fact), []), turn.fact.value, reply)
             out = conv.send(turn.text, turn.attachments, reply, turn.max_tokens)
-            stated = turn.text + "".join(body for _, body in turn.attachments)
+            written = reply if isinstance(reply, str) else ""          # a table the assistant wrote holds facts too
+            stated = turn.text + "".join(body for _, body in turn.attachments) + written
             for fact in session.facts:
                 if id(fact) not in fact_blocks and fact.statement.strip() in stated:
                     fact_blocks[id(fact)] = conv.fact_blocks(out["turn"], fact.statement)

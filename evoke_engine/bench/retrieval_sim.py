@@ -112,8 +112,13 @@ class SimConversation:
         return [b for b in self.memory.table.blocks if b.message_key() == (turn, "input")]
 
     def fact_blocks(self, turn: int, line: str) -> list[str]:
-        """Names of the turn's input blocks holding any part of `line` (every one must be resident)."""
-        blocks = self.input_blocks(turn)
+        """Names of the turn's input blocks holding any part of `line` (every one must be resident), else of its
+        reply's blocks (a value in a table the assistant wrote)."""
+        return (self._holding(self.input_blocks(turn), line)
+                or self._holding([b for b in self.memory.table.blocks if b.message_key() == (turn, "reply")], line))
+
+    @staticmethod
+    def _holding(blocks: list[Block], line: str) -> list[str]:
         text, spans = "", []
         for block in blocks:
             spans.append((len(text), len(text) + len(block.text), block.name))
