@@ -364,7 +364,8 @@ def _plant(form: str, line: str, rng: random.Random) -> Turn:
 
 def make_session(seed: int, script: WorkdayScript = DEV, *, facts_per_form: int = 5) -> Session:
     """A 32K-token day: `facts_per_form` facts of each form planted over it, each probed once 2K-25K estimated
-    tokens after it (the distance drawn log-uniformly), fillers (modules without facts, coding chat) between."""
+    tokens after it (the distance drawn log-uniformly first, then where in the day the fact comes), fillers
+    (modules without facts, coding chat) between."""
     rng = random.Random(seed * script.salt[0] + script.salt[1])
     used: set[str] = set()
     planned: list[tuple[int, str, Fact | None, Turn | None]] = []     # (token position, kind, fact, turn)
@@ -380,8 +381,8 @@ def make_session(seed: int, script: WorkdayScript = DEV, *, facts_per_form: int 
             fact = Fact(kind=form, frame=index, statement=statement, question=rng.choice(asks), value=value,
                         answer_tokens=[value], where="chat" if form in ("cli_flag", "stack_trace", "chat_decision",
                                                                        "assistant_table") else "file")
-            at = rng.randint(500, DAY_TOKENS - MIN_GAP - 500)
-            gap = int(MIN_GAP * (min(MAX_GAP, DAY_TOKENS - at) / MIN_GAP) ** rng.random())
+            gap = int(MIN_GAP * (MAX_GAP / MIN_GAP) ** rng.random())         # log-uniform over 2K-25K
+            at = rng.randint(500, DAY_TOKENS - gap - 500)
             planned.append((at, "plant", fact, _plant(form, statement, rng)))
             planned.append((at + gap, "probe", fact, None))
     planned.sort(key=lambda p: (p[0], p[1] == "probe"))
