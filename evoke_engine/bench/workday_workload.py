@@ -295,6 +295,12 @@ HELD = WorkdayScript("held", HELD_FRAMES, (3079, 29))
 SCRIPTS = {"dev": DEV, "held": HELD}
 
 
+# numbers the frames and fillers carry themselves (`--spawn-rate 20`, `:8080`): no fact value repeats one
+_FIXED_NUMBERS = frozenset(re.findall(r"\d+(?:\.\d+)?", " ".join(
+    [line for frames in (*DEV_FRAMES.values(), *HELD_FRAMES.values()) for line, _, _ in frames]
+    + [q + " " + a for q, a in CHAT] + ACKS + PROBE_REPLIES)))
+
+
 def _tokens(turn: Turn) -> int:
     return int(len(turn.text + "".join(t for _, t in turn.attachments) + turn.reply) / CHARS_PER_TOKEN) + 12
 
@@ -374,7 +380,7 @@ def make_session(seed: int, script: WorkdayScript = DEV, *, facts_per_form: int 
             line, asks, maker = script.frames[form][index]
             for _ in range(200):
                 value = VALUES[maker](rng)
-                if value not in used and not re.search(rf"\b{re.escape(value)}\b", " ".join(a for a, _ in CHAT)):
+                if value not in used and value not in _FIXED_NUMBERS:
                     break
             used.add(value)
             statement = line.format(v=value)
@@ -396,8 +402,8 @@ def make_session(seed: int, script: WorkdayScript = DEV, *, facts_per_form: int 
             position += _tokens(filler)
         if kind == "plant":
             turns.append(turn)
-            planted_at[id(fact)] = position
             position += _tokens(turn)
+            planted_at[id(fact)] = position           # distances count from the end of the fact's turn
         else:
             while position - planted_at[id(fact)] < MIN_GAP:
                 filler = _filler(rng)
