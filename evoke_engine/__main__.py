@@ -155,7 +155,8 @@ def serve(args: argparse.Namespace) -> int:
         config = ServerConfig(host=args.host or settings.server_host, port=port,
                               api_key=resolve_api_key(args, settings.api_key), allow_remote=args.allow_remote,
                               allowed_hosts=list(args.allowed_host or []), cors_origins=list(args.cors_origin or []),
-                              max_request_bytes=settings.server_max_request_bytes)
+                              max_request_bytes=settings.server_max_request_bytes,
+                              max_prefill_tokens=args.max_prefill_tokens or 0)
         config.check_bind()
         print(f"loading {settings.model_path or 'the embedded SmolLM2-135M-Instruct'} ...", flush=True)
         engine = Engine(settings)
@@ -182,6 +183,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="GGUF file (default: the embedded model)")
     p.add_argument("--budget", type=int, help="active KV tokens per conversation")
     p.add_argument("--lifetime", type=float, help="stop by itself after this many seconds (tests, scripts)")
+    p.add_argument("--max-prefill-tokens", type=int, help="tokens one request may have decoded before its reply "
+                   "(default: the whole context less the reply's room); lower bounds how long one request holds "
+                   "the model while others wait")
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m evoke_engine") -> int:

@@ -303,6 +303,15 @@ class Engine:
     def persist(self, conversation_id: str, ttl_class: str | None = None) -> bool:
         return self.thread.call(lambda: self.lifecycle.persist(self.lifecycle.open(conversation_id), ttl_class))
 
+    def persist_soon(self, conversation_id: str) -> Future:
+        """Write an open conversation's KV file when the engine thread has nothing more urgent (BACKGROUND): the
+        endpoint asks after its turns, so a kill -9 costs the restart only the turns since, not a rebuild of the
+        whole history (minutes under a tiny budget). A conversation no longer open is skipped (False)."""
+        def write() -> bool:
+            state = self.lifecycle.get(conversation_id)
+            return state is not None and self.lifecycle.persist(state)
+        return self.thread.submit(write, priority=BACKGROUND)
+
     def release_conversation(self, conversation_id: str, persist: bool = True) -> None:
         """Persist a conversation (unless told not to) and free its slot and RAM."""
         def release() -> None:

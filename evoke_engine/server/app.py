@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ..engine import Engine
 from ..errors import BudgetError, EvokeError
 from ..runtime.sampling import GrammarError
+from .admission import AdmissionMiddleware
 from .clients import CLIENT_HEADER, identify
 from .constraints import grammar_for
 from .embeddings import EmbeddingRequest, embed
@@ -39,12 +40,15 @@ from .toolcalls import StreamSplitter
 
 def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Path | None = None) -> FastAPI:
     config = config or ServerConfig()
-    service = ChatService(engine, state_dir or engine.settings.data_dir)
+    service = ChatService(engine, state_dir or engine.settings.data_dir,
+                          max_prefill_tokens=config.max_prefill_tokens)
     app = FastAPI(title="Evoke Desk", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     metrics = app.state.metrics = Metrics()
     install_handlers(app)
     app.add_middleware(GuardMiddleware, config=config)
+    app.add_middleware(AdmissionMiddleware, max_requests=config.max_connections,     # outside the body reader:
+                       per_client=config.max_requests_per_client)                    # a trickling body holds a place
     if config.cors_origins:      # outermost: refusals (401, 403, 413, ...) carry the CORS headers too
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["*"],     # any request header (the openai-node SDK's x-stainless-*)
@@ -107,7 +111,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         model_id = await to_thread.run_sync(service.check_model, request.model)
         grammar = await to_thread.run_sync(grammar_for, request)
         try:
-            prepared = await service.prepare(request, x_evoke_session, client)
+            prepared = await service.prepare(request, x_evoke_session, client, http.is_disconnected)
         except ApiError as exc:
             raise overflow(exc, engine) from exc
         if grammar is not None:

@@ -4,7 +4,8 @@
 Invariants: the bind is checked (`ServerConfig.check_bind`) before any socket opens; `stop` cancels the
 generations in flight (their partial replies are kept) and returns once the server has closed; a server given
 `lifetime_s` stops by itself after that long; a connection that has not sent a request's headers within
-`header_timeout_s` is closed, and one past `max_connections` is refused. uvicorn always runs on its own thread, so
+`header_timeout_s` is closed, and past `max_connections` the connection idle longest is closed (or, none idle, the new
+one answered an OpenAI-shaped 503 with `Retry-After`). uvicorn always runs on its own thread, so
 it never installs signal handlers: `serve` owns SIGTERM, SIGINT and SIGHUP (`evoke_engine.shutdown`), stops the
 server, closes the engine (which writes every open conversation's KV file) and returns 0.
 """
@@ -23,27 +24,58 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..engine import Engine
 from ..shutdown import shutdown_signals, signal_name
+from .admission import raw_503
 from .app import create_app
 from .security import ServerConfig
 
 log = logging.getLogger(__name__)
 
 
+REFUSED_LINGER_S = 1.0       # a connection refused past the cap stays half-closed this long, so its 503 is read
+
+
 def guarded_protocol(config: ServerConfig) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a deadline for each request's headers and a cap on open connections."""
+    """uvicorn's h11 protocol with a deadline for each request's headers and a cap on open connections: past the
+    cap the connection idle longest (no request under way) is closed to make room, and only when none is idle is
+    the new one refused, with an OpenAI-shaped 503 and `Retry-After` (idle connections never lock others out)."""
 
     class GuardedH11Protocol(H11Protocol):
+        idle_since: float | None = None          # when this connection last had no request under way
+        refused = False                          # answered 503 at connect; closed after REFUSED_LINGER_S
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            if len(self.connections) > config.max_connections:
+            self.idle_since = self.loop.time()
+            if len(self.connections) > config.max_connections and not self._close_longest_idle():
                 log.warning("endpoint: %d connections open, refusing another", len(self.connections) - 1)
-                transport.close()
+                self.refused = True
+                transport.write(raw_503(f"the server has {len(self.connections) - 1} connections open, the most "
+                                        "it keeps; try again shortly"))
+                if transport.can_write_eof():       # half-closed: the request sent meanwhile meets no reset
+                    transport.write_eof()
+                self.loop.call_later(REFUSED_LINGER_S, transport.close)
                 return
             self._arm_header_deadline()
 
+        def data_received(self, data: bytes) -> None:
+            if self.refused:                        # answered 503 already: what it sends is not read
+                return
+            self.idle_since = None
+            super().data_received(data)
+
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            self.idle_since = self.loop.time()
             self._arm_header_deadline()
+
+        def _close_longest_idle(self) -> bool:
+            idle = [c for c in self.connections if c is not self and getattr(c, "idle_since", None) is not None
+                    and not getattr(c, "refused", False) and not c.transport.is_closing()]
+            if not idle:
+                return False
+            oldest = min(idle, key=lambda c: c.idle_since)
+            oldest.transport.close()
+            return True
 
         def connection_lost(self, exc) -> None:
             deadline = getattr(self, "_header_deadline", None)
@@ -73,7 +105,7 @@ class EndpointServer:
         self.port = self._sock.getsockname()[1]        # the real port when 0 (ephemeral) was asked
         self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off",
                                                      timeout_graceful_shutdown=5, http=guarded_protocol(config),
-                                                     timeout_keep_alive=5, limit_concurrency=config.max_connections,
+                                                     timeout_keep_alive=5,   # the cap: above, and `AdmissionMiddleware`
                                                      h11_max_incomplete_event_size=64 << 10))
         self._thread: threading.Thread | None = None
         self._timer = threading.Timer(lifetime_s, self.stop) if lifetime_s else None

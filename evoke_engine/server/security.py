@@ -5,7 +5,8 @@ Invariants: loopback unless `allow_remote`; a request whose Host is not a loopba
 address or a configured host is refused before any handler runs; the key is compared in constant time
 (hmac.compare_digest) and never logged; no CORS headers unless origins are configured; a request with two
 Authorization (or session/client) headers is refused; a body is read whole before the app sees it, refused
-past `max_request_bytes` (413, nothing tokenized) and past `body_timeout_s` of silence (408).
+past `max_request_bytes` (413, nothing tokenized), past `body_timeout_s` of silence, past `body_deadline_s` in all
+or slower than `min_body_bytes_per_s` after `body_grace_s` (408, the connection closed).
 """
 
 from __future__ import annotations
@@ -35,8 +36,14 @@ class ServerConfig:
     cors_origins: list[str] = field(default_factory=list)
     max_request_bytes: int = 8 << 20
     body_timeout_s: float = 15.0         # longest silence while a body arrives
+    body_deadline_s: float = 60.0        # longest a whole body may take to arrive
+    min_body_bytes_per_s: int = 1024     # slowest a body may arrive, averaged, once `body_grace_s` has passed
+    body_grace_s: float = 5.0
+    max_requests_per_client: int = 16    # requests one client (token, else address) may have open at once
     header_timeout_s: float = 10.0       # longest wait for a request's headers (slow-loris connections)
-    max_connections: int = 64            # open connections past this are closed at once
+    max_connections: int = 64            # open connections (and requests) at once: past it, the idle go first
+    max_prefill_tokens: int = 0          # tokens one request may have decoded before its reply (0: the whole
+                                         # context less the reply's room; lower it to bound one request's hold)
 
     def check_bind(self) -> str | None:
         """Raise when a non-loopback bind lacks `allow_remote`; return the warning to print when it has it."""
@@ -131,12 +138,17 @@ class GuardMiddleware:
                                      f"{limit} (the server_max_request_bytes setting)", "request_too_large")
             return None
         body = bytearray()
+        config, loop = self.config, asyncio.get_running_loop()
+        started = loop.time()
         while True:
+            elapsed = loop.time() - started
+            rate_due = config.body_grace_s + len(body) / config.min_body_bytes_per_s - elapsed \
+                if config.min_body_bytes_per_s > 0 else config.body_deadline_s
+            wait_s = max(0.0, min(config.body_timeout_s, config.body_deadline_s - elapsed, rate_due))
             try:
-                message = await asyncio.wait_for(receive(), self.config.body_timeout_s)
+                message = await asyncio.wait_for(receive(), wait_s)
             except TimeoutError:
-                await _refuse(send, 408, f"the request body stopped arriving for {self.config.body_timeout_s:g} s",
-                              "request_timeout")
+                await _refuse(send, 408, _slow_body(config, len(body), loop.time() - started), "request_timeout")
                 return None
             if message["type"] == "http.disconnect":
                 return None
@@ -158,10 +170,22 @@ class GuardMiddleware:
         return replay
 
 
+def _slow_body(config: ServerConfig, received: int, elapsed_s: float) -> str:
+    if elapsed_s >= config.body_deadline_s:
+        return f"the request body took over {config.body_deadline_s:g} s to arrive, the most this server waits"
+    if elapsed_s >= config.body_grace_s and config.min_body_bytes_per_s > 0 \
+            and received < config.min_body_bytes_per_s * (elapsed_s - config.body_grace_s) + 1:
+        return (f"the request body arrives at {received / max(elapsed_s, 1e-3):.0f} bytes/s, under the "
+                f"{config.min_body_bytes_per_s} bytes/s this server needs")
+    return f"the request body stopped arriving for {config.body_timeout_s:g} s"
+
+
 async def _refuse(send, status: int, message: str, code: str) -> None:
     kind = {401: "authentication_error", 403: "permission_error"}.get(status, "invalid_request_error")
     body = json.dumps({"error": {"message": message, "type": kind, "code": code, "param": None}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 408:
+        headers.append((b"connection", b"close"))        # the rest of a slow body is not waited for
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     await send({"type": "http.response.start", "status": status, "headers": headers})

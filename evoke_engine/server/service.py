@@ -5,7 +5,11 @@ Invariants: one request per conversation at a time (a per-conversation lock held
 cancelled or not); the plan is re-checked under that lock against the conversation's stored messages;
 a conversation whose system prompt or tools differ from the request's is never continued; a request reaches
 another client's conversation only by re-sending its history (a name or an id alone never does); sizes are
-checked by counting tokens on the calling worker thread, never on the engine thread. A stateless request (no
+checked by counting tokens on the calling worker thread, never on the engine thread, and what one request has
+decoded before its reply (its message, or an imported history as a whole) is at most a conversation's context
+length less the reply's room; an imported history is rebuilt at NORMAL priority and its rebuild stops when its
+client leaves (the conversation deleted). A session's KV file is rewritten on idle time after a turn, at most every
+`PERSIST_EVERY_S`, so a kill -9 costs a restart only the turns since. A stateless request (no
 X-Evoke-Session) that makes a conversation marks it `stateless`; one that fails or is cancelled before its first
 token leaves nothing behind (the conversation it made is deleted, the turn it added to one is taken back), and a
 stateless conversation idle past its KV file's TTL is deleted (`expire_stateless`).
@@ -18,6 +22,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +31,11 @@ from anyio import to_thread
 
 from ..conversations.exchange import FORMAT_NAME, FORMAT_VERSION
 from ..engine import Conversation, Engine
-from ..errors import BudgetError, EvokeError
+from ..errors import BudgetError, EvokeError, RebuildCancelled
 from ..kvcache.prefixes import default_system_prompt, system_message
 from ..runtime.vocab import VocabCounter
 from ..stats import ConversationStats
+from ..worker import NORMAL
 from .clients import Client
 from .errors import ApiError
 from .models import ChatRequest
@@ -51,6 +57,29 @@ MIN_SHARED_TOKENS = 64
 MODEL_ALIASES = ("evoke", "evoke-desk")
 STATELESS = "stateless"              # the conversation's settings key marking a stateless API conversation
 EXPIRY_CHECK_S = 60.0                # how often requests look for expired stateless conversations
+GONE_POLL_S = 0.25                   # how often an import's rebuild checks that its client is still there
+TEMPLATE_TOKENS = 5                  # the chat template's tokens around each message (an estimate)
+PERSIST_EVERY_S = 30.0               # an API conversation's KV file is rewritten after a turn at most this often
+
+
+class ClientGone(ApiError):
+    """The client left while its request was being prepared (an import's rebuild was cancelled)."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "the client closed the request before its history was rebuilt", "client_closed")
+
+
+@dataclass
+class Opening:
+    """An import being rebuilt for a request, cancellable from the event loop when its client leaves."""
+    engine: Engine
+    conversation_id: str | None = None     # set (worker thread) once the imported conversation exists
+    gone: bool = False                     # set (event loop) when the client left
+
+    def leave(self) -> None:
+        self.gone = True
+        if self.conversation_id is not None:
+            self.engine.cancel_open(self.conversation_id)
 
 
 @dataclass
@@ -88,8 +117,9 @@ def _tools_key(tools: list[dict]) -> str:
 
 
 class ChatService:
-    def __init__(self, engine: Engine, state_dir: Path) -> None:
+    def __init__(self, engine: Engine, state_dir: Path, *, max_prefill_tokens: int = 0) -> None:
         self.engine = engine
+        self.max_prefill_tokens = max_prefill_tokens        # 0: the whole context less the reply's room
         self.raw_map = RawTextMap()
         self.sessions = SessionMap(state_dir / "api_sessions.json", self.raw_map)
         self.sessions.prune(lambda cid: engine.history.get_conversation(cid) is not None)
@@ -101,6 +131,7 @@ class ChatService:
         self._flight_lock = threading.Lock()
         self._expiry_checked = 0.0                   # the first request looks for expired stateless conversations
         self._cleanups: set[asyncio.Task] = set()    # `abandon` tasks running (held: the loop keeps weak references)
+        self._persisted: dict[str, float] = {}        # conversation id -> when its KV file was last asked for
 
     def cancel_all(self) -> None:
         """Stop every generation in flight (shutdown): partial replies are kept, streams end with [DONE]."""
@@ -222,7 +253,10 @@ class ChatService:
         return self.sessions.owner_of(conversation_id) == client.owner
 
     # -- one request ------------------------------------------------------------------------------
-    async def prepare(self, request: ChatRequest, session: str | None, client: Client) -> Prepared:
+    async def prepare(self, request: ChatRequest, session: str | None, client: Client,
+                      disconnected: Callable[[], Awaitable[bool]] | None = None) -> Prepared:
+        """The conversation and the turn of one request; `disconnected` (the request's `is_disconnected`) lets a
+        client that leaves cancel the rebuild of an imported history, as it cancels a turn's prefill."""
         canonical = canonicalize(request, self.raw_map)
         if not canonical.messages:
             raise ApiError(400, "messages holds no user or tool message", "invalid_messages", "messages")
@@ -240,20 +274,31 @@ class ChatService:
         key = target or f"new:{id(request)}"
         lock = self._lock(key)
         await lock.acquire()
+        opening = Opening(self.engine)
+        watcher = asyncio.create_task(self._watch(disconnected, opening)) if disconnected is not None else None
         try:
             prepared = await to_thread.run_sync(self._open, request, client, session, target, system, tools,
-                                                tools_key, canonical.messages, lock)
+                                                tools_key, canonical.messages, lock, opening)
         except BaseException:
             lock.release()
             raise
         finally:
+            if watcher is not None:
+                watcher.cancel()
             if key.startswith("new:"):
                 self._locks.pop(key, None)
         self._locks.setdefault(prepared.conv.id, lock)     # the lock held now guards a new or forked conversation
         return prepared
 
+    @staticmethod
+    async def _watch(disconnected: Callable[[], Awaitable[bool]], opening: Opening) -> None:
+        while not await disconnected():
+            await asyncio.sleep(GONE_POLL_S)
+        opening.leave()
+
     def _open(self, request: ChatRequest, client: Client, session: str | None, target: str | None, system: str,
-              tools: list[dict], tools_key: str, messages: list[Msg], lock: asyncio.Lock) -> Prepared:
+              tools: list[dict], tools_key: str, messages: list[Msg], lock: asyncio.Lock,
+              opening: Opening | None = None) -> Prepared:
         view = self._view(target) if target else None
         if view is None or view[0] != system or view[1] != tools_key:
             route = Plan("new", 0, messages)
@@ -265,6 +310,7 @@ class ChatService:
         message = check_tail(route.tail)
         if len(route.tail) > 1:          # assistant messages the engine did not write: rebuild from the text
             route = Plan("import", 0, messages)
+            self._check_history(messages)
         title = (message.text.strip().splitlines() or ["API conversation"])[0][:60]
         try:
             if route.action == "continue":
@@ -272,7 +318,7 @@ class ChatService:
             elif route.action == "fork":
                 conv = self.engine.fork(target, route.keep - 1)
             elif route.action == "import":
-                conv = self._import(system, tools, title, messages[:-1])
+                conv = self._import(system, tools, title, messages[:-1], opening or Opening(self.engine))
             else:
                 conv = self.engine.new_conversation(system_prompt=system, tools=tools, title=title, source="api")
             if session is None and route.action != "continue":
@@ -294,15 +340,32 @@ class ChatService:
                                 "keep": [(i, m.keep) for i, m in enumerate(messages) if m.keep],
                                 "roles": [m.role for m in messages]})
 
-    def _import(self, system: str, tools: list[dict], title: str, history: list[Msg]) -> Conversation:
-        """A new conversation holding a client-written history, its KV built from the text (a prefill)."""
+    def _import(self, system: str, tools: list[dict], title: str, history: list[Msg],
+                opening: Opening) -> Conversation:
+        """A new conversation holding a client-written history, its KV built from the text (a prefill queued
+        behind the turns already waiting, and cancelled between two blocks when the client leaves: the
+        conversation is then deleted and `ClientGone` raised). Nothing is left behind when the rebuild fails."""
         conv = self.engine.import_conversation({
             "format": FORMAT_NAME, "version": FORMAT_VERSION, "title": title, "system_prompt": system,
             "tools": tools, "messages": [{"role": m.role, "text": m.text, "extra": m.extra,
                                           "attachments": [{"name": n, "text": t} for n, t in m.attachments]}
                                          for m in history]})
-        self._mark(conv.id, source="api")
-        return self.engine.open_conversation(conv.id)
+        opening.conversation_id = conv.id
+        try:
+            self._mark(conv.id, source="api")
+            if opening.gone:
+                raise ClientGone()
+            rebuilt = self.engine.begin_open(conv.id, priority=NORMAL)
+            if opening.gone:                     # left between the check and the open's cancel event
+                self.engine.cancel_open(conv.id)
+            try:
+                return rebuilt.result()
+            except RebuildCancelled as exc:
+                raise ClientGone() from exc
+        except BaseException:
+            self.engine.delete_conversation(conv.id)
+            self._views.pop(conv.id, None)
+            raise
 
     def _mark(self, conversation_id: str, **values) -> None:
         """Add `values` to the conversation's stored settings (its source, the stateless mark)."""
@@ -310,6 +373,31 @@ class ChatService:
         current = row.settings if row is not None and isinstance(row.settings, dict) else {}
         self.engine.history.set_settings(conversation_id, {**current, **values})
         self._views.pop(conversation_id, None)
+
+    def _prefill_limit(self) -> int:
+        """The most tokens one request may have decoded before its reply, one message or an imported history as
+        a whole: the whole context less the room kept for the reply (a message longer than a slot's context is
+        decoded in chunks, evicting as it goes, as in the window), or `max_prefill_tokens` where lower (`serve
+        --max-prefill-tokens`). It bounds how long one request holds the engine thread (a prefill is one job
+        there; a client that leaves cancels it): 5,000 combining marks are 10,000 tokens (each is 2 bytes, one
+        token a byte) and fit the default; an 8 MiB body does not."""
+        settings = self.engine.settings
+        whole = settings.n_ctx - 2 * settings.block_tokens
+        return min(whole, self.max_prefill_tokens) if self.max_prefill_tokens > 0 else whole
+
+    def _check_history(self, messages: list[Msg]) -> None:
+        """400 when a history the engine did not write (the import route) is more tokens than one request may
+        have decoded (`_prefill_limit`), counted as a whole here, on a worker thread."""
+        limit = self._prefill_limit()
+        tokens = sum(TEMPLATE_TOKENS + len(m.content.encode()) for m in messages)   # a token is at least a byte
+        if tokens > limit:
+            tokens = sum(TEMPLATE_TOKENS + self.count_tokens(m.content) for m in messages)
+        if tokens > limit:
+            raise ApiError(400, f"the messages are about {tokens} tokens, {tokens - limit} over the {limit} that one "
+                                "request may have decoded: this history was not written by this server (its "
+                                "assistant messages differ), so it is rebuilt whole; send it with fewer or shorter "
+                                f"messages (the context holds {self.engine.settings.n_ctx} tokens for "
+                                f"{self.engine.settings.slots} slots)", "context_length_exceeded", "messages")
 
     def _check_sizes(self, system: str, tools: list[dict], message: Msg) -> None:
         """400 before any decoding when the prefix (system prompt + tools) or the new message cannot fit in a
@@ -323,7 +411,7 @@ class ChatService:
                                 f"{room} tokens and keeps {reserve} for the messages, so they are "
                                 f"{prefix + reserve - room} tokens over (shorten them, or raise n_ctx)",
                            "context_length_exceeded", "messages")
-        limit = settings.n_ctx - reserve                 # a message is decoded in chunks, evicting as it goes
+        limit = self._prefill_limit()                    # what one request may have decoded (the engine's hold)
         if len(message.content.encode()) <= limit:       # a token is at least one byte: it fits
             return
         tokens = self.count_tokens(message.content)
@@ -389,11 +477,25 @@ class ChatService:
             self.raw_map.remember(reply.text, content, calls, ids)
             self.sessions.save()
         self._apply_marks(prepared)
+        if prepared.session is not None:         # a stateless conversation is never continued after a restart
+            self._persist_if_due(prepared.conv.id)
         after = prepared.conv.stats()
         finish = "tool_calls" if calls else {"eos": "stop", "stop": "stop", "cancelled": "stop"}.get(
             reply.stopped, "length")
         return Outcome(content=content, tool_calls=[c.as_openai(i) for c, i in zip(calls, ids, strict=True)],
                        finish_reason=finish, usage=self._usage(prepared, reply, after))
+
+    def _persist_if_due(self, conversation_id: str) -> None:
+        """Ask for the conversation's KV file on the engine's idle time, at most every `PERSIST_EVERY_S`: after a
+        kill -9 the restart restores it and replays only the turns since, where it would otherwise rebuild the
+        whole history from SQLite inside the next request's `prepare` (about 20 ms a token at the smallest budget:
+        a conversation of a few thousand tokens outlasted a client's timeout, issue 42's `A.kill05.eviction`)."""
+        now = time.monotonic()
+        if now - self._persisted.get(conversation_id, -PERSIST_EVERY_S) >= PERSIST_EVERY_S:
+            if len(self._persisted) > 256:       # entries past the interval say nothing: the map stays small
+                self._persisted = {k: t for k, t in self._persisted.items() if now - t < PERSIST_EVERY_S}
+            self._persisted[conversation_id] = now
+            self.engine.persist_soon(conversation_id)
 
     def _apply_marks(self, prepared: Prepared) -> None:
         extras = prepared.extras
