@@ -24,7 +24,7 @@ def test_a_day_plants_thirty_facts_in_six_forms_and_probes_each_far_enough_later
     for turn in session.turns:
         total += _tokens(turn)
         ends.append(total)
-    assert 28_000 <= total <= 40_000
+    assert 25_000 <= total <= 36_000                                  # text tokens (estimated); ~32K with the template
     for fact in session.facts:
         said = [at for at, t in enumerate(session.turns)
                 if fact.statement in t.text + "".join(b for _, b in t.attachments) + t.reply]
