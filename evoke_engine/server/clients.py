@@ -19,6 +19,7 @@ CLIENT_HEADER = "X-Evoke-Client"
 MIN_TOKEN_CHARS = 22                      # 22 URL-safe characters: 132 bits
 TOKEN = re.compile(rf"^[A-Za-z0-9_-]{{{MIN_TOKEN_CHARS},128}}$")
 KEY_OWNER = "key"                          # every holder of the server's API key is one credential
+ANONYMOUS_OWNER = "anonymous"              # requests with neither a token nor a key, for prefix routing only
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from ..kvcache.prefixes import default_system_prompt, system_message
 from ..runtime.vocab import VocabCounter
 from ..stats import ConversationStats
 from ..worker import NORMAL
-from .clients import Client
+from .clients import ANONYMOUS_OWNER, Client
 from .errors import ApiError
 from .models import ChatRequest
 from .sessions import (
@@ -212,11 +212,20 @@ class ChatService:
             shared += self.count_tokens(message.content)
         return shared
 
-    def _route(self, system: str, tools_key: str, messages: list[Msg]) -> str | None:
-        """The open conversation sharing the longest prefix (>= 64 tokens, >= 1 message) with the request."""
+    @staticmethod
+    def _routing_owner(client: Client) -> str:
+        """Whose conversations a request without a session may continue by re-sending their history: its client
+        token's (or the API key's); requests with neither share one anonymous owner (they have no identity to
+        keep apart: a client that wants isolation sends `X-Evoke-Client`)."""
+        return ANONYMOUS_OWNER if client.issued else client.owner
+
+    def _route(self, owner: str, system: str, tools_key: str, messages: list[Msg]) -> str | None:
+        """The open conversation of `owner` sharing the longest prefix (>= 64 tokens, >= 1 message) with the
+        request: another client's history re-sent word for word never reaches that client's conversation, and two
+        clients with identical histories keep two conversations (the window's own are never routed into)."""
         best, best_k = None, 0
         for info in self.engine.conversations():
-            if info.memory not in ("slot", "ram"):
+            if info.memory not in ("slot", "ram") or self.sessions.owner_of(info.id) != owner:
                 continue
             view = self._view(info.id, info.updated_at)
             if view is None or view[0] != system or view[1] != tools_key:
@@ -240,7 +249,7 @@ class ChatService:
             if CONVERSATION_ID.match(session) and self._may_name(client, session):
                 return session
             return None
-        return self._route(system, tools_key, messages)
+        return self._route(self._routing_owner(client), system, tools_key, messages)
 
     def _may_name(self, client: Client, conversation_id: str) -> bool:
         """A window conversation may be continued by its id; an API conversation only by the client that owns it."""
@@ -328,7 +337,8 @@ class ChatService:
         except EvokeError as exc:
             raise ApiError(500, f"the engine could not open the conversation: {exc}", "engine_error") from exc
         if session is not None or route.action != "continue":
-            self.sessions.set(client.owner, session, conv.id)
+            owner = client.owner if session is not None else self._routing_owner(client)
+            self.sessions.set(owner, session, conv.id)
         if request.evoke_task_boundary:
             conv.reset_focus()
         return Prepared(conv=conv, route=route.action, session=session, client=client, message=message,
