@@ -430,13 +430,14 @@ class Engine:
     # -- turns ------------------------------------------------------------------------------
     def submit(self, conversation_id: str, text: str, attachments: Sequence[Attachment] = (), *,
                on_token: Callable[[str], None] | None = None, role: str = "user", extra: dict | None = None,
-               **sampling) -> Future:
+               on_stored: Callable[[], None] | None = None, **sampling) -> Future:
         """Start a turn; the Future gives the Reply. `on_token` runs on the engine thread. `role="tool"`
-        with `extra={"tool_call_id": ...}` sends a tool result as the turn's input."""
+        with `extra={"tool_call_id": ...}` sends a tool result as the turn's input. `on_stored` (engine thread)
+        hears that the message is in SQLite; with it, a turn that fails later keeps its message."""
         if role not in ("user", "tool"):
             raise ValueError(f"a turn's input is a user or tool message, not {role!r}")
         return self._submit_turn(conversation_id, self.turns.turn, on_token, sampling, text, list(attachments),
-                                 role=role, extra=extra)
+                                 role=role, extra=extra, on_stored=on_stored)
 
     def _submit_turn(self, conversation_id: str, job: Callable, on_token: Callable[[str], None] | None,
                      sampling: dict, *args, **kwargs) -> Future:

@@ -141,6 +141,12 @@ class Settings:
     chunk_reuse: bool = _setting(True, "Splice a message's blocks from another open conversation's K/V (in its slot or "
                                  "the host pool) when the same tokens follow the same prefix (a prefix-hash match: "
                                  "bit-identical to decoding them), instead of decoding them.", group="Memory")
+    chunk_reuse_across_owners: bool = _setting(False, "Let chunk reuse splice K/V from a conversation of another "
+                                               "owner (the window's conversations are one owner; each endpoint "
+                                               "client token, or the API key, another). Off by default: reuse is a "
+                                               "membership oracle: a client that guesses text another one sent sees "
+                                               "it was there (usage.evoke.reused, cached tokens, a faster reply).",
+                                               group="Memory")
     chunk_reuse_approximate: bool = _setting(False, "Also splice blocks whose tokens match another conversation's "
                                              "after a different prefix (a content-hash match, re-anchored and "
                                              "repaired: near, not equal, to decoding them; on SmolLM2-135M "

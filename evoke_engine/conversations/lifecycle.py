@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from .loaded_model import LoadedModel
 
 log = logging.getLogger(__name__)
+WINDOW_OWNER = "window"          # the owner, for chunk reuse, of every conversation the endpoint did not make
+REUSE_OWNER = "owner"            # the settings key where the endpoint stores a conversation's client (`reuse_owner`)
 
 
 @dataclass
@@ -77,11 +79,29 @@ class ConversationLifecycle:
         self._states: dict[str, ConversationState] = {}
         self._stats: dict[str, ConversationStats] = {}
         self._rebuilds: dict[str, tuple[int, float]] = {}    # tokens and seconds decoded from history, until taken
+        self._reuse_owners: dict[str, str] = {}    # endpoint conversation id -> its owner, for chunk reuse
 
     # -- the model ---------------------------------------------------------------------------
     def attach(self, model: LoadedModel) -> None:
         """The model was loaded: conversations open in it from now on."""
         self.model, self.files = model, model.files
+        model.chunks.owner_of = self.reuse_owner
+
+    def reuse_owner(self, conversation_id: str) -> str:
+        """Whose a conversation is, for chunk reuse (any thread): an endpoint conversation's client (the `owner`
+        the endpoint stores in its settings; one without is an owner alone), else the window's."""
+        known = self._reuse_owners.get(conversation_id)
+        if known is not None:
+            return known
+        row = self.history.get_conversation(conversation_id)
+        settings = row.settings if row is not None and isinstance(row.settings, dict) else {}
+        if settings.get("source") != "api":
+            return WINDOW_OWNER                  # not kept: the endpoint marks its conversations after making them
+        owner = settings.get(REUSE_OWNER)
+        if not isinstance(owner, str) or not owner:
+            return f"conversation:{conversation_id}"
+        self._reuse_owners[conversation_id] = owner = f"api:{owner}"    # set once, never changed
+        return owner
 
     def detach(self) -> None:
         """Every open conversation leaves the model (persisted), which is about to be closed."""
@@ -416,6 +436,7 @@ class ConversationLifecycle:
             self.release(state, persist=False)
         self._stats.pop(conversation_id, None)
         self._rebuilds.pop(conversation_id, None)
+        self._reuse_owners.pop(conversation_id, None)
         self._remove_file(conversation_id)
 
     def discard(self, state: ConversationState, reason: str) -> None:

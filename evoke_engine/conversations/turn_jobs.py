@@ -3,7 +3,8 @@ row, the KV, and the roll-back of all three when the turn fails.
 
 Invariants: a turn's message is in SQLite before its reply starts and its reply's row is written as it streams
 (`reply_row`); any failure but a cancel, saving the reply included, leaves history, SQLite and KV as before the
-turn (or the KV dropped, to be rebuilt from what SQLite kept); a continued reply grows its own row and a failed or
+turn (or the KV dropped, to be rebuilt from what SQLite kept), but for a message its caller acknowledged as stored
+(`on_stored`), which a failure never takes back; a continued reply grows its own row and a failed or
 cancelled-before-sampling one leaves the row as it was. Works on the open conversations, never the Engine.
 """
 
@@ -39,10 +40,13 @@ class TurnJobs:
 
     def turn(self, conversation_id: str, text: str, attachments: list[Attachment] | None, *,
               params: SamplingParams, on_token, cancel: threading.Event, role: str = "user",
-              extra: dict | None = None, edit_index: int | None = None) -> Reply:
+              extra: dict | None = None, edit_index: int | None = None,
+              on_stored: Callable[[], None] | None = None) -> Reply:
         """One turn; with `edit_index`, user message `edit_index` and all after it are replaced first.
         The reply's row is written while it streams (`reply_row`). Any failure but a cancel, saving the
-        reply included, rolls the turn back: history, SQLite and KV as before it began."""
+        reply included, rolls the turn back: history, SQLite and KV as before it began; except that with
+        `on_stored` (called once the message is in SQLite: its caller acknowledges it, the endpoint's 200) a
+        failure after it keeps the message (`_keep_message`)."""
         self.conversations.take_rebuild(conversation_id)          # a rebuild at an earlier open is not this turn's
         state = self.conversations.open(conversation_id)
         self.conversations.ensure_slot(state)
@@ -58,6 +62,8 @@ class TurnJobs:
         user_row = self.history.add_message(state.id, role, text, attachments, extra=extra,
                                             previous_id=replaced.id if replaced else None)
         row = self._reply_row(state.id, on_token)
+        if on_stored is not None:
+            on_stored()
 
         def progress(done: int, total: int) -> None:
             if total > model.settings.block_tokens * 2:
@@ -70,13 +76,29 @@ class TurnJobs:
             self._count_rebuild(conversation_id, reply)
             row.finish(reply.text, reply_metrics(reply))
         except BaseException as exc:
-            self._roll_back(state, n_before, [user_row, row.row_id], superseded, exc)
+            if on_stored is not None and not superseded:
+                self._keep_message(state, row.row_id, exc)
+            else:
+                self._roll_back(state, n_before, [user_row, row.row_id], superseded, exc)
             raise
         finally:
             self._touched(state)
         self.emit(EngineEvent(EventKind.TURN_DONE, f"{reply.n_tokens} tokens, stopped: {reply.stopped}",
                               conversation_id=state.id, tokens=reply.n_tokens))
         return reply
+
+    def _keep_message(self, state: ConversationState, reply_row: int | None, error: BaseException) -> None:
+        """Undo a failed turn whose message was acknowledged as stored: the message stays, the reply's row (if it
+        was written) leaves the live history, and the KV is dropped, to be rebuilt from what SQLite holds (a full
+        disk may keep the row from being hidden too: the KV follows SQLite either way)."""
+        try:
+            if reply_row is not None:
+                self.history.hide_messages(state.id, [reply_row], DELETED)
+        except Exception as exc:  # noqa: BLE001 - the KV must follow whatever SQLite kept
+            log.warning("the failed reply of %s could not be hidden: %s", state.id, exc)
+        self.conversations.discard(state, f"the turn failed after its message was stored: {error}")
+        self.emit(EngineEvent(EventKind.ERROR, f"the turn failed ({error}); its message is kept, its reply is not",
+                              conversation_id=state.id))
 
     def _touched(self, state) -> None:
         """After any turn job, ended or failed: the stats snapshot refreshed, the conversation marked used now, its

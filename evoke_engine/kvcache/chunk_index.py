@@ -8,7 +8,9 @@ checking it is still true (the block still in its owner's slot at its origin pos
 in the pool at that origin) and forgets stale ones (a parked owner's stay, unused): a stale entry is never used.
 Closed conversations leave file entries (`FileChunk`: a block of a KV file), used only for an exact match no open
 conversation holds, and only after `files` (the KV files' reader, `ChunkFiles`) verified the file still records
-that chain there. It moves no bytes.
+that chain there. A lookup given an `owner` considers only entries of conversations `owner_of` gives that owner
+(the endpoint's clients and the window are owners apart, issue 42: reuse across them is a membership oracle). It
+moves no bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -124,6 +126,8 @@ class ChunkIndex:
         self._by_content: dict[str, set[str]] = {}     # content hash -> the prefix hashes holding those tokens
         self._in_files: dict[str, list[FileChunk]] = {}    # prefix hash -> blocks of KV files holding it
         self.files = files                                 # the KV files' reader (None: no file entries used)
+        self.owner_of: Callable[[str], str] = lambda _label: ""    # a conversation id -> its owner (set by the
+                                                                    # conversations' lifecycle: SQLite knows)
         self.hits = 0
         self.misses = 0
 
@@ -170,11 +174,14 @@ class ChunkIndex:
         return sum(1 for chunks in self._in_files.values() for c in chunks
                    if conversation_id is None or c.conversation_id == conversation_id)
 
-    def _in_file(self, key: str, exclude: str | None, following: Iterable[str]) -> ChunkSource | None:
-        """A file entry of `key` (not of conversation `exclude`) worth reading for the run it starts (this block
-        and those of `following`, the keys of the blocks after it, the same file holds; computed only as far as
-        needed) and that `files` verified; files that fail verification go."""
-        candidates = [c for c in self._in_files.get(key, ()) if c.conversation_id != exclude]
+    def _in_file(self, key: str, exclude: str | None, following: Iterable[str],
+                 owner: str | None = None) -> ChunkSource | None:
+        """A file entry of `key` (not of conversation `exclude`; of a conversation of `owner` only, when given)
+        worth reading for the run it starts (this block and those of `following`, the keys of the blocks after it,
+        the same file holds; computed only as far as needed) and that `files` verified; files that fail
+        verification go."""
+        candidates = [c for c in self._in_files.get(key, ()) if c.conversation_id != exclude
+                      and (owner is None or self.owner_of(c.conversation_id) == owner)]
         if self.files is None or not candidates:
             return None
         keys: list[str] = []
@@ -217,21 +224,22 @@ class ChunkIndex:
                 del self._by_content[content]
 
     def lookup_content(self, content: str, *, exclude: ChunkOwner | None = None,
-                       prefer: ChunkOwner | None = None) -> ChunkSource | None:
+                       prefer: ChunkOwner | None = None, owner: str | None = None) -> ChunkSource | None:
         """A still-true source of a block with content hash `content` after any prefix (approximate), `prefer`'s
-        when it holds one (a run spliced from one slot has one seam), or None."""
+        when it holds one (a run spliced from one slot has one seam), of a conversation of `owner` only when given;
+        or None."""
         found = [f for key in sorted(self._by_content.get(content, ()))
-                 if (f := self.lookup(key, exclude=exclude, files=False)) is not None]
+                 if (f := self.lookup(key, exclude=exclude, files=False, owner=owner)) is not None]
         if not found:
             return None
         best = next((f for f in found if f.owner is prefer), found[0])
         return dataclasses.replace(best, exact=False)
 
     def lookup(self, key: str, *, exclude: ChunkOwner | None = None, files: bool = True,
-               following: Iterable[str] = ()) -> ChunkSource | None:
-        """A still-true source of chain `key` (not of `exclude`), preferring cells in a slot, then the pool, then
-        (with `files`) a verified KV file worth reading for the run from `key` on (`following`: the keys of the
-        blocks meant to come next); stale entries go."""
+               following: Iterable[str] = (), owner: str | None = None) -> ChunkSource | None:
+        """A still-true source of chain `key` (not of `exclude`; of a conversation of `owner` only, when given),
+        preferring cells in a slot, then the pool, then (with `files`) a verified KV file worth reading for the run
+        from `key` on (`following`: the keys of the blocks meant to come next); stale entries go."""
         entries = self._entries.get(key, [])
         live = [e for e in entries if _where(e) is not None]
         if len(live) != len(entries):
@@ -239,11 +247,12 @@ class ChunkIndex:
                 self._entries[key] = live
             else:
                 self._entries.pop(key, None)
-        found = sorted((e for e in live if e.owner is not exclude and _where(e) != "parked"),
+        found = sorted((e for e in live if e.owner is not exclude and _where(e) != "parked"
+                        and (owner is None or self.owner_of(e.owner.label) == owner)),
                        key=lambda e: _where(e) != "slot")
         if not found:
-            in_file = self._in_file(key, exclude.label if exclude is not None else None, following) if files \
-                else None
+            in_file = self._in_file(key, exclude.label if exclude is not None else None, following, owner) \
+                if files else None
             if in_file is None:
                 self.misses += 1
             else:

@@ -86,10 +86,11 @@ class ResidentSequence:
             self.index.forget(self, blocks)
 
     def lookup(self, block: Block, *, approximate: bool = False, prefer: ResidentSequence | None = None,
-               following: Sequence[Block] = ()) -> ChunkSource | None:
+               following: Sequence[Block] = (), owner: str | None = None) -> ChunkSource | None:
         """Another conversation's exact K/V for `block` appended at the tail now (`following`: the blocks meant to
         come after it, which weigh whether a KV file is worth reading); else, with `approximate`, the K/V of the
-        same tokens after another prefix held in a slot; or None."""
+        same tokens after another prefix held in a slot; or None. With `owner`, only a conversation of that owner's
+        (`ChunkIndex.owner_of`) is a source."""
         if self.index is None or self.seq is None:
             return None
         key = self.chain_key(block)
@@ -99,9 +100,9 @@ class ResidentSequence:
             for after in following:
                 later = chain_hash(later, after.tokens)
                 yield later
-        found = self.index.lookup(key, exclude=self, following=later_keys())
+        found = self.index.lookup(key, exclude=self, following=later_keys(), owner=owner)
         if found is None and approximate:
-            found = self.index.lookup_content(block.hash, exclude=self, prefer=prefer)
+            found = self.index.lookup_content(block.hash, exclude=self, prefer=prefer, owner=owner)
             if found is not None and found.where != "slot":
                 return None                      # a part of pool bytes is not spliced: only slot cells
         return found

@@ -164,18 +164,19 @@ class ConversationMemory:
 
     def append_reused(self, block: Block, *, current: Iterable[Block] = (),
                       following: Sequence[Block] = ()) -> dict | None:
-        """With `chunk_reuse` on: make room for `block` and splice it from another conversation's exact K/V when
-        the chunk index holds its prefix hash (`following`: the message's blocks after it, which a KV file would
-        also give). Returns what was reused (for `report_reuse`), or None: nothing changed but room, and the
-        caller decodes it."""
+        """With `chunk_reuse` on: make room for `block` and splice it from another conversation's exact K/V (one
+        of the same owner's, unless `chunk_reuse_across_owners`) when the chunk index holds its prefix hash
+        (`following`: the message's blocks after it, which a KV file would also give). Returns what was reused (for
+        `report_reuse`), or None: nothing changed but room, and the caller decodes it."""
         if not self.settings.chunk_reuse or self.sequence.index is None or self.seq is None:
             return None
         self.make_room(block.n_tokens, current=current)
         repair = self.settings.chunk_reuse_repair_tokens
+        owner = None if self.settings.chunk_reuse_across_owners else self.sequence.index.owner_of(self.id)
         source = self.sequence.lookup(block, approximate=self.settings.chunk_reuse_approximate
                                       and block.n_tokens > repair,
                                       prefer=self._spliced_run[2] if self._spliced_run else None,
-                                      following=following)
+                                      following=following, owner=owner)
         if source is None:
             self._spliced_run = None
             return None

@@ -1,12 +1,14 @@
 """The FastAPI application: `POST /v1/chat/completions` (SSE or JSON), `POST /v1/embeddings`, `GET /v1/models`,
 `GET /v1/models/{id}`, `GET /health`.
 
-Invariants: every engine call runs off the event loop (worker threads, the engine thread behind them);
-a stream ends with `data: [DONE]`; a client that disconnects, streaming or not, cancels its generation, whose
-partial reply the engine keeps; errors are OpenAI-shaped (`errors.py`); every response names the client's
-token (`X-Evoke-Client`) when the server handed one out; `usage` holds OpenAI's fields only (the tokens not decoded
-are `prompt_tokens_details.cached_tokens`), Evoke's own figures are the top-level `evoke` object; a context overflow
-is OpenAI's `context_length_exceeded`, worded "maximum context length is N tokens" as litellm recognises it.
+Invariants: every engine call runs off the event loop (worker threads, the engine thread behind them); a stream ends
+with `data: [DONE]`; a stream's 200 is sent only once its message is in SQLite, so a failure after it keeps the
+message the 200 acknowledged, and one before it (a full disk) is an error response; a client that disconnects,
+streaming or not, cancels its generation, whose partial reply the engine keeps; errors are OpenAI-shaped
+(`errors.py`); every response names the client's token (`X-Evoke-Client`) when the server handed one out; `usage`
+holds OpenAI's fields only (the tokens not decoded are `prompt_tokens_details.cached_tokens`), Evoke's own figures are
+the top-level `evoke` object; a context overflow is OpenAI's `context_length_exceeded`, worded "maximum context length
+is N tokens" as litellm recognises it.
 """
 
 from __future__ import annotations
@@ -126,7 +128,15 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         loop = asyncio.get_running_loop()
         if request.stream:
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
-            return StreamingResponse(_stream(service, prepared, model_id, include_usage, loop, metrics),
+            pieces: asyncio.Queue = asyncio.Queue()
+            try:
+                await _start_stored(service, prepared, http, pieces, loop)
+            except BaseException as exc:
+                service.release(prepared, loop)
+                if isinstance(exc, (EvokeError, GrammarError)):
+                    raise turn_error(exc, engine) from exc
+                raise
+            return StreamingResponse(_stream(service, prepared, pieces, model_id, include_usage, loop, metrics),
                                      media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         watcher = None
@@ -139,12 +149,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         except asyncio.CancelledError:
             prepared.conv.cancel()
             raise
-        except BudgetError as exc:
-            raise overflow(ApiError(400, str(exc), "context_length_exceeded", "messages"), engine) from exc
-        except GrammarError as exc:
-            raise ApiError(400, f"grammar: {exc}", "invalid_grammar", "grammar") from exc
-        except EvokeError as exc:
-            raise ApiError(500, f"generation failed: {exc}", "engine_error") from exc
+        except (EvokeError, GrammarError) as exc:
+            raise turn_error(exc, engine) from exc
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -169,6 +175,15 @@ def overflow(exc: ApiError, engine: Engine) -> ApiError:
         return exc
     return ApiError(400, f"This model's maximum context length is {context_length(engine)} tokens. However, "
                          f"your messages do not fit: {exc.message}", "context_length_exceeded", exc.param or "messages")
+
+
+def turn_error(exc: EvokeError | GrammarError, engine: Engine) -> ApiError:
+    """The OpenAI-shaped error of a turn that failed before its response began."""
+    if isinstance(exc, BudgetError):
+        return overflow(ApiError(400, str(exc), "context_length_exceeded", "messages"), engine)
+    if isinstance(exc, GrammarError):
+        return ApiError(400, f"grammar: {exc}", "invalid_grammar", "grammar")
+    return ApiError(500, f"generation failed: {exc}", "engine_error")
 
 
 def split_usage(usage: dict) -> tuple[dict, dict]:
@@ -204,20 +219,47 @@ def _sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
-async def _stream(service: ChatService, prepared: Prepared, model_id: str, include_usage: bool,
-                  loop: asyncio.AbstractEventLoop, metrics: Metrics) -> AsyncIterator[str]:
+TURN_ENDED = object()        # the last item a streamed turn's queue of pieces gets
+
+
+async def _start_stored(service: ChatService, prepared: Prepared, http: Request, pieces: asyncio.Queue,
+                        loop: asyncio.AbstractEventLoop) -> None:
+    """Start a streamed request's turn (its pieces, then TURN_ENDED, go to `pieces`) and return once its message
+    is in SQLite, so the 200 that follows acknowledges a stored message (a failure later keeps it); the turn's
+    error when it ended before that (a full disk: refused before any header). A client that leaves meanwhile
+    cancels it."""
+    stored = asyncio.Event()
+
+    def acknowledge() -> None:
+        prepared.acknowledged = True
+        stored.set()
+    future = service.submit(prepared, on_token=lambda p: loop.call_soon_threadsafe(pieces.put_nowait, p),
+                            on_stored=lambda: loop.call_soon_threadsafe(acknowledge))
+    future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, TURN_ENDED))
+    future.add_done_callback(lambda _: loop.call_soon_threadsafe(stored.set))
+    watcher = asyncio.create_task(_cancel_on_disconnect(http, prepared))
+    try:
+        await stored.wait()
+    except asyncio.CancelledError:
+        prepared.conv.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not prepared.acknowledged and not future.cancelled() and future.exception() is not None:
+        raise future.exception()
+
+
+async def _stream(service: ChatService, prepared: Prepared, pieces: asyncio.Queue, model_id: str,
+                  include_usage: bool, loop: asyncio.AbstractEventLoop, metrics: Metrics) -> AsyncIterator[str]:
     chunk_id, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
 
     def chunk(delta: dict, finish: str | None = None) -> str:
         return _sse({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
 
-    pieces: asyncio.Queue = asyncio.Queue()
-    done = object()
     splitter = StreamSplitter(enabled=bool(prepared.tool_names))
+    future = prepared.future
     try:
-        future = service.submit(prepared, on_token=lambda p: loop.call_soon_threadsafe(pieces.put_nowait, p))
-        future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, done))
         yield chunk({"role": "assistant", "content": ""})
         while True:
             try:
@@ -225,7 +267,7 @@ async def _stream(service: ChatService, prepared: Prepared, model_id: str, inclu
             except TimeoutError:            # a long prefill: an SSE comment keeps proxies and read timeouts happy
                 yield ": ping\n\n"
                 continue
-            if piece is done:
+            if piece is TURN_ENDED:
                 break
             out = splitter.feed(piece)
             if out:

@@ -2,15 +2,16 @@
 
 Invariants: OpenAI fields the engine cannot honour are refused by name (`ChatRequest.refusal`, a 400), other
 unknown fields are ignored (clients add their own), wrong types are rejected (400 through the validation
-handler), `messages` is never empty, and no string holds a lone UTF-16 surrogate (`unpaired_surrogate`
-finds one for a 400 that names where).
+handler; booleans and numbers are strict: `"stream": "true"` or `"max_tokens": "5"` is a 400, never coerced),
+`messages` is never empty, an attachment's file name is at most `MAX_FILENAME_CHARS` characters, and no string
+holds a lone UTF-16 surrogate (`unpaired_surrogate` finds one for a 400 that names where).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 
 class Loose(BaseModel):
@@ -28,8 +29,11 @@ class ToolCall(Loose):
     function: FunctionCall
 
 
+MAX_FILENAME_CHARS = 255      # a file name as file systems allow it: a longer one is a 400, not minutes of prefill
+
+
 class FilePart(Loose):
-    filename: str | None = None
+    filename: str | None = Field(default=None, max_length=MAX_FILENAME_CHARS)
     file_data: str | None = None         # "data:<mime>;base64,<...>" or plain text
 
 
@@ -60,7 +64,7 @@ class ToolSpec(Loose):
 
 
 class StreamOptions(Loose):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 # OpenAI chat fields the engine does not honour: a request that sets one (to anything but its no-op value) gets a
@@ -75,31 +79,31 @@ class ChatRequest(Loose):
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=5.0)
-    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=5.0)
+    top_p: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int | None = Field(default=None, ge=1, le=1)
+    seed: StrictInt | None = None
+    n: StrictInt | None = Field(default=None, ge=1, le=1)
     tools: list[ToolSpec] | None = None
     tool_choice: str | dict[str, Any] | None = None
     user: str | None = None
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    repeat_penalty: float | None = Field(default=None, gt=0.0, le=5.0)
+    top_k: StrictInt | None = Field(default=None, ge=0)
+    min_p: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
+    presence_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
+    repeat_penalty: StrictFloat | None = Field(default=None, gt=0.0, le=5.0)
     logit_bias: dict[int, float] | None = None
     response_format: dict[str, Any] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     grammar: str | None = None                 # extension (llama-server's name): GBNF with a `root` rule
-    evoke_priority: float | None = Field(default=None, ge=0.0, le=100.0)
-    evoke_pinned: bool | None = None
-    evoke_task_boundary: bool | None = None
+    evoke_priority: StrictFloat | None = Field(default=None, ge=0.0, le=100.0)
+    evoke_pinned: StrictBool | None = None
+    evoke_task_boundary: StrictBool | None = None
 
     def sampling(self, default_max_tokens: int) -> dict[str, Any]:
         """Keyword arguments for `Conversation.submit`."""

@@ -5,7 +5,9 @@ Invariants: the bind is checked (`ServerConfig.check_bind`) before any socket op
 generations in flight (their partial replies are kept) and returns once the server has closed; a server given
 `lifetime_s` stops by itself after that long; a connection that has not sent a request's headers within
 `header_timeout_s` is closed, and past `max_connections` the connection idle longest is closed (or, none idle, the new
-one answered an OpenAI-shaped 503 with `Retry-After`). uvicorn always runs on its own thread, so
+one answered an OpenAI-shaped 503 with `Retry-After`); a request head with obs-fold, two Content-Length values or
+Content-Length with Transfer-Encoding, and any request h11 cannot parse, is answered an OpenAI-shaped 400 and its
+connection closed (uvicorn's plain-text 400 is never sent). uvicorn always runs on its own thread, so
 it never installs signal handlers: `serve` owns SIGTERM, SIGINT and SIGHUP (`evoke_engine.shutdown`), stops the
 server, closes the engine (which writes every open conversation's KV file) and returns 0.
 """
@@ -14,11 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import socket
 import sys
 import threading
 import time
 
+import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -26,11 +30,13 @@ from ..engine import Engine
 from ..shutdown import shutdown_signals, signal_name
 from .admission import raw_503
 from .app import create_app
-from .security import ServerConfig
+from .security import HEAD_END, ServerConfig, framing_problem, raw_400
 
 log = logging.getLogger(__name__)
 
 
+LEADING_BLANK_LINES = re.compile(rb"[\r\n]*")
+MAX_HEAD_BYTES = 64 << 10    # h11's largest request head (h11_max_incomplete_event_size below)
 REFUSED_LINGER_S = 1.0       # a connection refused past the cap stays half-closed this long, so its 503 is read
 
 
@@ -42,6 +48,7 @@ def guarded_protocol(config: ServerConfig) -> type[H11Protocol]:
     class GuardedH11Protocol(H11Protocol):
         idle_since: float | None = None          # when this connection last had no request under way
         refused = False                          # answered 503 at connect; closed after REFUSED_LINGER_S
+        head: bytearray | None = None            # the bytes of a request's head so far, while h11 awaits one
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -61,7 +68,38 @@ def guarded_protocol(config: ServerConfig) -> type[H11Protocol]:
             if self.refused:                        # answered 503 already: what it sends is not read
                 return
             self.idle_since = None
+            if self.conn.their_state is not h11.IDLE:       # a body, or a request h11 has parsed: not a head
+                self.head = None
+            elif not self._head_passes(data):
+                return
             super().data_received(data)
+
+        def _head_passes(self, data: bytes) -> bool:
+            """Check the request's head once its blank line has come, before h11 parses it (`framing_problem`:
+            obs-fold, two Content-Length values, Content-Length with Transfer-Encoding); False when it was refused
+            with an OpenAI-shaped 400 and the connection closed."""
+            if self.head is None:
+                self.head = bytearray()
+            head, seen = self.head, len(self.head)
+            head += data                         # in place: a head trickled a byte at a time costs no copies
+            start = LEADING_BLANK_LINES.match(head).end()     # RFC 9112 lets a client send CRLFs first
+            end = HEAD_END.search(head, max(start, seen - 3))      # only where the new bytes can end it
+            if end is None:
+                return True                      # more to come (past MAX_HEAD_BYTES h11 refuses it: a shaped 400)
+            self.head = None                     # h11 parses it now; the next request's head starts afresh
+            problem = framing_problem(bytes(head[start:end.start()]))
+            if problem is None:
+                return True
+            log.warning("endpoint: request refused before parsing: %s", problem)
+            self.transport.write(raw_400(problem, "invalid_framing"))
+            self.transport.close()
+            return False
+
+        def send_400_response(self, msg: str) -> None:
+            """h11 could not parse the request: uvicorn's plain-text 400, OpenAI-shaped."""
+            self.transport.write(raw_400("the request is not valid HTTP/1.1 (its request line, a header or its "
+                                         "body framing is malformed)", "invalid_http"))
+            self.transport.close()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -106,7 +144,7 @@ class EndpointServer:
         self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off",
                                                      timeout_graceful_shutdown=5, http=guarded_protocol(config),
                                                      timeout_keep_alive=5,   # the cap: above, and `AdmissionMiddleware`
-                                                     h11_max_incomplete_event_size=64 << 10))
+                                                     h11_max_incomplete_event_size=MAX_HEAD_BYTES))
         self._thread: threading.Thread | None = None
         self._timer = threading.Timer(lifetime_s, self.stop) if lifetime_s else None
 

@@ -1,12 +1,14 @@
 """Who may talk to the endpoint and how much they may send: bind address, Host header (DNS rebinding),
 Bearer key, CORS, duplicate credential headers, body size and read time.
 
-Invariants: loopback unless `allow_remote`; a request whose Host is not a loopback name, the bound
-address or a configured host is refused before any handler runs; the key is compared in constant time
-(hmac.compare_digest) and never logged; no CORS headers unless origins are configured; a request with two
-Authorization (or session/client) headers is refused; a body is read whole before the app sees it, refused
-past `max_request_bytes` (413, nothing tokenized), past `body_timeout_s` of silence, past `body_deadline_s` in all
-or slower than `min_body_bytes_per_s` after `body_grace_s` (408, the connection closed).
+Invariants: loopback unless `allow_remote`; a request whose Host is not a loopback name or address (any form, port or
+not), the bound address or a configured host is refused before any handler runs (403; 400 when it is not a
+host[:port], user info included, or there are two); `framing_problem` names the request heads the h11 protocol refuses
+before parsing (obs-fold, two Content-Length values, Content-Length with Transfer-Encoding); the key is compared in
+constant time (hmac.compare_digest) and never logged; no CORS headers unless origins are configured; a request with
+two Authorization (or session/client) headers is refused; a body is read whole before the app sees it, refused past
+`max_request_bytes` (413, nothing tokenized), past `body_timeout_s` of silence, past `body_deadline_s` in all or
+slower than `min_body_bytes_per_s` after `body_grace_s` (408, the connection closed).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -56,28 +59,69 @@ class ServerConfig:
                 "anyone who can reach it can use the model and read the conversations it serves")
 
     def host_allowed(self, host_header: str) -> bool:
-        name = _host_name(host_header)
-        if not name:
-            return False
-        extra = {h.lower() for h in self.allowed_hosts}
+        return self.host_refusal(host_header) is None
+
+    def host_refusal(self, host_header: str) -> tuple[int, str, str] | None:
+        """None when the Host header names this server: any loopback form (`localhost`, `localhost.`,
+        `127.0.0.1`, any 127/8 address, `[::1]`, `::1`, with or without a port), a configured host, or the remote
+        bind address; else (400 when it is not a host[:port] at all, userinfo included; 403 otherwise, the
+        DNS-rebinding refusal), the message and the error code."""
+        name = host_name(host_header)
+        if name is None:
+            return (400, f"the Host header {host_header[:80]!r} is not a host name or address with an optional port "
+                         "(no user info, no path)", "invalid_host")
+        extra = {h.lower().rstrip(".") for h in self.allowed_hosts}
         if self.allow_remote and not is_loopback(self.host):
             extra.add(self.host.lower())
-        return name in LOOPBACK_NAMES or name in extra or _is_loopback_ip(name)
+        if name in LOOPBACK_NAMES or name in extra or _is_loopback_ip(name):
+            return None
+        return 403, "requests must name this server by a loopback host (Host header refused)", "host_not_allowed"
 
 
-def _host_name(header: str) -> str:
+_BRACKETED = re.compile(r"^\[([0-9a-f:.]+)\](?::([0-9]{0,5}))?$")
+_NAME = re.compile(r"^([a-z0-9_.-]+)(?::([0-9]{0,5}))?$")
+
+
+def host_name(header: str) -> str | None:
+    """The host a Host header names, lower-case, without its port or a final dot (`[::1]` keeps its brackets);
+    None when the header is not `host[:port]` (RFC 9110's uri-host: user info, a path, spaces or an out-of-range
+    port make it malformed)."""
     header = header.strip().lower()
-    if header.startswith("["):
-        end = header.find("]")
-        return header[:end + 1] if end > 0 else ""
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+    bracketed = _BRACKETED.match(header)
+    if bracketed:
+        host, port = f"[{bracketed.group(1)}]", bracketed.group(2)
+        if not _is_ip(bracketed.group(1)):
+            return None
+    elif header.count(":") > 1:                  # a bare IPv6 address (not RFC syntax, but unambiguous): no port
+        host, port = header, None
+        if not _is_ip(header):
+            return None
+    else:
+        named = _NAME.match(header)
+        if not named or named.group(1).strip(".") == "":
+            return None
+        host, port = named.group(1), named.group(2)
+        host = host[:-1] if host.endswith(".") else host
+    if port and int(port) > 65535:
+        return None
+    return host
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_loopback_ip(name: str) -> bool:
     try:
-        return ipaddress.ip_address(name.strip("[]")).is_loopback
+        address = ipaddress.ip_address(name.strip("[]"))
     except ValueError:
         return False
+    mapped = getattr(address, "ipv4_mapped", None)           # ::ffff:127.0.0.1
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def is_loopback(host: str) -> bool:
@@ -114,9 +158,10 @@ class GuardMiddleware:
             await _refuse(send, 400, f"the request has {counts[repeated[0]]} {repeated[0]} headers; send one",
                           "duplicate_header")
             return
-        if not self.config.host_allowed(headers.get("host", "")):
-            await _refuse(send, 403, "requests must name this server by a loopback host (Host header refused)",
-                          "host_not_allowed")
+        refusal = self.config.host_refusal(headers.get("host", "")) if counts["host"] == 1 else \
+            (400, f"the request has {counts['host']} Host headers; send one", "invalid_host")
+        if refusal is not None:
+            await _refuse(send, *refusal)
             return
         if (self.config.api_key and scope.get("method") != "OPTIONS" and scope.get("path") not in OPEN_PATHS
                 and not key_matches(self.config.api_key, headers.get("authorization"))):
@@ -178,6 +223,40 @@ def _slow_body(config: ServerConfig, received: int, elapsed_s: float) -> str:
         return (f"the request body arrives at {received / max(elapsed_s, 1e-3):.0f} bytes/s, under the "
                 f"{config.min_body_bytes_per_s} bytes/s this server needs")
     return f"the request body stopped arriving for {config.body_timeout_s:g} s"
+
+
+HEAD_END = re.compile(rb"\r?\n\r?\n")
+
+
+def framing_problem(head: bytes) -> str | None:
+    """Why a request's head (its bytes up to the blank line) is refused before h11 parses it, or None: h11 unfolds
+    obs-folded lines, merges identical Content-Length headers and lets Transfer-Encoding win over Content-Length;
+    each is a request-smuggling ambiguity that RFC 9112 lets a server refuse, so this server refuses all three."""
+    lines = head.split(b"\n")[1:]               # the request line first
+    lengths = 0
+    chunked = False
+    for line in lines:
+        if line[:1] in (b" ", b"\t"):
+            return "a header line is folded (obs-fold: a line that starts with a space or tab); send it on one line"
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            lengths += 1 + value.count(b",")
+        elif name == b"transfer-encoding":
+            chunked = True
+    if lengths > 1:
+        return f"the request has {lengths} Content-Length values; send one"
+    if lengths and chunked:
+        return "the request has both Content-Length and Transfer-Encoding; send one of them"
+    return None
+
+
+def raw_400(message: str, code: str) -> bytes:
+    """A whole OpenAI-shaped HTTP/1.1 400 that closes the connection (for a request refused before the app)."""
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code,
+                                 "param": None}}).encode()
+    return (b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
 
 
 async def _refuse(send, status: int, message: str, code: str) -> None:

@@ -12,7 +12,9 @@ client leaves (the conversation deleted). A session's KV file is rewritten on id
 `PERSIST_EVERY_S`, so a kill -9 costs a restart only the turns since. A stateless request (no
 X-Evoke-Session) that makes a conversation marks it `stateless`; one that fails or is cancelled before its first
 token leaves nothing behind (the conversation it made is deleted, the turn it added to one is taken back), and a
-stateless conversation idle past its KV file's TTL is deleted (`expire_stateless`).
+stateless conversation idle past its KV file's TTL is deleted (`expire_stateless`). A conversation a request makes
+stores its owner (the `owner` setting: the client's, as routing knows it) before its first turn, so chunk reuse never
+splices another client's K/V into it (`chunk_reuse_across_owners`, off), nor reports them in `usage`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 from anyio import to_thread
 
 from ..conversations.exchange import FORMAT_NAME, FORMAT_VERSION
+from ..conversations.lifecycle import REUSE_OWNER
 from ..engine import Conversation, Engine
 from ..errors import BudgetError, EvokeError, RebuildCancelled
 from ..kvcache.prefixes import default_system_prompt, system_message
@@ -97,6 +100,7 @@ class Prepared:
     extras: dict = field(default_factory=dict)
     messages_before: int = 0         # the conversation's messages before this turn
     tokens_seen: bool = False        # the reply's first token has come
+    acknowledged: bool = False       # its message was stored and the 200 said so (a failure keeps it)
 
     @property
     def made_here(self) -> bool:
@@ -321,23 +325,24 @@ class ChatService:
             route = Plan("import", 0, messages)
             self._check_history(messages)
         title = (message.text.strip().splitlines() or ["API conversation"])[0][:60]
+        owner = client.owner if session is not None else self._routing_owner(client)
         try:
             if route.action == "continue":
                 conv = self.engine.open_conversation(target)
             elif route.action == "fork":
                 conv = self.engine.fork(target, route.keep - 1)
             elif route.action == "import":
-                conv = self._import(system, tools, title, messages[:-1], opening or Opening(self.engine))
+                conv = self._import(system, tools, title, messages[:-1], opening or Opening(self.engine), owner)
             else:
                 conv = self.engine.new_conversation(system_prompt=system, tools=tools, title=title, source="api")
-            if session is None and route.action != "continue":
-                self._mark(conv.id, source="api", **{STATELESS: True})
+            if route.action != "continue":      # its owner before its first turn: chunk reuse stays within it
+                self._mark(conv.id, source="api", **{REUSE_OWNER: owner},
+                           **({STATELESS: True} if session is None else {}))
         except BudgetError as exc:                      # a prefix that leaves the budget no room for a reply
             raise ApiError(400, f"{exc} (the budget_tokens setting)", "context_length_exceeded", "messages") from exc
         except EvokeError as exc:
             raise ApiError(500, f"the engine could not open the conversation: {exc}", "engine_error") from exc
         if session is not None or route.action != "continue":
-            owner = client.owner if session is not None else self._routing_owner(client)
             self.sessions.set(owner, session, conv.id)
         if request.evoke_task_boundary:
             conv.reset_focus()
@@ -351,7 +356,7 @@ class ChatService:
                                 "roles": [m.role for m in messages]})
 
     def _import(self, system: str, tools: list[dict], title: str, history: list[Msg],
-                opening: Opening) -> Conversation:
+                opening: Opening, owner: str) -> Conversation:
         """A new conversation holding a client-written history, its KV built from the text (a prefill queued
         behind the turns already waiting, and cancelled between two blocks when the client leaves: the
         conversation is then deleted and `ClientGone` raised). Nothing is left behind when the rebuild fails."""
@@ -362,7 +367,7 @@ class ChatService:
                                          for m in history]})
         opening.conversation_id = conv.id
         try:
-            self._mark(conv.id, source="api")
+            self._mark(conv.id, source="api", **{REUSE_OWNER: owner})     # before its rebuild reuses chunks
             if opening.gone:
                 raise ClientGone()
             rebuilt = self.engine.begin_open(conv.id, priority=NORMAL)
@@ -431,9 +436,13 @@ class ChatService:
                                 f"{settings.slots} slots, budget {settings.budget_tokens} per conversation)",
                            "context_length_exceeded", "messages")
 
-    def submit(self, prepared: Prepared, on_token=None) -> Future:
+    def submit(self, prepared: Prepared, on_token=None, on_stored: Callable[[], None] | None = None) -> Future:
+        """Start the request's turn; `on_stored` (engine thread) hears that its message is in SQLite, after which
+        a failure keeps the message (a streamed request's 200 waits for it: the headers acknowledge it)."""
         message = prepared.message
         kwargs = dict(prepared.sampling)
+        if on_stored is not None:
+            kwargs["on_stored"] = on_stored
         if message.role == "tool":
             kwargs.update(role="tool", extra=message.extra or None)
 
@@ -460,8 +469,10 @@ class ChatService:
         if prepared.session is not None or prepared.tokens_seen:
             return False
         future = prepared.future
-        if future is None or future.cancelled() or future.exception() is not None:
+        if future is None or future.cancelled():
             return True
+        if future.exception() is not None:
+            return not prepared.acknowledged      # a failure after the 200 keeps the message it acknowledged
         reply = future.result()
         return reply.stopped == "cancelled" and int(reply.n_tokens) == 0
 

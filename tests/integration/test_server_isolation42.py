@@ -1,7 +1,8 @@
 """Issue 42, items 1 and 2 on loopback against the real model: a request without a session continues, by
 re-sending its history, only a conversation of its own client. Before: client B re-sending client A's exact
 history plus a turn was routed into A's conversation (B's turn stored there, seen by A's next turn), and two
-clients with identical histories swapped conversations. A client token keeps its own prefix routing."""
+clients with identical histories swapped conversations. A client token keeps its own prefix routing. Item 3: a file
+another client pasted is never spliced from its conversation (chunk reuse stays within one owner)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,30 @@ def test_two_clients_with_identical_histories_keep_two_conversations(served):
         history = [*opening("shared"), {"role": "assistant", "content": first[name][1]},
                    {"role": "user", "content": f"I am {name}. Which port does line 5 use?"}]
         assert chat(client, history)[0] == first[name][0]
+
+
+# -- item 3: chunk reuse is not a membership oracle across clients -----------------------------------------
+
+PASTED = "\n".join(f"deploy_{i}: host build-{i}.internal, port {4400 + i}, token t{i * 7919 % 10007}"
+                   for i in range(30))
+
+
+def with_file(question: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "file", "file": {"filename": "deploy.txt", "file_data": PASTED}},
+                                         {"type": "text", "text": question}]}]
+
+
+def reused(client, messages) -> int:
+    response = client.chat.completions.create(model="evoke", max_tokens=4, temperature=0, messages=messages)
+    return response.model_extra["evoke"]["reused"]
+
+
+def test_another_clients_pasted_file_is_never_reused_and_usage_never_says_it_was_there(served):
+    """Before: Mallory sending the file Alice pasted got `reused` > 0 (the blocks spliced from Alice's
+    conversation), 0 for any other guess: a membership oracle. Reuse still works within one client."""
+    engine, server = served
+    assert not engine.settings.chunk_reuse_across_owners                 # the default
+    alice, mallory = client_for(server), client_for(server)
+    assert reused(alice, with_file("Keep this in mind.")) == 0
+    assert reused(mallory, with_file("Which port does deploy_3 use?")) == 0
+    assert reused(alice, with_file("Which host does deploy_4 use?")) > 0          # her own blocks: reused

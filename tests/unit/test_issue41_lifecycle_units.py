@@ -94,7 +94,8 @@ def test_the_version_line_names_the_program_and_the_version():
 
 
 # -- stateless requests ------------------------------------------------------------------------------
-def prepared(*, session=None, tokens_seen=False, result=None, error=None, cancelled=False) -> SimpleNamespace:
+def prepared(*, session=None, tokens_seen=False, result=None, error=None, cancelled=False,
+             acknowledged=False) -> SimpleNamespace:
     future: Future = Future()
     if cancelled:
         future.cancel()
@@ -102,13 +103,14 @@ def prepared(*, session=None, tokens_seen=False, result=None, error=None, cancel
         future.set_exception(error)
     elif result is not None:
         future.set_result(result)
-    return SimpleNamespace(session=session, tokens_seen=tokens_seen, future=future)
+    return SimpleNamespace(session=session, tokens_seen=tokens_seen, future=future, acknowledged=acknowledged)
 
 
 def test_a_stateless_request_came_to_nothing_only_without_a_token():
     empty = SimpleNamespace(stopped="cancelled", n_tokens=0)
     assert ChatService.came_to_nothing(prepared(result=empty))
     assert ChatService.came_to_nothing(prepared(error=RuntimeError("engine")))
+    assert not ChatService.came_to_nothing(prepared(error=RuntimeError("engine"), acknowledged=True))  # 200 sent
     assert ChatService.came_to_nothing(prepared(cancelled=True))
     assert not ChatService.came_to_nothing(prepared(result=empty, tokens_seen=True))        # a token came
     assert not ChatService.came_to_nothing(prepared(result=empty, session="s1"))             # a session's turn
