@@ -159,7 +159,7 @@ def serve(args: argparse.Namespace) -> int:
                               max_prefill_tokens=args.max_prefill_tokens or 0)
         config.check_bind()
         print(f"loading {settings.model_path or 'the embedded SmolLM2-135M-Instruct'} ...", flush=True)
-        engine = Engine(settings)
+        engine = Engine(settings, wait=False)        # the port opens while the model loads (`run_server`)
     except (EvokeError, ValueError) as exc:
         failed(exc)
         if isinstance(exc, DataDirInUseError):

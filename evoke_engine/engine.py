@@ -22,6 +22,7 @@ from typing import Any
 
 from .conversation import Conversation
 from .conversations import branches, editing
+from .conversations.completion import Completion, complete
 from .conversations.exchange import parse_conversation, store_imported, to_json, to_markdown, write_all
 from .conversations.history_view import ConversationInfo
 from .conversations.lifecycle import ConversationLifecycle, ConversationState
@@ -465,6 +466,16 @@ class Engine:
             events = list(self._cancels.get(conversation_id, ()))
         for event in events:
             event.set()
+
+    def complete(self, tokens: list[int], *, on_token: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None, **sampling) -> Future[Completion]:
+        """A stateless raw completion of `tokens` (no conversation, nothing kept: `conversations.completion`), at
+        NORMAL priority; `cancel` stops it with the text so far; ContextFullError when the free cells do not hold
+        the prompt."""
+        params = SamplingParams.from_settings(self.settings, **sampling)
+        cancel = cancel or threading.Event()
+        return self.thread.submit(lambda: complete(self.ensure_model(), tokens, params, on_token, cancel),
+                                  priority=NORMAL)
 
     # -- editing ----------------------------------------------------------------------------
     def regenerate(self, conversation_id: str, *, on_token: Callable[[str], None] | None = None,

@@ -10,7 +10,6 @@ markup is special), alike live and in a rebuild from history, so both give the s
 
 from __future__ import annotations
 
-import codecs
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from ..events import EventKind
 from ..kvcache.blocks import Block, BlockState
 from ..memory.memory import ConversationMemory
+from ..runtime.reply_text import ReplyText
 from ..runtime.runtime import Cancelled, Runtime
 from ..runtime.sampling import SamplerChain, SamplingParams
 from ..runtime.template import ChatTemplate, Segment
@@ -323,9 +323,8 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     sample_s = token_decode_s = detokenize_s = 0.0
     memory.reply_starts()          # what the reply reads; with the capture on, what the message attends to
 
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    reply_text = ReplyText(rt.token_bytes, params.stop)
     generated: list[int] = []
-    text = ""
     stopped = "max_tokens"
     ttft = 0.0
     first_at = None
@@ -341,17 +340,13 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
             if rt.is_eog(token):
                 stopped = "eos"
                 break
-            piece = decoder.decode(rt.token_bytes(token))
+            piece, stop = reply_text.add(token)
             detokenize_s += perf() - sampled
-            hit = _stop_hit(text + piece, params.stop, len(text))
-            if hit is not None:
-                piece = (text + piece)[len(text):hit]
-                text += piece
+            if stop:
                 if piece and on_token is not None:
                     on_token(piece)
                 stopped = "stop"
                 break
-            text += piece
             if first_at is None:
                 first_at = perf()
                 ttft = first_at - started
@@ -374,7 +369,10 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
             memory.sequence.extend_tail(reply_block, [token])
             token_decode_s += perf() - at
             generated.append(token)
-    text += decoder.decode(b"", final=True)
+    rest = reply_text.finish() if stopped != "stop" else ""
+    if rest and on_token is not None:
+        on_token(rest)
+    text = reply_text.text
     decode_s = time.perf_counter() - first_at if first_at else 0.0
     clock.add("sample", sample_s)
     clock.add("token_decode", token_decode_s)
@@ -385,11 +383,6 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     clock.add("turn_end", perf() - closing_at)
     return Reply(text=text, n_tokens=len(generated), stopped=stopped, ttft_s=ttft, decode_s=decode_s,
                  prefill_tokens=0, recovered=[])
-
-
-def _stop_hit(text: str, stops: Sequence[str], searched_to: int) -> int | None:
-    hits = [i for s in stops if s and (i := text.find(s, max(0, searched_to - len(s)))) >= 0]
-    return min(hits) if hits else None
 
 
 def _close_reply(memory: ConversationMemory, rt: Runtime, turn: int, opening: list[int], generated: list[int],

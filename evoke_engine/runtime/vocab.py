@@ -1,4 +1,5 @@
-"""A vocabulary-only copy of the model for counting tokens off the engine thread (the endpoint's size checks).
+"""A vocabulary-only copy of the model for counting and tokenizing off the engine thread (the endpoint's size checks,
+a raw completion's prompt and its fill-in-the-middle layout).
 
 Invariants: it loads the GGUF with `vocab_only` (no weights, no context, milliseconds), so counting a large
 request never waits behind a turn nor blocks one; it is independent of the engine's model, which an idle
@@ -36,6 +37,35 @@ class VocabCounter:
             n = ll.llama_tokenize(self._vocab, data, len(data), None, 0, False, False)
         return -n if n < 0 else n
 
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """`text`'s tokens as the engine's model tokenizes it (`Runtime.tokenize`), BOS first when `add_special`
+        and the model wants it."""
+        data = text.encode("utf-8")
+        with self._lock:
+            if self._model is None:
+                raise RuntimeError("the vocabulary was closed")
+            cap = len(data) + 16
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+            if n < 0:
+                cap = -n
+                buf = (ll.llama_token * cap)()
+                n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    @property
+    def n_tokens(self) -> int:
+        return ll.llama_vocab_n_tokens(self._vocab)
+
+    def infill(self, prefix: str, suffix: str) -> list[int] | None:
+        """Fill-in-the-middle tokens in llama-server's layout: [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID, the
+        texts as plain text; None when the model has no FIM tokens (it was not trained to fill in)."""
+        vocab = self._vocab
+        pre, suf, mid = ll.llama_vocab_fim_pre(vocab), ll.llama_vocab_fim_suf(vocab), ll.llama_vocab_fim_mid(vocab)
+        bos = ll.llama_vocab_bos(vocab) if ll.llama_vocab_get_add_bos(vocab) else -1
+        return infill_layout(pre, suf, mid, bos, self.tokenize(prefix, add_special=False, parse_special=False),
+                             self.tokenize(suffix, add_special=False, parse_special=False))
+
     def close(self) -> None:
         with self._lock:
             if self._model is not None:
@@ -44,3 +74,10 @@ class VocabCounter:
 
     def __del__(self) -> None:
         self.close()
+
+
+def infill_layout(pre: int, suf: int, mid: int, bos: int, prefix: list[int], suffix: list[int]) -> list[int] | None:
+    """[BOS] PRE prefix SUF suffix MID (bos < 0: none); None when any FIM token is missing (< 0)."""
+    if min(pre, suf, mid) < 0:
+        return None
+    return [*([bos] if bos >= 0 else []), pre, *prefix, suf, *suffix, mid]

@@ -1,5 +1,5 @@
-"""The FastAPI application: `POST /v1/chat/completions` (SSE or JSON), `POST /v1/embeddings`, `GET /v1/models`,
-`GET /v1/models/{id}`, `GET /health`.
+"""The FastAPI application: `POST /v1/chat/completions` (SSE or JSON), `POST /v1/completions` (`completions`),
+`POST /v1/embeddings`, `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, `GET /metrics`.
 
 Invariants: every engine call runs off the event loop (worker threads, the engine thread behind them); a stream ends
 with `data: [DONE]`; a stream's 200 is sent only once its message is in SQLite, so a failure after it keeps the
@@ -30,11 +30,12 @@ from ..errors import BudgetError, EvokeError
 from ..runtime.sampling import GrammarError
 from .admission import AdmissionMiddleware
 from .clients import CLIENT_HEADER, identify
+from .completions import add_completion_route
 from .constraints import grammar_for
 from .embeddings import EmbeddingRequest, embed
-from .errors import ApiError, install_handlers
+from .errors import ApiError, context_length, install_handlers, overflow
 from .metrics import Metrics
-from .models import ChatRequest, unpaired_surrogate
+from .models import ChatRequest, check_body
 from .security import GuardMiddleware, ServerConfig
 from .service import ChatService, Outcome, Prepared
 from .toolcalls import StreamSplitter
@@ -47,6 +48,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
     app = FastAPI(title="Evoke Desk", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     metrics = app.state.metrics = Metrics()
+    engine.subscribe(metrics.on_event)
     install_handlers(app)
     app.add_middleware(GuardMiddleware, config=config)
     app.add_middleware(AdmissionMiddleware, max_requests=config.max_connections,     # outside the body reader:
@@ -86,10 +88,14 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
         def scrape() -> str:
-            kvfiles = engine.kvfiles
-            gauges = {"model_loaded": ("1 while the model is loaded", float(engine.model_loaded)),
+            kvfiles, pool = engine.kvfiles, engine.pool      # the pool's two ints read as they are, not queued
+            gauges = {"model_loaded": ("1 while the model is loaded", float(engine.model_loaded)),     # behind a turn
                       "conversations": ("conversations in the history",
-                                        float(len(engine.history.list_conversations())))}
+                                        float(len(engine.history.list_conversations()))),
+                      "pool_ram_bytes": ("bytes of evicted KV blocks held in the host RAM pool",
+                                         float(pool.ram_bytes if pool is not None else 0)),
+                      "pool_spill_bytes": ("bytes of evicted KV blocks the pool spilled to disk",
+                                           float(pool.spill_bytes if pool is not None else 0))}
             return metrics.render(gauges, kvfiles.kv_root if kvfiles is not None else None)
         return PlainTextResponse(await to_thread.run_sync(scrape), media_type="text/plain; version=0.0.4")
 
@@ -98,17 +104,12 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         model_id = await to_thread.run_sync(service.model_id)
         return await to_thread.run_sync(embed, engine, request, model_id)
 
+    add_completion_route(app, engine, service, metrics)
+
     @app.post("/v1/chat/completions")
     async def chat(request: ChatRequest, http: Request, x_evoke_session: str | None = Header(default=None),
                    x_evoke_client: str | None = Header(default=None)):
-        surrogate = unpaired_surrogate(request.model_dump(exclude_none=True))
-        if surrogate is not None:
-            raise ApiError(400, f"{surrogate[0]}: a lone UTF-16 surrogate at character {surrogate[1]}; "
-                                "text must be valid Unicode", "invalid_unicode", surrogate[0])
-        refused = request.refusal()
-        if refused is not None:
-            raise ApiError(400, f"{refused} is not supported by this server; remove it from the request",
-                           "unsupported_parameter", refused)
+        check_body(request)
         client = identify(x_evoke_client, bool(config.api_key))
         model_id = await to_thread.run_sync(service.check_model, request.model)
         grammar = await to_thread.run_sync(grammar_for, request)
@@ -161,20 +162,6 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
 
 
 PING_S = 5.0                 # an SSE comment (": ping") this often while no token comes (a long prefill)
-
-
-def context_length(engine: Engine) -> int:
-    """The tokens one conversation's context holds (a slot's share of n_ctx when slots have their own)."""
-    settings = engine.settings
-    return settings.n_ctx // (settings.slots if settings.slot_contexts else 1)
-
-
-def overflow(exc: ApiError, engine: Engine) -> ApiError:
-    """A `context_length_exceeded` error worded as OpenAI's, which litellm maps to ContextWindowExceededError."""
-    if exc.code != "context_length_exceeded" or "maximum context length is" in exc.message:
-        return exc
-    return ApiError(400, f"This model's maximum context length is {context_length(engine)} tokens. However, "
-                         f"your messages do not fit: {exc.message}", "context_length_exceeded", exc.param or "messages")
 
 
 def turn_error(exc: EvokeError | GrammarError, engine: Engine) -> ApiError:

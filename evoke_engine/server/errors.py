@@ -7,11 +7,15 @@ of the handlers installed by `install_handlers`; the server keeps serving after 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+if TYPE_CHECKING:
+    from ..engine import Engine
 
 log = logging.getLogger(__name__)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -37,6 +41,20 @@ def error_body(status: int, message: str, code: str | None = None, param: str | 
 def error_response(status: int, message: str, code: str | None = None, param: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, code, param), status_code=status, headers=headers)
+
+
+def context_length(engine: Engine) -> int:
+    """The tokens one conversation's context holds (a slot's share of n_ctx when slots have their own)."""
+    settings = engine.settings
+    return settings.n_ctx // (settings.slots if settings.slot_contexts else 1)
+
+
+def overflow(exc: ApiError, engine: Engine) -> ApiError:
+    """A `context_length_exceeded` error worded as OpenAI's, which litellm maps to ContextWindowExceededError."""
+    if exc.code != "context_length_exceeded" or "maximum context length is" in exc.message:
+        return exc
+    return ApiError(400, f"This model's maximum context length is {context_length(engine)} tokens. However, "
+                         f"your messages do not fit: {exc.message}", "context_length_exceeded", exc.param or "messages")
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None, str]:

@@ -2,8 +2,9 @@
 (prometheus_client is not a dependency; the format is plain text).
 
 Invariants: counters only grow; every finished chat request is observed once (`observe`, from its `evoke`
-figures); the TTFT histogram's buckets are cumulative with `+Inf` equal to the count; the KV files' disk bytes
-are read from the folder when scraped (a missing folder reads 0).
+figures); the engine's own events (KV files restored, blocks spilled, conversations released: also those of the
+window and of sweeps) are counted as they are emitted (`on_event`); the TTFT histogram's buckets are cumulative with
+`+Inf` equal to the count; the KV files' disk bytes are read from the folder when scraped (a missing folder reads 0).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 COUNTERS = {
-    "requests": "chat completion requests finished",
+    "requests": "completion requests finished (chat and raw)",
     "prompt_tokens": "prompt tokens of finished requests",
     "cached_tokens": "prompt tokens not decoded (prefix, reused and restored KV)",
     "decoded_tokens": "prompt tokens decoded",
@@ -22,12 +23,19 @@ COUNTERS = {
     "recoveries": "evicted blocks recovered during requests",
     "reused_tokens": "tokens spliced in from other conversations' KV",
 }
+EVENT_COUNTERS = {          # EventKind value -> (counter, help); each also counts its tokens as <counter>_tokens
+    "kv_restored": ("restores", "conversations reopened from their KV file without a prefill"),
+    "kv_rebuilt": ("rebuilds", "conversations whose KV was rebuilt from the history (a file unusable or gone)"),
+    "spilled": ("spills", "saved blocks moved from the RAM pool to disk"),
+    "released": ("releases", "idle conversations saved to disk and let go of memory"),
+}
 
 
 class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.totals = dict.fromkeys(COUNTERS, 0)
+        self.events = {name: [0, 0] for name, _ in EVENT_COUNTERS.values()}      # name -> [count, tokens]
         self.ttft_counts = [0] * len(TTFT_BUCKETS_S)
         self.ttft_sum = 0.0
         self.ttft_count = 0
@@ -49,6 +57,15 @@ class Metrics:
                 if ttft <= bound:
                     self.ttft_counts[i] += 1
 
+    def on_event(self, event) -> None:
+        """An engine event (`Engine.subscribe`, any thread): counted when it is one of `EVENT_COUNTERS`."""
+        known = EVENT_COUNTERS.get(str(event.kind))
+        if known is not None:
+            with self._lock:
+                counted = self.events[known[0]]
+                counted[0] += 1
+                counted[1] += max(0, int(event.tokens))
+
     def render(self, gauges: dict[str, tuple[str, float]], kv_folder: Path | None) -> str:
         """The exposition text: counters, the TTFT histogram, `gauges` (name -> (help, value)), KV disk bytes."""
         lines: list[str] = []
@@ -56,6 +73,11 @@ class Metrics:
             for key, help_text in COUNTERS.items():
                 name = f"evoke_{key}_total"
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {self.totals[key]}"]
+            for key, help_text in EVENT_COUNTERS.values():
+                count, tokens = self.events[key]
+                for name, text, value in ((f"evoke_{key}_total", help_text, count),
+                                          (f"evoke_{key}_tokens_total", f"tokens of {help_text}", tokens)):
+                    lines += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name} {value}"]
             name = "evoke_time_to_first_token_seconds"
             lines += [f"# HELP {name} engine time to the first token of a reply", f"# TYPE {name} histogram"]
             lines += [f'{name}_bucket{{le="{bound}"}} {count}'

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
+from .errors import ApiError
+
 
 class Loose(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -75,21 +77,18 @@ REFUSED_FIELDS = {"functions": (None,),
                   "best_of": (None, 1), "echo": (None, False)}
 
 
-class ChatRequest(Loose):
+class SamplingRequest(Loose):
+    """The fields chat and raw completions share: the model, streaming and llama.cpp's sampler settings."""
     model_config = ConfigDict(extra="allow")
     model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat | None = Field(default=None, ge=0.0, le=5.0)
     top_p: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: StrictInt | None = None
     n: StrictInt | None = Field(default=None, ge=1, le=1)
-    tools: list[ToolSpec] | None = None
-    tool_choice: str | dict[str, Any] | None = None
     user: str | None = None
     top_k: StrictInt | None = Field(default=None, ge=0)
     min_p: StrictFloat | None = Field(default=None, ge=0.0, le=1.0)
@@ -97,17 +96,12 @@ class ChatRequest(Loose):
     frequency_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
     repeat_penalty: StrictFloat | None = Field(default=None, gt=0.0, le=5.0)
     logit_bias: dict[int, float] | None = None
-    response_format: dict[str, Any] | None = None
-    logprobs: StrictBool | None = None
-    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     grammar: str | None = None                 # extension (llama-server's name): GBNF with a `root` rule
-    evoke_priority: StrictFloat | None = Field(default=None, ge=0.0, le=100.0)
-    evoke_pinned: StrictBool | None = None
-    evoke_task_boundary: StrictBool | None = None
 
     def sampling(self, default_max_tokens: int) -> dict[str, Any]:
-        """Keyword arguments for `Conversation.submit`."""
-        out: dict[str, Any] = {"max_tokens": self.max_completion_tokens or self.max_tokens or default_max_tokens}
+        """Keyword arguments for `SamplingParams.from_settings` (through `Conversation.submit` or
+        `Engine.complete`)."""
+        out: dict[str, Any] = {"max_tokens": self.max_tokens or default_max_tokens}
         if self.temperature is not None:
             out["temperature"] = self.temperature
         if self.top_p is not None:
@@ -119,17 +113,43 @@ class ChatRequest(Loose):
         for key in ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
-        if self.logprobs:
-            out["logprobs"] = self.top_logprobs or 0
         if self.logit_bias:
             out["logit_bias"] = [(token, max(-100.0, min(100.0, bias))) for token, bias in self.logit_bias.items()]
         return out
 
-    def refusal(self) -> str | None:
-        """The first field this request sets that the engine does not honour (see REFUSED_FIELDS), or None."""
+    def extra_refusal(self) -> str | None:
+        """The first unknown field set to something the engine would not honour (REFUSED_FIELDS), or None."""
         for key, value in (self.model_extra or {}).items():
             if key in REFUSED_FIELDS and value not in REFUSED_FIELDS[key]:
                 return key
+        return None
+
+
+class ChatRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    tools: list[ToolSpec] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    evoke_priority: StrictFloat | None = Field(default=None, ge=0.0, le=100.0)
+    evoke_pinned: StrictBool | None = None
+    evoke_task_boundary: StrictBool | None = None
+
+    def sampling(self, default_max_tokens: int) -> dict[str, Any]:
+        out = super().sampling(default_max_tokens)
+        if self.max_completion_tokens:
+            out["max_tokens"] = self.max_completion_tokens
+        if self.logprobs:
+            out["logprobs"] = self.top_logprobs or 0
+        return out
+
+    def refusal(self) -> str | None:
+        """The first field this request sets that the engine does not honour (see REFUSED_FIELDS), or None."""
+        refused = self.extra_refusal()
+        if refused is not None:
+            return refused
         if self.logprobs and self.stream:
             return "logprobs (with stream: true)"
         if self.top_logprobs and not self.logprobs:
@@ -149,6 +169,49 @@ class ChatRequest(Loose):
         return bool(self.tools) and self.tool_choice != "none"
 
 
+class CompletionRequest(SamplingRequest):
+    """`POST /v1/completions`: one prompt (text, or token ids) and, for fill-in-the-middle, the text after the gap."""
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    suffix: str | None = None
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)     # the legacy API: this many alternatives
+    echo: StrictBool | None = None
+    best_of: StrictInt | None = Field(default=None, ge=1)
+
+    def refusal(self) -> str | None:
+        refused = self.extra_refusal()
+        if refused is not None:
+            return refused
+        if self.best_of not in (None, 1):
+            return "best_of"
+        if self.echo:
+            return "echo"
+        if self.logprobs is not None and self.stream:
+            return "logprobs (with stream: true)"
+        if isinstance(self.prompt, list) and len(self.prompt) != 1 and (not self.prompt
+                                                                        or not isinstance(self.prompt[0], int)):
+            return "prompt (one prompt per request; a list of several is a batch)"
+        if self.suffix and not self.single_text():
+            return "suffix (with a prompt of token ids)"
+        return None
+
+    def single_text(self) -> str | None:
+        """The prompt's text when it is text (a string or a list of one), else None (token ids)."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        return self.prompt[0] if isinstance(self.prompt[0], str) else None
+
+    def token_ids(self) -> list[int]:
+        """The prompt as token ids (a list of ints, or a list of one such list)."""
+        first = self.prompt[0]
+        return list(first) if isinstance(first, list) else list(self.prompt)
+
+    def sampling(self, default_max_tokens: int) -> dict[str, Any]:
+        out = super().sampling(default_max_tokens)
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        return out
+
+
 def unpaired_surrogate(value: Any, path: str = "") -> tuple[str, int] | None:
     """(field path, character index) of the first lone surrogate in a parsed JSON value, or None."""
     if isinstance(value, str):
@@ -163,3 +226,15 @@ def unpaired_surrogate(value: Any, path: str = "") -> tuple[str, int] | None:
         if found is not None:
             return found
     return None
+
+
+def check_body(request: ChatRequest | CompletionRequest) -> None:
+    """ApiError 400 for a lone surrogate anywhere in the body, or a field this server does not honour (named)."""
+    surrogate = unpaired_surrogate(request.model_dump(exclude_none=True))
+    if surrogate is not None:
+        raise ApiError(400, f"{surrogate[0]}: a lone UTF-16 surrogate at character {surrogate[1]}; "
+                            "text must be valid Unicode", "invalid_unicode", surrogate[0])
+    refused = request.refusal()
+    if refused is not None:
+        raise ApiError(400, f"{refused} is not supported by this server; remove it from the request",
+                       "unsupported_parameter", refused.split(" ", 1)[0])

@@ -192,7 +192,8 @@ class EndpointServer:
 def serve(engine: Engine, config: ServerConfig, lifetime_s: float | None = None) -> int:
     """Serve until SIGTERM, SIGINT or SIGHUP, or for `lifetime_s`, then close the engine (every open
     conversation's KV file is written) with the signals still handled; 0 on a clean stop, 2 when the address
-    cannot be served."""
+    cannot be served or the model fails to load. The port opens while the model loads (`/health` says 503 until it
+    is ready; requests wait behind the load), as llama-server does."""
     try:
         server = EndpointServer(engine, config)
     except (ValueError, OSError) as exc:
@@ -201,15 +202,29 @@ def serve(engine: Engine, config: ServerConfig, lifetime_s: float | None = None)
     if server.warning:
         print(server.warning, file=sys.stderr)
     stop_requested = threading.Event()
+    loaded = threading.Event()
+    engine.ready.add_done_callback(lambda _future: loaded.set())
     with shutdown_signals(lambda _signum: stop_requested.set()) as received:
         server.start()
         if not server.wait_started():
             server.stop()
             log.error("the endpoint on %s did not start", server.address)
             return 2
+        started = time.monotonic()
+        if loaded.is_set() and engine.ready.exception() is not None:     # a missing file: said before any address
+            server.stop()
+            log.error("the model failed to load: %s", engine.ready.exception())
+            return 2
         key_note = "an API key is required" if config.api_key else "no API key"
-        print(f"Evoke Desk endpoint on {server.address} ({key_note}); Ctrl-C stops it", flush=True)
-        stop_requested.wait(lifetime_s)
+        loading = "" if loaded.is_set() else "; the model is loading, /health answers 503 until it is ready"
+        print(f"Evoke Desk endpoint on {server.address} ({key_note}){loading}; Ctrl-C stops it", flush=True)
+        failure = _wait_loaded(engine, loaded, stop_requested, lifetime_s)
+        if failure is not None:
+            server.stop()
+            log.error("the model failed to load: %s", failure)
+            return 2
+        left = None if lifetime_s is None else max(0.0, lifetime_s - (time.monotonic() - started))
+        stop_requested.wait(left)
         why = signal_name(received[0]) if received else "lifetime over" if lifetime_s else "stopped"
         print(f"stopping the endpoint ({why})", flush=True)
         server.stop()
@@ -217,3 +232,18 @@ def serve(engine: Engine, config: ServerConfig, lifetime_s: float | None = None)
     log.info("endpoint stopped (%s)", why)
     print("endpoint stopped", flush=True)
     return 0
+
+
+def _wait_loaded(engine: Engine, loaded: threading.Event, stop_requested: threading.Event,
+                 lifetime_s: float | None) -> BaseException | None:
+    """Wait for the model's load (or a stop, or the lifetime's end); the load's exception when it failed, after
+    saying on stdout that the model is ready when it did not."""
+    deadline = None if lifetime_s is None else time.monotonic() + lifetime_s
+    while not loaded.wait(0.1):
+        if stop_requested.is_set() or (deadline is not None and time.monotonic() >= deadline):
+            return None
+    failure = engine.ready.exception()
+    if failure is None:
+        info = engine.model_info()
+        print(f"model ready: {info.name} on {info.device}", flush=True)
+    return failure

@@ -169,16 +169,19 @@ class ChatService:
                 self._counter.close()
                 self._counter = None
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens of `text` counted on the calling thread (a vocabulary-only model, reloaded on a model change)."""
+    def vocabulary(self) -> VocabCounter:
+        """The model's vocabulary for the calling thread (vocabulary-only, reloaded on a model change)."""
         path = Path(self.engine.model_info().path)
         with self._counter_lock:
             if self._counter is None or self._counter.model_path != path:
                 if self._counter is not None:
                     self._counter.close()
                 self._counter = VocabCounter(path)
-            counter = self._counter
-        return counter.count(text)
+            return self._counter
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of `text` counted on the calling thread."""
+        return self.vocabulary().count(text)
 
     # -- model ------------------------------------------------------------------------------------
     def model_id(self) -> str:
@@ -389,7 +392,7 @@ class ChatService:
         self.engine.history.set_settings(conversation_id, {**current, **values})
         self._views.pop(conversation_id, None)
 
-    def _prefill_limit(self) -> int:
+    def prefill_limit(self) -> int:
         """The most tokens one request may have decoded before its reply, one message or an imported history as
         a whole: the whole context less the room kept for the reply (a message longer than a slot's context is
         decoded in chunks, evicting as it goes, as in the window), or `max_prefill_tokens` where lower (`serve
@@ -402,8 +405,8 @@ class ChatService:
 
     def _check_history(self, messages: list[Msg]) -> None:
         """400 when a history the engine did not write (the import route) is more tokens than one request may
-        have decoded (`_prefill_limit`), counted as a whole here, on a worker thread."""
-        limit = self._prefill_limit()
+        have decoded (`prefill_limit`), counted as a whole here, on a worker thread."""
+        limit = self.prefill_limit()
         tokens = sum(TEMPLATE_TOKENS + len(m.content.encode()) for m in messages)   # a token is at least a byte
         if tokens > limit:
             tokens = sum(TEMPLATE_TOKENS + self.count_tokens(m.content) for m in messages)
@@ -426,7 +429,7 @@ class ChatService:
                                 f"{room} tokens and keeps {reserve} for the messages, so they are "
                                 f"{prefix + reserve - room} tokens over (shorten them, or raise n_ctx)",
                            "context_length_exceeded", "messages")
-        limit = self._prefill_limit()                    # what one request may have decoded (the engine's hold)
+        limit = self.prefill_limit()                    # what one request may have decoded (the engine's hold)
         if len(message.content.encode()) <= limit:       # a token is at least one byte: it fits
             return
         tokens = self.count_tokens(message.content)

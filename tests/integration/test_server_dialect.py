@@ -135,6 +135,19 @@ def test_context_overflow_is_worded_as_openai(served):
     assert "This model's maximum context length is " in error["message"]
 
 
+def test_litellm_reads_the_overflow_as_a_context_window_error(served, monkeypatch):
+    """aider's client library, unmodified: its exception mapping must give ContextWindowExceededError (aider then
+    says the context is full instead of failing), and a normal reply keeps OpenAI's cached-token usage."""
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")        # no fetch of the price list at import
+    import litellm
+    engine, server, _ = served
+    ask = dict(model="openai/evoke", api_base=server.address, api_key=KEY, max_retries=0, max_tokens=4)
+    with pytest.raises(litellm.ContextWindowExceededError):
+        litellm.completion(messages=[{"role": "user", "content": "word " * (engine.settings.n_ctx * 2)}], **ask)
+    reply = litellm.completion(messages=[{"role": "user", "content": "Say hi."}], **ask)
+    assert reply.usage.prompt_tokens_details.cached_tokens > 0          # the shared system prompt was not decoded
+
+
 def test_model_card_has_the_context_length(served):
     engine, _, client = served
     card = client.models.retrieve("evoke")
@@ -207,6 +220,7 @@ def test_metrics_in_prometheus_text(served):
     assert values['evoke_time_to_first_token_seconds_bucket{le="+Inf"}'] == values[
         "evoke_time_to_first_token_seconds_count"] >= 1
     assert values["evoke_model_loaded"] == 1 and "evoke_kv_disk_bytes" in values
+    assert values["evoke_pool_ram_bytes"] >= 0 and values["evoke_restores_total"] >= 0
 
 
 def test_sse_pings_while_waiting(served, monkeypatch):

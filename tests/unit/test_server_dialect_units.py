@@ -7,11 +7,15 @@ import re
 
 import pytest
 
+from evoke_engine.events import EngineEvent, EventKind
+from evoke_engine.runtime.reply_text import ReplyText
+from evoke_engine.runtime.vocab import infill_layout
 from evoke_engine.server.app import split_usage
+from evoke_engine.server.completions import legacy_logprobs
 from evoke_engine.server.constraints import grammar_for
 from evoke_engine.server.errors import ApiError
 from evoke_engine.server.metrics import Metrics
-from evoke_engine.server.models import ChatRequest
+from evoke_engine.server.models import ChatRequest, CompletionRequest
 
 TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
@@ -67,3 +71,51 @@ def test_metrics_text():
     text = metrics.render({"model_loaded": ("loaded", 1.0)}, None)
     assert "evoke_cached_tokens_total 7" in text and 'evoke_time_to_first_token_seconds_bucket{le="0.25"} 0' in text
     assert 'evoke_time_to_first_token_seconds_bucket{le="0.5"} 1' in text and "evoke_kv_disk_bytes 0" in text
+
+
+def test_metrics_count_the_engines_restores_and_spills():
+    metrics = Metrics()
+    metrics.on_event(EngineEvent(EventKind.KV_RESTORED, "restored", conversation_id="c", tokens=900))
+    metrics.on_event(EngineEvent(EventKind.KV_RESTORED, "restored", conversation_id="d", tokens=100))
+    metrics.on_event(EngineEvent(EventKind.SPILLED, "spilled", tokens=64))
+    metrics.on_event(EngineEvent(EventKind.TURN_DONE, "done", tokens=5))         # not a counted kind
+    text = metrics.render({"pool_ram_bytes": ("pool", 4096.0)}, None)
+    assert "evoke_restores_total 2" in text and "evoke_restores_tokens_total 1000" in text
+    assert "evoke_spills_total 1" in text and "evoke_rebuilds_total 0" in text and "evoke_pool_ram_bytes 4096" in text
+
+
+def test_infill_layout_is_llama_servers():
+    assert infill_layout(5, 6, 7, 1, [10, 11], [20]) == [1, 5, 10, 11, 6, 20, 7]
+    assert infill_layout(5, 6, 7, -1, [10], []) == [5, 10, 6, 7]             # no BOS where the model adds none
+    assert infill_layout(-1, -1, -1, 1, [10], [20]) is None                   # SmolLM2: no FIM tokens
+
+
+def test_reply_text_holds_back_the_start_of_a_stop_and_joins_utf8():
+    pieces = {1: b"Hello, wo", 2: b"rld\nEND", 3: b"\xe2\x82", 4: b"\xac", 5: b"wonder"}
+    text = ReplyText(pieces.__getitem__, stops=["world"])
+    assert text.add(1) == ("Hello, ", False)              # "wo" may start the stop: held back
+    assert text.add(2) == ("", True) and text.text == "Hello, "
+    other = ReplyText(pieces.__getitem__, stops=["world"])
+    assert other.add(1) == ("Hello, ", False) and other.add(5) == ("wowonder", False)   # not the stop after all
+    held = ReplyText(pieces.__getitem__, stops=["world"])
+    held.add(1)
+    assert held.finish() == "wo" and held.text == "Hello, wo"          # the reply ended: what was held goes out
+    euro = ReplyText(pieces.__getitem__)
+    assert euro.add(3) == ("", False) and euro.add(4) == ("€", False)
+
+
+def test_completion_requests_refuse_what_they_cannot_honour():
+    assert CompletionRequest(prompt="a", echo=True).refusal() == "echo"
+    assert CompletionRequest(prompt="a", best_of=2).refusal() == "best_of"
+    assert CompletionRequest(prompt=["a", "b"]).refusal().startswith("prompt")
+    assert CompletionRequest(prompt=[1, 2, 3]).refusal() is None
+    assert CompletionRequest(prompt=[[1, 2]]).token_ids() == [1, 2]
+    assert CompletionRequest(prompt=[1, 2], suffix="x").refusal().startswith("suffix")
+    assert CompletionRequest(prompt="a", logprobs=2).sampling(16) == {"max_tokens": 16, "logprobs": 2}
+
+
+def test_legacy_logprobs_shape():
+    reports = [{"token": "Hi", "logprob": -0.1, "top_logprobs": [{"token": "Hi", "logprob": -0.1}]},
+               {"token": " there", "logprob": -0.5, "top_logprobs": []}]
+    assert legacy_logprobs(reports) == {"tokens": ["Hi", " there"], "token_logprobs": [-0.1, -0.5],
+                                        "top_logprobs": [{"Hi": -0.1}, {}], "text_offset": [0, 2]}

@@ -1,0 +1,76 @@
+"""A stateless raw-text completion (`/v1/completions`): the prompt's tokens decoded into the scratch sequence, a
+reply sampled with llama.cpp's sampler chain, nothing kept.
+
+Invariants: engine thread only; the scratch sequence is empty again when `complete` returns or raises, so the KV
+primitives' use of it is unchanged; no conversation, history row or KV file is touched; a prompt and reply that do
+not fit the free cells of the context raise `ContextFullError` before any token is sampled or mid-reply (the reply so
+far is then returned, stopped "length"), never by truncating the prompt.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import ContextFullError
+from ..runtime.reply_text import ReplyText
+from ..runtime.runtime import Cancelled
+from ..runtime.sampling import SamplerChain, SamplingParams
+from .loaded_model import LoadedModel
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    prompt_tokens: int
+    n_tokens: int
+    stopped: str              # eos | max_tokens | stop | cancelled | length (the context filled mid-reply)
+    ttft_s: float
+
+
+def complete(model: LoadedModel, tokens: list[int], params: SamplingParams,
+             on_token: Callable[[str], None] | None, cancel: threading.Event) -> Completion:
+    """Decode `tokens` (a whole prompt, BOS included where wanted) and sample up to `params.max_tokens`."""
+    rt, kv, seq = model.rt, model.kv, model.rt.scratch_seq
+    context = rt.context_of(seq)
+    started = time.perf_counter()
+    reply = ReplyText(rt.token_bytes, params.stop)
+    n_generated, stopped, ttft = 0, "max_tokens", 0.0
+    try:
+        try:
+            rt.decode(tokens, seq, 0, cancel=cancel)
+        except Cancelled:
+            return Completion("", len(tokens), 0, "cancelled", 0.0)
+        with SamplerChain(params, rt.ctx(context), rt.n_vocab) as sampler:
+            while n_generated < params.max_tokens:
+                if cancel.is_set():
+                    stopped = "cancelled"
+                    break
+                token = sampler.sample()
+                if rt.is_eog(token):
+                    stopped = "eos"
+                    break
+                piece, stop = reply.add(token)
+                if not ttft:
+                    ttft = time.perf_counter() - started
+                if piece and on_token is not None:
+                    on_token(piece)
+                if stop:
+                    stopped = "stop"
+                    break
+                n_generated += 1
+                if n_generated == params.max_tokens:
+                    break
+                try:
+                    rt.decode([token], seq, len(tokens) + n_generated - 1)
+                except ContextFullError:
+                    stopped = "length"
+                    break
+    finally:
+        kv.drop(seq)
+    rest = reply.finish() if stopped != "stop" else ""
+    if rest and on_token is not None:
+        on_token(rest)
+    return Completion(reply.text, len(tokens), n_generated, stopped, ttft)
