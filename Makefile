@@ -26,7 +26,7 @@ test: install
 	$(PY) -m pytest -q -m "not soak"
 
 test-fast: install
-	$(PY) -m pytest -q -m unit
+	$(PY) -m pytest -q tests/unit
 
 test-soak: install
 	$(PY) -m pytest -q -m soak

@@ -21,8 +21,11 @@ def evoke_home(tmp_path_factory):
 
 
 def pytest_configure(config):
-    """`-m unit` (make test-unit, make test-fast) proves its promise: loading a llama.cpp model fails there."""
-    if config.getoption("markexpr", "") == "unit":
+    """The unit tier (`-m unit`, or only tests/unit named: `make test-fast`) proves its promise: loading a llama.cpp
+    model fails there."""
+    named = [Path(arg.split("::")[0]).resolve() for arg in config.args]
+    only_unit = bool(named) and all(path == UNIT or UNIT in path.parents for path in named)
+    if config.getoption("markexpr", "") == "unit" or only_unit:
         import llama_cpp
 
         def refuse(*_args, **_kwargs):
@@ -31,17 +34,21 @@ def pytest_configure(config):
 
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"
+UNIT = INTEGRATION.parent / "unit"
 
 
 @pytest.hookimpl(tryfirst=True)                 # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """Tests under tests/integration get the `model` marker. `gpu` tests skip where llama.cpp has no GPU to run
+    """Tests under tests/integration get the `model` marker, those under tests/unit the `unit` marker. `gpu` tests skip where llama.cpp has no GPU to run
     on; `cuda_build` tests where the installed llama.cpp is the CPU build (each with the reason)."""
     from evoke_engine.runtime import device
 
     for item in items:
-        if INTEGRATION in Path(str(item.fspath)).resolve().parents:
+        folders = Path(str(item.fspath)).resolve().parents
+        if INTEGRATION in folders:
             item.add_marker(pytest.mark.model)
+        elif UNIT in folders:
+            item.add_marker(pytest.mark.unit)
 
     reasons = {"gpu": None if device.detect().on_gpu else "needs a CUDA build of llama.cpp and a GPU",
                "cuda_build": None if device.cuda_build() else "needs the CUDA build of llama.cpp (make gpu)"}

@@ -11,7 +11,7 @@ import pytest
 from app.last_open import LastConversation, startup_choice
 from app.messages import ChatMessage, reply_meta, stamp_text, stored_meta
 
-pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
 
 def at(year: int, month: int, day: int, hour: int, minute: int) -> float:

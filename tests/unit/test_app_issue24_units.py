@@ -9,7 +9,7 @@ from evoke_engine.conversations.history_view import read_conversations, read_mes
 from evoke_engine.settings import Settings
 from evoke_engine.store.history import HistoryDB
 
-pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
 
 def test_a_stopped_reply_with_text_never_shows_zero_tokens():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers.attention_build import ensure_library
 
-pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from evoke_engine.conversations.exchange import (
 from evoke_engine.errors import ImportFormatError
 from evoke_engine.store.history import ConversationRow, HistoryDB, MessageRow
 
-pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
 
 def _row(role: str, text: str, i: int) -> MessageRow:

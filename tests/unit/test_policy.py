@@ -11,7 +11,7 @@ from evoke_engine.memory.policy import choose_recoveries, choose_victims, named_
 from evoke_engine.memory.scorer import Scorer, TaskFocus
 from evoke_engine.settings import Settings
 
-pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
 
 def block(name: str, n: int, role: str = "file", turn: int = 1, **kw) -> Block:

@@ -21,7 +21,7 @@ from evoke_engine.memory.recall_signals import (
     query_terms,
 )
 
-pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
 
 class WordsEmbedder:

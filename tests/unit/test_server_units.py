@@ -13,7 +13,7 @@ from evoke_engine.server.security import ServerConfig, key_matches
 from evoke_engine.server.sessions import Msg, canonicalize, plan
 from evoke_engine.server.toolcalls import RawTextMap, StreamSplitter, parse_tool_calls
 
-pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
 TOOLS = {"read_file", "grep"}
 

@@ -9,7 +9,7 @@ import pytest
 
 from evoke_engine.settings import Settings
 
-pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
 
 def test_every_default_is_valid_and_described(tmp_path):

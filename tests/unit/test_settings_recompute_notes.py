@@ -7,7 +7,7 @@ import pytest
 from app.settings_form import field_specs, recompute_notes
 from evoke_engine import Settings
 
-pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
 
 def test_changes_that_invalidate_saved_state_are_named():

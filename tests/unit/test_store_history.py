@@ -15,7 +15,7 @@ from evoke_engine.store import HistoryDB, StoreError
 from evoke_engine.store import errors as reasons
 from evoke_engine.store.history import MIGRATIONS
 
-pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from jinja2.exceptions import SecurityError
 
 from evoke_engine.runtime.template import CHATML, ChatTemplate
 
-pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-unit)
+pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
