@@ -39,8 +39,9 @@ UNIT = INTEGRATION.parent / "unit"
 
 @pytest.hookimpl(tryfirst=True)                 # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """Tests under tests/integration get the `model` marker, those under tests/unit the `unit` marker. `gpu` tests skip where llama.cpp has no GPU to run
-    on; `cuda_build` tests where the installed llama.cpp is the CPU build (each with the reason)."""
+    """Tests under tests/integration get the `model` marker, those under tests/unit the `unit` marker. `gpu`
+    tests skip where llama.cpp has no GPU to run on; `cuda_build` tests where the installed llama.cpp is the CPU
+    build (each with the reason)."""
     from evoke_engine.runtime import device
 
     for item in items:
