@@ -19,10 +19,9 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from evoke_engine.conversation import Conversation
+from evoke_engine import Conversation, min_budget_tokens, read_conversations, read_messages
 from evoke_engine.errors import DataDirInUseError, RebuildCancelled
 from evoke_engine.events import EventKind
-from evoke_engine.memory.memory import min_budget_tokens
 
 from .attachments import AttachmentError, paste_name, read_text_attachment
 from .bridge import EngineBridge, error_text
@@ -215,7 +214,6 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
 
     def read_history_without_model(self) -> None:
         """List the conversations from SQLite (no model needed) and show the latest one, read-only."""
-        from evoke_engine.conversations.history_view import read_conversations
 
         def listed(infos: list[Any]) -> None:
             if self.model_info is not None:
@@ -238,7 +236,6 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
 
     def _view(self, conversation_id: str) -> None:
         """Show a conversation's messages from SQLite, read-only (no model has loaded yet)."""
-        from evoke_engine.conversations.history_view import read_messages
 
         row = self.conversations.row_of(conversation_id)
         self.viewed_id = conversation_id

@@ -57,7 +57,7 @@ def _embedded() -> ModelFile:
 
     label = f"{EMBEDDED_MODEL_FILE}  (embedded)"
     try:
-        from evoke_engine.runtime.runtime import default_model_path
+        from evoke_engine import default_model_path
         path = default_model_path()
         return ModelFile(None, label, "built in", path.stat().st_size if path.exists() else 0)
     except Exception:  # noqa: BLE001 - the picker must open even without the engine package

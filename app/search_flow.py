@@ -33,7 +33,7 @@ class SearchFlow:
         if engine is not None:
             fn, args = engine.search, (query, SEARCH_LIMIT)
         else:                                        # no engine (the model failed): read SQLite directly
-            from evoke_engine.conversations.history_view import search_messages
+            from evoke_engine import search_messages
             fn, args = search_messages, (self.settings, query, SEARCH_LIMIT)
 
         def failed(exc: BaseException) -> None:

@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from evoke_engine.memory.memory import min_budget_tokens
-from evoke_engine.memory.recovery import backend as recovery_backend
+from evoke_engine import min_budget_tokens, recovery_backend
 
 from .bridge import error_text
 from .messages import model_name

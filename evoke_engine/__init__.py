@@ -1,25 +1,50 @@
 """Evoke engine: llama.cpp in-process with a KV cache managed like operating-system memory.
 
-Public API: Engine, Conversation, Settings, Reply, EngineEvent/EventKind, ConversationStats and the error
-classes; no Qt here.
+Public API, the one door the window (app/) and the endpoint (server/) use (tests/unit/test_layers.py holds them to
+it): Engine, Conversation, Settings, Reply, EngineEvent/EventKind, ConversationStats and the error classes; the
+rules and readers the window needs without an engine (the minimum budget, what a recovery backend does, the
+history read-only, search marks, the embedded model's path); what the endpoint builds requests from (the chat
+template's system message, a user message's rendering, the export format, sampling grammars, the off-thread
+vocabulary, a raw completion's result, engine priorities). No Qt here.
 """
 
 from .conversation import Conversation
-from .conversations.turn import Reply
+from .conversations.completion import Completion
+from .conversations.exchange import FORMAT_NAME, FORMAT_VERSION
+from .conversations.history_view import read_conversations, read_messages, search_messages
+from .conversations.lifecycle import REUSE_OWNER
+from .conversations.turn import Reply, render_user_content
 from .engine import ConversationInfo, Engine
 from .errors import (
                      BudgetError,
                      ContextFullError,
+                     DataDirInUseError,
                      EditError,
                      EvokeError,
                      ImportFormatError,
                      ModelLoadError,
+                     RebuildCancelled,
                      RestoreError,
 )
 from .events import EngineEvent, EventKind
+from .kvcache.prefixes import default_system_prompt, system_message
+from .memory.memory import min_budget_tokens
+from .memory.recovery import backend as recovery_backend
+from .runtime.model_file import default_model_path
+from .runtime.sampling import GrammarError, json_grammar, json_schema_grammar
+from .runtime.vocab import VocabCounter
 from .settings import Settings
 from .stats import ConversationStats
+from .store.search import MARK_END, MARK_START
+from .worker import BACKGROUND, FOREGROUND, NORMAL
 
 __all__ = ["Engine", "Conversation", "ConversationInfo", "ConversationStats", "Settings", "Reply", "EngineEvent",
            "EventKind", "EvokeError", "ModelLoadError", "BudgetError", "ContextFullError", "RestoreError", "EditError",
-           "ImportFormatError"]
+           "ImportFormatError", "DataDirInUseError", "RebuildCancelled",
+           # for the window without an engine
+           "min_budget_tokens", "recovery_backend", "read_conversations", "read_messages", "search_messages",
+           "MARK_START", "MARK_END", "default_model_path",
+           # for the endpoint
+           "Completion", "FORMAT_NAME", "FORMAT_VERSION", "REUSE_OWNER", "render_user_content", "default_system_prompt",
+           "system_message", "GrammarError", "json_grammar", "json_schema_grammar", "VocabCounter", "BACKGROUND",
+           "FOREGROUND", "NORMAL"]

@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m evoke_engine") ->
     args = parser.parse_args(argv)
     configure_logging()
     if args.command == "device":
-        from .runtime.device import main as print_device
+        from .device_report import main as print_device
 
         print_device()
         return 0

@@ -13,7 +13,7 @@ from typing import Any
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import QLabel, QListWidget, QListWidgetItem, QVBoxLayout, QWidget
 
-from evoke_engine.store.search import MARK_END, MARK_START
+from evoke_engine import MARK_END, MARK_START
 
 from ..messages import stamp_text
 

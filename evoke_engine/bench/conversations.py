@@ -57,7 +57,7 @@ def comparator_llama(**kwargs):
         llama_cpp.llama_model_default_params = original
 
 
-def _ttft(conv, text: str) -> float:
+def first_token_s(conv, text: str) -> float:
     first: list[float] = []
     start = time.perf_counter()
     conv.submit(text, on_token=lambda _: first or first.append(time.perf_counter()), max_tokens=2,
@@ -68,7 +68,7 @@ def _ttft(conv, text: str) -> float:
 REOPEN_CHILD = r"""
 import json, sys, time
 from evoke_engine import Engine, Settings
-from evoke_engine.bench.conversations import _ttft, SHORT, SYSTEM
+from evoke_engine.bench.conversations import first_token_s, SHORT, SYSTEM
 home, cid, budget, n_ctx = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 what, trial = sys.argv[5].split(":")
 message = SHORT[int(trial) % len(SHORT)]
@@ -83,7 +83,7 @@ with Engine(settings, scheduler=False) as engine:
     start = time.perf_counter()
     conv = engine.open_conversation(cid)
     opened = time.perf_counter() - start
-    out = {what: [opened + _ttft(conv, message)], **({"open_only": [opened]} if what == "reopen" else {})}
+    out = {what: [opened + first_token_s(conv, message)], **({"open_only": [opened]} if what == "reopen" else {})}
     conv.truncate(n_saved)                                   # the chat as saved: the file still fits it
     engine.release_conversation(cid, persist=False)          # freed; its file stays as it was
     if what == "reprefill":
@@ -241,7 +241,7 @@ class PrewarmTrial:
             time.sleep(PAUSE_S)
             start = time.perf_counter()
             conv = engine.new_conversation()
-            out["prewarmed"] = time.perf_counter() - start + _ttft(conv, message)
+            out["prewarmed"] = time.perf_counter() - start + first_token_s(conv, message)
             self._prefix_tokens = conv.stats().prefix_tokens
             time.sleep(PAUSE_S)
             out["user_only"] = engine.thread.call(_decode_user_tokens_only, engine, message)
@@ -250,7 +250,7 @@ class PrewarmTrial:
             time.sleep(PAUSE_S)
             start = time.perf_counter()
             conv = engine.new_conversation()
-            out["cold"] = time.perf_counter() - start + _ttft(conv, message)
+            out["cold"] = time.perf_counter() - start + first_token_s(conv, message)
         return out
 
     def prefix_tokens(self) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from .recall_workload import CODE_FILLERS, FACT_TYPES, INSTRUCTION, SHORT_FILLERS, Fact, _log, make_fact
+from .recall_workload import CODE_FILLERS, FACT_TYPES, INSTRUCTION, SHORT_FILLERS, Fact, log_lines, make_fact
 
 CHARS_PER_TOKEN = 2.8           # SmolLM2's tokenizer on this mix; the bench prints the counted tokens
 REPLY_TOKENS = {"attach": 16, "reupload": 16, "code": 96, "log": 40, "trace": 40, "short": 24, "chat_fact": 8,
@@ -134,7 +134,7 @@ def _markdown_file(rng: random.Random, chars: int, facts: list[str]) -> str:
 
 
 def _log_file(rng: random.Random, chars: int, facts: list[str]) -> str:
-    text = _log(rng, max(4, chars // 80))
+    text = log_lines(rng, max(4, chars // 80))
     lines = text.split("\n")
     for fact in facts:
         lines.insert(rng.randrange(len(lines) + 1), f"2026-11-14T09:00:00Z INFO  [ops] note: {fact}")
@@ -200,7 +200,7 @@ def make_long_session(seed: int = 0, target_tokens: int = 32768) -> LongSession:
             add("code", rng.choice(CODE_FILLERS))
         elif roll < 0.74:
             add("log", "This showed up in production last night, what went wrong?\n\n"
-                + _log(rng, rng.randint(12, 40)))
+                + log_lines(rng, rng.randint(12, 40)))
         elif roll < 0.82:
             add("trace", f"I get this stack trace when I call {target}:\n\n{_trace(rng)}")
         elif roll < 0.86 and any(not holds for _, _, holds in files):

@@ -248,7 +248,7 @@ def make_fact(kind: str, frame_index: int, rng: random.Random, used: set[str]) -
                 question=rng.choice(frame["asks"]), value=value, answer_tokens=tokens)
 
 
-def _log(rng: random.Random, lines: int) -> str:
+def log_lines(rng: random.Random, lines: int) -> str:
     out = []
     for i in range(lines):
         event = rng.choice(LOG_EVENTS).format(n=rng.randint(1000, 99999), k=rng.randint(1, 9))
@@ -301,8 +301,8 @@ def make_session(seed: int, *, probes: int = 3, probe_offset: int | None = None,
              Turn("chat_fact", f"Also, for the record: {chat_fact.statement} Just say noted.", 4)]
     fillers = [Turn("short", q, 40) for q in rng.sample(SHORT_FILLERS, 2)]
     fillers.append(Turn("code", rng.choice(CODE_FILLERS), 160))
-    fillers.append(Turn("log", "Here is a log from last night, is anything wrong?\n\n" + _log(rng, rng.randint(14, 22)),
-                        48))
+    night = log_lines(rng, rng.randint(14, 22))
+    fillers.append(Turn("log", "Here is a log from last night, is anything wrong?\n\n" + night, 48))
     rng.shuffle(fillers)
     turns += fillers
     for fact in probed:

@@ -24,7 +24,7 @@ from ..runtime.rpc_worker import bench_workers, even_split
 from ..runtime.runtime import Runtime
 from ..runtime.template import ChatTemplate
 from ..settings import Settings
-from .conversations import PAUSE_S, SHORT, SYSTEM, _ttft, comparator_llama, document
+from .conversations import PAUSE_S, SHORT, SYSTEM, comparator_llama, document, first_token_s
 from .isolated import IsolatedSystem
 from .llama_server import LlamaServer
 
@@ -60,7 +60,7 @@ class EvokeSystem:
         return {name: {"resident": s.active_tokens, "in_ram_or_disk": s.cached_tokens} for name, s in stats.items()}
 
     def ask(self, name: str, message: str) -> float:
-        return _ttft(self.convs[name], message)
+        return first_token_s(self.convs[name], message)
 
     def close(self) -> None:
         self.engine.close()

@@ -11,10 +11,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp as ll
@@ -75,7 +74,7 @@ class DeviceInfo:
         return f"{self.name} ({self.description})" if self.description else self.name
 
 
-def _ggml() -> ctypes.CDLL:
+def ggml_library() -> ctypes.CDLL:
     """ggml's registry as libllama sees it: symbols looked up through libllama's own handle, because
     the wheel ships libggml.so and libggml.so.0 as separate copies (two registries if both load)."""
     lib = ctypes.CDLL(str(LLAMA_LIB_DIR / "libllama.so"))
@@ -132,7 +131,7 @@ def load_backends() -> str:
     the CPU backend did not (a CUDA wheel built without its CPU modules: llama.cpp would crash at the model load)."""
     if os.environ.get("EVOKE_GPU", "").lower() == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    lib = _ggml()
+    lib = ggml_library()
     if lib.ggml_backend_reg_count() == 0:           # run-time backends (none linked in): load them once
         if cuda_build():
             _preload_nvidia_runtime()
@@ -152,7 +151,7 @@ def load_backends() -> str:
 def detect() -> DeviceInfo:
     """The device a model loaded now would use (the first GPU llama.cpp lists, else the CPU)."""
     load_notice = load_backends()
-    lib = _ggml()
+    lib = ggml_library()
     build = "cuda" if cuda_build() else "cpu"
     cpu_desc = ""
     for i in range(lib.ggml_backend_dev_count()):
@@ -177,25 +176,6 @@ def detect() -> DeviceInfo:
     return DeviceInfo("cpu", "CPU", cpu_desc, build, notice=notice)
 
 
-def main() -> None:
-    """`python -m evoke_engine device`: what this process would run on, as JSON; with remote devices set
-    (Settings → Model → Remote devices), every device the configured model would use, its memory and layers."""
-    info = detect()
-    report = {**asdict(info), "gpu_offload": bool(ll.llama_supports_gpu_offload()),
-              "rpc_backend": bool(ll.llama_supports_rpc())}
-    from ..errors import EvokeError
-    from ..settings import Settings
-    from . import rpc_placement
-    from .runtime import Runtime, default_model_path
-
-    settings = Settings.load()
-    if settings.rpc_servers:
-        try:
-            path = Path(settings.model_path) if settings.model_path else default_model_path()
-            placement = rpc_placement.plan(settings, info, path, Runtime.gpu_layers_requested(settings, info))
-            report["model"] = str(path)
-            report["devices"] = [share.as_dict() for share in placement.shares]
-            report["notices"] = placement.notices
-        except (EvokeError, ValueError) as exc:
-            report["devices_error"] = str(exc)
-    print(json.dumps(report, indent=2))
+def capabilities() -> dict[str, bool]:
+    """What the installed llama.cpp can do here: offload layers to a GPU, reach remote devices (RPC)."""
+    return {"gpu_offload": bool(ll.llama_supports_gpu_offload()), "rpc_backend": bool(ll.llama_supports_rpc())}

@@ -8,7 +8,6 @@ would take every registered worker, a lost one too); llama.cpp's log callback is
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import logging
 from pathlib import Path
@@ -17,6 +16,7 @@ import llama_cpp as ll
 
 from ..errors import ModelLoadError
 from . import rpc, rpc_placement
+from .llama_logs import quiet_llama_logs  # noqa: F401 - re-exported
 
 log = logging.getLogger("evoke_engine.runtime.runtime")
 
@@ -46,10 +46,6 @@ def check_model_file(path: Path) -> None:
         raise ModelLoadError(f"not a GGUF model file (magic {magic!r}): {path}")
 
 
-_GGML_LOG_LEVEL_ERROR = 4
-_log_callback = None
-
-
 def cpu_has_amx() -> bool:
     """Whether this CPU offers AMX, whose llama.cpp kernels crash on some quantised weights
     (llama.cpp issue 20824: SIGSEGV in ggml_backend_amx_mul_mat on the first decode, seen here)."""
@@ -68,21 +64,6 @@ def safe_model_params():
     if rpc.any_registered():             # llama.cpp's default would take every worker ever registered, lost ones too
         mparams.devices = rpc_placement.local_devices()
     return mparams
-
-
-def _quiet_llama_logs() -> None:
-    """Route llama.cpp's own logging to Python's logger at debug level (set once per process)."""
-    global _log_callback
-    if _log_callback is not None:
-        return
-
-    @ll.llama_log_callback
-    def _cb(level, text, user_data):
-        if level == _GGML_LOG_LEVEL_ERROR:
-            log.error("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
-
-    _log_callback = _cb
-    ll.llama_log_set(_cb, ctypes.c_void_p(0))
 
 
 def resolve_flash_attention(setting: str, kv_cache_type: str, on_gpu: bool) -> str:

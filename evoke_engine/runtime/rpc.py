@@ -59,7 +59,7 @@ _register_lock = threading.Lock()
 
 
 def _lib() -> ctypes.CDLL:
-    lib = device._ggml()
+    lib = device.ggml_library()
     lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
     lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
     lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
@@ -156,7 +156,7 @@ def any_registered() -> bool:
 
 def device_memory(handle: int) -> tuple[int, int]:
     """(free, total) bytes of a ggml device (a remote one asks its worker)."""
-    lib = device._ggml()
+    lib = device.ggml_library()
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
     lib.ggml_backend_dev_memory(ctypes.c_void_p(handle), ctypes.byref(free), ctypes.byref(total))
     return free.value, total.value

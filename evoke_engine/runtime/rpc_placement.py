@@ -18,6 +18,7 @@ import llama_cpp as ll
 
 from ..rpc_split import layer_counts, offloaded_layers, parse_endpoints, parse_layer_split
 from . import device, rpc
+from .llama_logs import quiet_llama_logs
 
 _GPU_TYPES = {1, 2}                  # GGML_BACKEND_DEVICE_TYPE_GPU, _IGPU
 _CPU_TYPE = 0
@@ -71,7 +72,7 @@ def _device_array(handles: list[int], keep: list) -> int:
 def _devices_of_this_machine() -> list[tuple[int, str, str, int]]:
     """(handle, name, description, type) of the devices ggml lists that are not RPC workers."""
     device.load_backends()
-    lib = device._ggml()
+    lib = device.ggml_library()
     lib.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
     lib.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
     found = []
@@ -103,9 +104,7 @@ def local_devices() -> int:
 def model_layers(path: Path) -> int:
     """The model's repeating layers (`<arch>.block_count`), read from a vocabulary-only load: no weights, no
     device (a vocabulary-only model reports n_layer 0, its metadata the truth)."""
-    from .model_file import _quiet_llama_logs  # model_file imports this module: imported here, at call time
-
-    _quiet_llama_logs()
+    quiet_llama_logs()
     params = ll.llama_model_default_params()
     params.vocab_only = True
     if rpc.any_registered():

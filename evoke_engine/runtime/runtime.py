@@ -25,10 +25,10 @@ from ..settings import Settings
 from . import device, rpc, rpc_placement
 from .model_file import (  # noqa: F401 - re-exported: callers import these from runtime
     GGUF_MAGIC,
-    _quiet_llama_logs,
     check_model_file,
     cpu_has_amx,
     default_model_path,
+    quiet_llama_logs,
     resolve_flash_attention,
     safe_model_params,
 )
@@ -85,7 +85,7 @@ class Runtime:
         self.scratch_seq = settings.slots + PREFIX_SEQS
         self.n_seq_max = self.scratch_seq + 1
 
-        _quiet_llama_logs()
+        quiet_llama_logs()
         self.device = device.detect()
         ll.llama_backend_init()
         mparams = safe_model_params()

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import llama_cpp as ll
 
-from .runtime import _quiet_llama_logs, safe_model_params
+from .runtime import quiet_llama_logs, safe_model_params
 
 
 class VocabCounter:
     def __init__(self, model_path: Path) -> None:
         self.model_path = Path(model_path)
-        _quiet_llama_logs()
+        quiet_llama_logs()
         params = safe_model_params()
         params.vocab_only = True
         self._model = ll.llama_model_load_from_file(str(self.model_path).encode(), params)

@@ -25,9 +25,8 @@ from fastapi import FastAPI, Header, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from ..engine import Engine
+from .. import Engine, GrammarError
 from ..errors import BudgetError, EvokeError
-from ..runtime.sampling import GrammarError
 from .admission import AdmissionMiddleware
 from .clients import CLIENT_HEADER, identify
 from .completions import add_completion_route

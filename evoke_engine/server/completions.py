@@ -20,10 +20,8 @@ from anyio import to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..conversations.completion import Completion
-from ..engine import Engine
+from .. import Completion, Engine, GrammarError
 from ..errors import ContextFullError
-from ..runtime.sampling import GrammarError
 from .errors import ApiError, context_length, overflow
 from .metrics import Metrics
 from .models import CompletionRequest, check_body

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..runtime.sampling import json_grammar, json_schema_grammar
+from .. import json_grammar, json_schema_grammar
 from .errors import ApiError
 
 

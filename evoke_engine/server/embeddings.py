@@ -13,7 +13,7 @@ import base64
 import numpy as np
 from pydantic import Field
 
-from ..engine import Engine
+from .. import Engine
 from .errors import ApiError
 from .models import Loose
 

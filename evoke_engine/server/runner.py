@@ -26,7 +26,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ..engine import Engine
+from .. import Engine
 from ..shutdown import shutdown_signals, signal_name
 from .admission import raw_503
 from .app import create_app

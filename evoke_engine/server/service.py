@@ -31,14 +31,19 @@ from pathlib import Path
 
 from anyio import to_thread
 
-from ..conversations.exchange import FORMAT_NAME, FORMAT_VERSION
-from ..conversations.lifecycle import REUSE_OWNER
-from ..engine import Conversation, Engine
+from .. import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    NORMAL,
+    REUSE_OWNER,
+    Conversation,
+    Engine,
+    VocabCounter,
+    default_system_prompt,
+    system_message,
+)
 from ..errors import BudgetError, EvokeError, RebuildCancelled
-from ..kvcache.prefixes import default_system_prompt, system_message
-from ..runtime.vocab import VocabCounter
 from ..stats import ConversationStats
-from ..worker import NORMAL
 from .clients import ANONYMOUS_OWNER, Client
 from .errors import ApiError
 from .models import ChatRequest

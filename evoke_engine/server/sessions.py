@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..conversations.turn import render_user_content
+from .. import render_user_content
 from .errors import ApiError
 from .models import ChatMessage, ChatRequest
 from .toolcalls import ParsedCall, RawTextMap, canonical_arguments

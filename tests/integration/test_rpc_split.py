@@ -77,7 +77,7 @@ def test_reported_layers_are_where_llama_cpp_put_them(workers, tmp_path):
     """The rows the status bar and `device` show, against llama.cpp's own per-layer log (load_tensors)."""
     import llama_cpp as ll
 
-    from evoke_engine.runtime import model_file
+    from evoke_engine.runtime import llama_logs
 
     assigned: dict[int, str] = {}
 
@@ -88,12 +88,12 @@ def test_reported_layers_are_where_llama_cpp_put_them(workers, tmp_path):
             words = line.split()
             assigned[int(words[2])] = words[6].rstrip(",")
 
-    model_file._quiet_llama_logs()                             # installed once per process: replaced for the load
+    llama_logs.quiet_llama_logs()                             # installed once per process: replaced for the load
     ll.llama_log_set(capture, ctypes.c_void_p(0))
     try:
         rt = Runtime(settings(tmp_path, workers.setting(), rpc_layer_split="2,1,3"))
     finally:
-        ll.llama_log_set(model_file._log_callback, ctypes.c_void_p(0))
+        ll.llama_log_set(llama_logs._log_callback, ctypes.c_void_p(0))
     try:
         shares = rt.info().devices
     finally:

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 
 
 class Registry:
-    """ggml's backend registry as `device._ggml()` returns it: empty until `ggml_backend_load_all_from_path`."""
+    """ggml's backend registry as `device.ggml_library()` returns it: empty until `ggml_backend_load_all_from_path`."""
 
     def __init__(self, loadable: list[str]) -> None:
         self.loadable, self.names = loadable, []
@@ -39,7 +39,7 @@ def fresh_cache():
 
 def _patch(monkeypatch, loadable: list[str], *, cuda: bool) -> None:
     registry = Registry(loadable)
-    monkeypatch.setattr(device, "_ggml", lambda: registry)
+    monkeypatch.setattr(device, "ggml_library", lambda: registry)
     monkeypatch.setattr(device, "cuda_build", lambda: cuda)
     monkeypatch.setattr(device, "_preload_nvidia_runtime", lambda: None)
 

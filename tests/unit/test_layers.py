@@ -112,3 +112,119 @@ def test_the_layer_rule_sees_an_upward_import():
     assert _place(["runtime", "kv"]) == "runtime" and _place(["store", "history"]) == "leaf"
     assert not _allowed("kvcache", "memory") and not _allowed("conversations", "top")
     assert not _allowed("leaf", "runtime") and _allowed("memory", "runtime") and _allowed("runtime", "leaf")
+
+
+# -- issue 47: one door per layer -----------------------------------------------------------------------------------
+ROOT = PACKAGE.parent
+PUBLIC_MODULES = {"evoke_engine", "evoke_engine.settings", "evoke_engine.errors", "evoke_engine.events",
+                  "evoke_engine.stats", "evoke_engine.package_files", "evoke_engine.logs", "evoke_engine.shutdown"}
+APP_MAY_ALSO = {"evoke_engine.server",              # the window runs the endpoint beside its engine
+                "evoke_engine.__main__"}            # `evoke-desk serve|chat|device` pass through to the engine's CLI
+LAB_FILES = {"bench.py"}                             # the window's own bench drives the lab's workloads
+
+
+def _engine_imports(path: Path, package: list[str]) -> list[tuple[int, str]]:
+    """(line, name) of each import of evoke_engine in `path` (relative ones resolved against `package`); for
+    `from X import a` only X (the module the names come from)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "evoke_engine"]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            if module.split(".")[0] == "evoke_engine":
+                found.append((node.lineno, module))
+    return found
+
+
+def test_the_app_uses_the_engines_public_api_only():
+    offenders = []
+    for path in sorted((ROOT / "app").rglob("*.py")):
+        allowed = PUBLIC_MODULES | APP_MAY_ALSO | ({"evoke_engine.bench"} if path.name in LAB_FILES else set())
+        offenders += [f"app/{path.relative_to(ROOT / 'app')}:{line}: {name}"
+                      for line, name in _engine_imports(path, []) if not any(
+                          name == a or name.startswith(a + ".") and a != "evoke_engine" for a in allowed)]
+    assert not offenders, "the app reaches past the engine's public API:\n" + "\n".join(offenders)
+
+
+def test_the_endpoint_uses_the_engines_public_api_only():
+    offenders = []
+    for path in sorted((PACKAGE / "server").glob("*.py")):
+        package = ["evoke_engine", "server"]
+        offenders += [f"server/{path.name}:{line}: {name}" for line, name in _engine_imports(path, package)
+                      if name not in PUBLIC_MODULES and not name.startswith("evoke_engine.server")]
+    assert not offenders, "the endpoint reaches past the engine's public API:\n" + "\n".join(offenders)
+
+
+def _runtime_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports when run (imports under `if TYPE_CHECKING:` are annotations only)."""
+    modules = {".".join(["evoke_engine", *_module_of(p)]): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+                node.body = []
+        package = ["evoke_engine", *_module_of(path)][: None if path.name == "__init__.py" else -1]
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([node.module] if node.module else [])])
+                deps |= {base, *(f"{base}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                deps |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+        graph[name] = {d for d in deps if d in modules and d != name and d != "evoke_engine"}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative over a small graph)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles_within_or_across_layers():
+    assert _circles(_runtime_graph()) == []
+
+
+def test_the_circle_finder_sees_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_private_name_is_imported_from_another_module():
+    offenders = []
+    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "app").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}" for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not offenders, "private names imported across modules:\n" + "\n".join(offenders)
