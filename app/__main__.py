@@ -20,7 +20,7 @@ import tempfile
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
-ENGINE_COMMANDS = ("serve", "chat", "device", "rpc-worker")     # `evoke-desk <command>`: the engine's command line
+ENGINE_COMMANDS = ("serve", "chat", "device", "rpc-worker", "aider-metadata")     # `evoke-desk <command>`: the engine's command line
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -198,6 +198,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m evoke_engine") ->
     p.add_argument("--recovery", choices=RECOVERY_BACKENDS)
     add_serve_arguments(sub.add_parser("serve", help="serve the OpenAI-compatible endpoint"))
     sub.add_parser("device", help="print the device llama.cpp would run on and the remote devices, as JSON")
+    p = sub.add_parser("aider-metadata", help="print aider's model metadata for this endpoint (its context window): "
+                       "save it as .aider.model.metadata.json or pass it with aider --model-metadata-file")
+    p.add_argument("--name", default="openai/evoke", help="the model name given to aider (default openai/evoke)")
     from .runtime import rpc_worker
 
     rpc_worker.add_arguments(sub.add_parser("rpc-worker", help="serve this machine's device to another machine's "
@@ -208,6 +211,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m evoke_engine") ->
         from .device_report import main as print_device
 
         print_device()
+        return 0
+    if args.command == "aider-metadata":
+        from .server.errors import aider_metadata
+
+        print(json.dumps(aider_metadata(Settings.load(), args.name), indent=2))
         return 0
     if args.command == "rpc-worker":
         return rpc_worker.main(args)

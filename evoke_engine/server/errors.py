@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 if TYPE_CHECKING:
-    from .. import Engine
+    from .. import Engine, Settings
 
 log = logging.getLogger(__name__)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -45,8 +45,20 @@ def error_response(status: int, message: str, code: str | None = None, param: st
 
 def context_length(engine: Engine) -> int:
     """The tokens one conversation's context holds (a slot's share of n_ctx when slots have their own)."""
-    settings = engine.settings
+    return context_tokens(engine.settings)
+
+
+def context_tokens(settings: Settings) -> int:
+    """`context_length` from the settings alone (no model loaded)."""
     return settings.n_ctx // (settings.slots if settings.slot_contexts else 1)
+
+
+def aider_metadata(settings: Settings, name: str = "openai/evoke") -> dict:
+    """aider's `.aider.model.metadata.json` for this endpoint (litellm's model-info fields): aider learns a model's
+    context window only from such a file, never from the server, and warns "Unknown context window size" without."""
+    return {name: {"max_tokens": settings.max_tokens, "max_input_tokens": context_tokens(settings),
+                   "max_output_tokens": settings.max_tokens, "input_cost_per_token": 0.0,
+                   "output_cost_per_token": 0.0, "litellm_provider": "openai", "mode": "chat"}}
 
 
 def overflow(exc: ApiError, engine: Engine) -> ApiError:

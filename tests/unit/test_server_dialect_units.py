@@ -7,13 +7,14 @@ import re
 
 import pytest
 
+from evoke_engine import Settings
 from evoke_engine.events import EngineEvent, EventKind
 from evoke_engine.runtime.reply_text import ReplyText
 from evoke_engine.runtime.vocab import infill_layout
 from evoke_engine.server.app import split_usage
 from evoke_engine.server.completions import legacy_logprobs
 from evoke_engine.server.constraints import grammar_for
-from evoke_engine.server.errors import ApiError
+from evoke_engine.server.errors import ApiError, aider_metadata
 from evoke_engine.server.metrics import Metrics
 from evoke_engine.server.models import ChatRequest, CompletionRequest
 
@@ -119,3 +120,12 @@ def test_legacy_logprobs_shape():
                {"token": " there", "logprob": -0.5, "top_logprobs": []}]
     assert legacy_logprobs(reports) == {"tokens": ["Hi", " there"], "token_logprobs": [-0.1, -0.5],
                                         "top_logprobs": [{"Hi": -0.1}, {}], "text_offset": [0, 2]}
+
+
+def test_aider_metadata_names_the_context_a_conversation_holds():
+    settings = Settings(n_ctx=16384, slots=4, slot_contexts=True, max_tokens=512)
+    info = aider_metadata(settings)["openai/evoke"]
+    assert info["max_input_tokens"] == 4096 and info["max_output_tokens"] == 512
+    assert info["litellm_provider"] == "openai" and info["input_cost_per_token"] == 0
+    assert aider_metadata(Settings(n_ctx=8192, slots=2, slot_contexts=False), "openai/x")["openai/x"][
+        "max_input_tokens"] == 8192
