@@ -20,7 +20,8 @@ import tempfile
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
-ENGINE_COMMANDS = ("serve", "chat", "device", "rpc-worker", "aider-metadata")     # `evoke-desk <command>`: the engine's command line
+# `evoke-desk <command>`: the engine's command line
+ENGINE_COMMANDS = ("serve", "chat", "device", "rpc-worker", "aider-metadata")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
