@@ -511,6 +511,12 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
             self.attachmentsChanged.emit([(n, len(t)) for n, t in self.pending])
 
     # -- a turn -----------------------------------------------------------------------------
+    def draft_settled(self, text: str) -> None:
+        """The user paused typing `text`: the engine embeds it on idle time, so sending it waits for no embedding."""
+        text = text.strip()
+        if text and self.engine is not None and self.model_state == "ready":
+            self.bridge.call(self.engine.embed_ahead, text, on_error=lambda _exc: None)   # only an optimisation
+
     def send(self, text: str, **options: Any) -> bool:
         """Send `text` with the pending attachments; False when nothing can be sent now (the text stays).
 

@@ -229,6 +229,7 @@ class MainWindow(QMainWindow):
         c.searchResults.connect(self.sidebar.hits.set_hits)
         c.messageRevealed.connect(self.chat.reveal)
         self.input.submitted.connect(self.send)
+        self.input.draftSettled.connect(c.draft_settled)
         self.input.stopClicked.connect(c.stop)
         self.input.attachClicked.connect(self.attach_files)
         self.input.removeAttachment.connect(c.remove_attachment)

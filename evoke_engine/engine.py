@@ -467,6 +467,16 @@ class Engine:
         for event in events:
             event.set()
 
+    def embed_ahead(self, text: str) -> Future:
+        """Embed a message while it is typed, on idle time (BACKGROUND): the turn that sends the same text then
+        finds its vector made (`Embedder.embed_one`) and decides without embedding. Nothing when the model is
+        unloaded (typing does not load it), similarity is off, or the embedder is still warming."""
+        def embed() -> None:
+            model = self.model
+            if model is not None and model.embedder.enabled and not model.embedder.warming and text.strip():
+                model.embedder.embed_one(text)
+        return self.thread.submit(embed, priority=BACKGROUND)
+
     def complete(self, tokens: list[int], *, on_token: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None, **sampling) -> Future[Completion]:
         """A stateless raw completion of `tokens` (no conversation, nothing kept: `conversations.completion`), at

@@ -6,7 +6,7 @@ attachClicked, stopClicked); the window and the controller decide what follows.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QMimeData, QSize, Qt, Signal
+from PySide6.QtCore import QMimeData, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -81,10 +81,14 @@ class AttachmentChip(QWidget):
         row.addWidget(close)
 
 
+DRAFT_PAUSE_MS = 300         # typing paused this long: the draft is handed on as settled
+
+
 class InputBar(QWidget):
     """Chips above a prompt box, with attach and send/stop buttons."""
 
     submitted = Signal(str)
+    draftSettled = Signal(str)     # the text, once typing has paused (the engine embeds it ahead of Enter)
     stopClicked = Signal()
     attachClicked = Signal()
     removeAttachment = Signal(int)
@@ -109,6 +113,9 @@ class InputBar(QWidget):
         self.prompt = PromptEdit(self)
         self.prompt.setFixedHeight(84)
         self.prompt.submitted.connect(self._submit)
+        self._settle = QTimer(self, singleShot=True, interval=DRAFT_PAUSE_MS)
+        self._settle.timeout.connect(lambda: self.draftSettled.emit(self.prompt.toPlainText()))
+        self.prompt.textChanged.connect(self._settle.start)
         self.send_button = QPushButton("Send", objectName="sendButton")
         self.send_button.setIcon(icon("send"))
         self.send_button.clicked.connect(self._submit)

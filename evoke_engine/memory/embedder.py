@@ -2,7 +2,9 @@
 
 Invariants: loaded lazily on first use, offline (HF_HUB_OFFLINE); vectors are float32 and
 L2-normalised, so a dot product is a cosine. 'off' disables similarity (every vector is None). `warming` is
-true only while `warm` runs (a turn then decides without it); `embed_s` only grows.
+true only while `warm` runs (a turn then decides without it); `embed_s` only grows. `embed_one` keeps the last
+`RECENT_TEXTS` single texts' vectors, so a message embedded while it was typed (`Engine.embed_ahead`) costs its turn
+nothing; a kept vector is the one embedding the text again gives (the same call on the same text).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 BUNDLED = "bundled:all-MiniLM-L6-v2"
+RECENT_TEXTS = 16             # single texts whose vectors `embed_one` keeps (drafts, the last messages)
 
 
 def bundled_model_path() -> str:
@@ -32,6 +36,8 @@ class Embedder:
         self._lock = threading.Lock()
         self._warming = False
         self.embed_s = 0.0            # seconds spent in `embed` so far (a turn's breakdown reads the difference)
+        self._recent: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._recent_lock = threading.Lock()
 
     @property
     def warming(self) -> bool:
@@ -89,5 +95,19 @@ class Embedder:
         return np.asarray(vectors, dtype=np.float32)
 
     def embed_one(self, text: str) -> np.ndarray | None:
+        """`text`'s unit vector (None when similarity is off), from the recent texts' when it is one of them."""
+        with self._recent_lock:
+            kept = self._recent.get(text)
+            if kept is not None:
+                self._recent.move_to_end(text)
+                return kept
         vectors = self.embed([text])
-        return None if vectors is None else vectors[0]
+        if vectors is None:
+            return None
+        vector = vectors[0]
+        vector.setflags(write=False)              # shared with later callers: nobody may change it in place
+        with self._recent_lock:
+            self._recent[text] = vector
+            while len(self._recent) > RECENT_TEXTS:
+                self._recent.popitem(last=False)
+        return vector

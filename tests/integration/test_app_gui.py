@@ -143,6 +143,20 @@ def test_enter_sends_and_shift_enter_adds_a_line(desk, qtbot):
     assert prompt.toPlainText() == ""
 
 
+def test_a_paused_draft_goes_to_the_engine_before_enter(desk, qtbot, monkeypatch):
+    """Issue 44: typing paused, the stripped draft goes to `Engine.embed_ahead` (which embeds it on idle time, so
+    the turn that sends it decides without embedding: test_turn_breakdown.py); typing on restarts the pause."""
+    fresh_conversation(desk, qtbot)
+    handed: list[str] = []
+    monkeypatch.setattr(desk.c.engine, "embed_ahead", handed.append)
+    prompt = desk.w.input.prompt
+    with qtbot.wait_signal(desk.w.input.draftSettled, timeout=5000) as settled:
+        qtbot.keyClicks(prompt, "  which notes did I keep?  ")
+    assert settled.args == ["  which notes did I keep?  "]
+    qtbot.wait_until(lambda: handed == ["which notes did I keep?"], timeout=5000)
+    prompt.clear()
+
+
 def test_a_large_paste_offers_to_attach_it_as_a_file(desk, qtbot):
     prompt, big = desk.w.input.prompt, "\n".join(f"line {i}: value = {i * i}" for i in range(80))
     prompt.clear()

@@ -32,3 +32,21 @@ def test_a_replys_breakdown_adds_up_to_its_first_token_and_its_turn(engine):
     assert whole["token_decode_s"] > 0 and whole["total_s"] >= first["total_s"]
     assert conv.stats().turn_breakdown == whole
     assert reply_metrics(reply)["metrics"]["breakdown"] == whole
+
+
+def test_a_message_embedded_while_typed_costs_its_turn_no_embedding(tmp_path):
+    """The window hands a paused draft to `embed_ahead`; the turn that sends the same text then decides without
+    embedding (its breakdown's embed phase is zero), while one not typed ahead embeds its message."""
+    settings = Settings(home=str(tmp_path), budget_tokens=256, n_ctx=2048, slots=1, block_tokens=32)
+    with Engine(settings, prewarm=False, scheduler=False) as engine:
+        conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
+        notes = "\n".join(f"Note {i}: the cache on host {i} is flushed at {i}:15 every night." for i in range(30))
+        conv.send("Keep these notes.", [("notes.txt", notes)], max_tokens=2, temperature=0)
+        engine.wait_idle()                               # the embedder warmed, the blocks' vectors made
+        cold = conv.submit("When is the cache on host 7 flushed?", max_tokens=2, temperature=0).result()
+        assert conv.stats().evictions > 0 and cold.breakdown["embed_s"] > 0
+        engine.wait_idle()
+        draft = "And the cache on host 12: when is that one flushed?"
+        engine.embed_ahead(draft).result()
+        typed = conv.submit(draft, max_tokens=2, temperature=0).result()
+        assert typed.breakdown["decide_s"] > 0 and typed.breakdown["embed_s"] == 0
