@@ -83,6 +83,8 @@ with Engine(settings, scheduler=False) as engine:
     start = time.perf_counter()
     conv = engine.open_conversation(cid)
     opened = time.perf_counter() - start
+    if what == "reopen_typed":                 # the window: the message is embedded while it is typed (untimed)
+        engine.embed_ahead(message).result()
     out = {what: [opened + first_token_s(conv, message)], **({"open_only": [opened]} if what == "reopen" else {})}
     conv.truncate(n_saved)                                   # the chat as saved: the file still fits it
     engine.release_conversation(cid, persist=False)          # freed; its file stays as it was
@@ -150,15 +152,18 @@ def run_reopen(tokens: int | None = None, trials: int = 3, server: str | None = 
     whole_home, whole_cid, whole_size, _ = _saved_conversation(tokens, whole_budget, n_ctx)
     slot_files = {suffix: _server_slot_file(server, history, n_ctx, extra)
                   for suffix, extra in SERVER_FLASH.items()} if server else {}
-    out: dict[str, list[float]] = {"reopen": [], "open_only": [], "reprefill": [], "reopen_whole": []}
+    out: dict[str, list[float]] = {"reopen": [], "open_only": [], "reprefill": [], "reopen_whole": [],
+                                   "reopen_typed": []}
     servers: dict[str, list[float]] = {suffix: [] for suffix in slot_files}
     for trial in range(trials):              # the systems take turns, rotating who goes first
-        turns = [("evoke", None), ("evoke_whole", None),
+        turns = [("evoke", None), ("evoke_whole", None), ("evoke_typed", None),
                  *((suffix, extra) for suffix, extra in SERVER_FLASH.items() if server)]
         for label, extra in turns[trial % len(turns):] + turns[:trial % len(turns)]:
             if label == "evoke":
                 for key, values in _evoke_reopen(home, cid, budget, n_ctx, f"reopen:{trial}").items():
                     out[key] += values
+            elif label == "evoke_typed":
+                out["reopen_typed"] += _evoke_reopen(home, cid, budget, n_ctx, f"reopen_typed:{trial}")["reopen_typed"]
             elif label == "evoke_whole":
                 out["reopen_whole"] += _evoke_reopen(whole_home, whole_cid, whole_budget, n_ctx,
                                                      f"reopen:{trial}")["reopen"]
@@ -186,7 +191,11 @@ def run_reopen(tokens: int | None = None, trials: int = 3, server: str | None = 
             "reprefill_ttft_s": [round(x, 3) for x in out["reprefill"]],
             "open_only_s": [round(x, 4) for x in out["open_only"]],
             "reopen_median_s": round(reopen, 4), "reprefill_median_s": round(reprefill, 3),
-            "speedup": round(reprefill / reopen, 1)}
+            "speedup": round(reprefill / reopen, 1), "reopen_over_whole": round(reopen / whole, 2),
+            # the window's way: the message embedded while it was typed, after the open (Engine.embed_ahead)
+            "reopen_typed_ttft_s": [round(x, 4) for x in out["reopen_typed"]],
+            "reopen_typed_median_s": round(statistics.median(out["reopen_typed"]), 4),
+            "reopen_typed_over_whole": round(statistics.median(out["reopen_typed"]) / whole, 2)}
 
 
 def long_system_prompt(n_tokens: int) -> str:

@@ -34,7 +34,9 @@ WARM = ["Reply OK if you can read this.", "Please reply OK once more."]
 class EvokeSystem:
     """Evoke Desk: each conversation in its slot; at `budget` both fit, or part of each is in RAM."""
 
-    def __init__(self, docs: dict[str, str], budget: int, threads: int, rpc_servers: str = "") -> None:
+    def __init__(self, docs: dict[str, str], budget: int, threads: int, rpc_servers: str = "",
+                 typed_ahead: bool = False) -> None:
+        self.typed_ahead = typed_ahead       # the window's way: each message embedded while it was typed
         settings = Settings(home=tempfile.mkdtemp(prefix="evoke-bench-"), budget_tokens=budget, n_ctx=4 * budget,
                             slots=2, n_threads=threads, recovery="kv_restore", system_prompt=SYSTEM,
                             tools_enabled=False, rpc_servers=rpc_servers,
@@ -60,6 +62,8 @@ class EvokeSystem:
         return {name: {"resident": s.active_tokens, "in_ram_or_disk": s.cached_tokens} for name, s in stats.items()}
 
     def ask(self, name: str, message: str) -> float:
+        if self.typed_ahead:
+            self.engine.embed_ahead(message).result()        # untimed: the user was typing
         return first_token_s(self.convs[name], message)
 
     def close(self) -> None:
@@ -158,6 +162,8 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
         histories = evoke.call("histories")
         systems = {"evoke": evoke,
                    "evoke_evicting": _closing(stack, IsolatedSystem(EvokeSystem, docs, evicting_budget, threads)),
+                   "evoke_evicting_typed_ahead": _closing(stack, IsolatedSystem(
+                       EvokeSystem, docs, evicting_budget, threads, "", True)),
                    "floor": _closing(stack, IsolatedSystem(FloorSystem, histories, n_ctx, threads))}
         for label, budget, endpoints in zip(("evoke_rpc", "evoke_rpc_evicting"), (resident_budget, evicting_budget),
                                             endpoint_sets, strict=False):   # a given endpoint list: evoke_rpc only
