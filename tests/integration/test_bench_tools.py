@@ -47,3 +47,12 @@ def test_an_isolated_system_answers_in_order_reports_errors_and_ends_with_close(
     assert not system._process.is_alive()
     with pytest.raises(RuntimeError, match="ValueError"):
         IsolatedSystem(int, "not a number")
+
+
+def test_bench_overhead_reports_the_typed_ahead_turns_apart():
+    """Issue 44: turns whose message was embedded while typed spend nothing embedding; the others embed theirs."""
+    from evoke_engine.bench.overhead import run
+
+    result = run(blocks=(50,), turns=4, max_tokens=2, typed_ahead=True)["counts"]["50"]   # some evicted
+    assert result["turns"] == 2 and result["typed_ahead"]["turns"] == 2
+    assert result["typed_ahead"]["embed_s"]["p50"] == 0 and result["embed_s"]["p50"] > 0
