@@ -48,4 +48,10 @@ class EngineEvent:
         object.__setattr__(self, "kind", EventKind(self.kind))    # a wrong kind fails here, not in a subscriber
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "kind": self.kind.value}
+        """Plain data, made once per event (it never changes; every stats snapshot lists the last 50 events): the
+        same dict each call, which callers read and copy, never change."""
+        made = self.__dict__.get("_plain")
+        if made is None:
+            made = {**asdict(self), "kind": self.kind.value}
+            object.__setattr__(self, "_plain", made)
+        return made
