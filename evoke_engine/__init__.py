@@ -36,7 +36,7 @@ from .runtime.vocab import VocabCounter
 from .settings import Settings
 from .stats import ConversationStats
 from .store.search import MARK_END, MARK_START
-from .worker import BACKGROUND, FOREGROUND, NORMAL
+from .worker import BACKGROUND, FOREGROUND, NORMAL, Command, Job
 
 __all__ = ["Engine", "Conversation", "ConversationInfo", "ConversationStats", "Settings", "Reply", "EngineEvent",
            "EventKind", "EvokeError", "ModelLoadError", "BudgetError", "ContextFullError", "RestoreError", "EditError",
@@ -47,4 +47,6 @@ __all__ = ["Engine", "Conversation", "ConversationInfo", "ConversationStats", "S
            # for the endpoint
            "Completion", "FORMAT_NAME", "FORMAT_VERSION", "REUSE_OWNER", "render_user_content", "default_system_prompt",
            "system_message", "GrammarError", "json_grammar", "json_schema_grammar", "VocabCounter", "BACKGROUND",
-           "FOREGROUND", "NORMAL"]
+           "FOREGROUND", "NORMAL",
+           # the engine thread's typed jobs (`Engine.jobs`, `Engine.cancel_job`)
+           "Command", "Job"]

@@ -47,7 +47,7 @@ from .store.history import HistoryDB
 from .store.kvfiles import KVFileStore
 from .store.owner import DataFolderLock
 from .store.search import SearchHit
-from .worker import BACKGROUND, FOREGROUND, NORMAL, EngineThread
+from .worker import BACKGROUND, FOREGROUND, NORMAL, Command, EngineThread, Job
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +77,12 @@ class Engine:
         self.lifecycle = ConversationLifecycle(self.history, emit=self.emit, clock=clock,
                                                ensure_model=self.ensure_model)
         self.turns = TurnJobs(self.lifecycle, emit=self.emit, clock=clock, on_activity=self._stamp_activity,
-                              on_idle=lambda work: self.thread.submit(work, priority=BACKGROUND))
+                              on_idle=lambda work: self.thread.submit(work, priority=BACKGROUND,
+                                                                          command=Command.EMBED))
         self.settings_hub.subscribe(self.lifecycle.adopt_settings)        # open conversations' memories
         self.settings_hub.subscribe(self._embedder_changed, fields=("embedder",))
         follow_ttl_settings(self.settings_hub, lambda: self.kvfiles)       # the files outlive the model
-        self.ready: Future = self.thread.submit(self._load, priority=FOREGROUND)
+        self.ready: Future = self.thread.submit(self._load, priority=FOREGROUND, command=Command.LOAD)
         self.sweeps = Sweeps(self, scheduler) if scheduler is not False else None
         if wait:
             try:
@@ -121,7 +122,7 @@ class Engine:
         if self.prewarm:
             shared = len(self.warm_default_prefix().tokens)
             if model.embedder.enabled and recovery_backend(settings.recovery).evicts:
-                self.thread.submit(model.embedder.warm, priority=BACKGROUND)
+                self.thread.submit(model.embedder.warm, priority=BACKGROUND, command=Command.EMBED)
         warning = model.fit_warning(shared) if recovery_backend(settings.recovery).evicts else None
         if warning:
             self.emit(EngineEvent(EventKind.ERROR, warning))
@@ -195,7 +196,7 @@ class Engine:
                                       f"{smallest} tokens")
             self.settings_hub.apply(adopted)               # each consumer hears of the fields it uses
 
-        self.thread.call(apply, priority=FOREGROUND)
+        self.thread.call(apply, priority=FOREGROUND, command=Command.LOAD)
         return pending
 
     def min_budget_tokens(self, settings: Settings | None = None) -> int:
@@ -220,7 +221,7 @@ class Engine:
             focus = focus_from_history(self.history.messages(state.id), embedder, self.settings)
             state.memory.adopt_embedder(embedder, focus)
         if embedder.enabled and recovery_backend(self.settings.recovery).evicts:
-            self.thread.submit(embedder.warm, priority=BACKGROUND)
+            self.thread.submit(embedder.warm, priority=BACKGROUND, command=Command.EMBED)
 
     def _embedder_changed(self, old: Settings, new: Settings) -> None:
         if self.model is not None:                     # unloaded: the next load builds the new one
@@ -240,12 +241,12 @@ class Engine:
                     self._load()
                 raise
 
-        future = self.thread.submit(swap, priority=FOREGROUND)
+        future = self.thread.submit(swap, priority=FOREGROUND, command=Command.LOAD)
         future.add_done_callback(lambda f: None if f.exception() else setattr(self, "ready", f))
         return future
 
     def unload_model(self, reason: str = "idle") -> None:
-        self.thread.call(lambda: self._unload(reason))
+        self.thread.call(lambda: self._unload(reason), command=Command.LOAD)
 
     def wait_idle(self) -> None:
         """Block until every job queued so far, background ones included, has run."""
@@ -267,7 +268,8 @@ class Engine:
         return Conversation(self, state.id)
 
     def open_conversation(self, conversation_id: str) -> Conversation:
-        self.thread.call(self.lifecycle.open, conversation_id, priority=FOREGROUND)
+        self.thread.call(self.lifecycle.open, conversation_id, priority=FOREGROUND, command=Command.OPEN,
+                         about=conversation_id)
         return Conversation(self, conversation_id)
 
     def begin_open(self, conversation_id: str, priority: int = FOREGROUND) -> Future:
@@ -289,7 +291,7 @@ class Engine:
                     events.discard(cancel)
                     if not events:
                         del self._open_cancels[conversation_id]
-        future = self.thread.submit(run, priority=priority)
+        future = self.thread.submit(run, priority=priority, command=Command.OPEN, about=conversation_id)
         future.add_done_callback(finished)
         return future
 
@@ -302,7 +304,8 @@ class Engine:
             event.set()
 
     def persist(self, conversation_id: str, ttl_class: str | None = None) -> bool:
-        return self.thread.call(lambda: self.lifecycle.persist(self.lifecycle.open(conversation_id), ttl_class))
+        return self.thread.call(lambda: self.lifecycle.persist(self.lifecycle.open(conversation_id), ttl_class),
+                                command=Command.OPEN, about=conversation_id)
 
     def persist_soon(self, conversation_id: str) -> Future:
         """Write an open conversation's KV file when the engine thread has nothing more urgent (BACKGROUND): the
@@ -311,7 +314,7 @@ class Engine:
         def write() -> bool:
             state = self.lifecycle.get(conversation_id)
             return state is not None and self.lifecycle.persist(state)
-        return self.thread.submit(write, priority=BACKGROUND)
+        return self.thread.submit(write, priority=BACKGROUND, command=Command.OPEN, about=conversation_id)
 
     def release_conversation(self, conversation_id: str, persist: bool = True) -> None:
         """Persist a conversation (unless told not to) and free its slot and RAM."""
@@ -319,7 +322,7 @@ class Engine:
             state = self.lifecycle.get(conversation_id)
             if state is not None:
                 self.lifecycle.release(state, persist=persist)
-        self.thread.call(release)
+        self.thread.call(release, command=Command.OPEN, about=conversation_id)
 
     def conversations(self) -> list[ConversationInfo]:
         rows = self.history.list_conversations()
@@ -343,13 +346,15 @@ class Engine:
         return self.history.search(query, limit)
 
     def rename_conversation(self, conversation_id: str, title: str) -> None:
-        self.thread.call(self.lifecycle.rename, conversation_id, title, priority=FOREGROUND)
+        self.thread.call(self.lifecycle.rename, conversation_id, title, priority=FOREGROUND, command=Command.WRITE,
+                         about=conversation_id)
 
     def pin_conversation(self, conversation_id: str, pinned: bool) -> None:
-        self.thread.call(self.lifecycle.set_pinned, conversation_id, pinned, priority=FOREGROUND)
+        self.thread.call(self.lifecycle.set_pinned, conversation_id, pinned, priority=FOREGROUND,
+                         command=Command.WRITE, about=conversation_id)
 
     def delete_conversation(self, conversation_id: str) -> None:
-        self.thread.call(self.lifecycle.forget, conversation_id)
+        self.thread.call(self.lifecycle.forget, conversation_id, command=Command.WRITE, about=conversation_id)
         self.history.delete(conversation_id)
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
@@ -363,12 +368,13 @@ class Engine:
         open. Written on the engine thread (a sweep sees one value throughout); the Future says when."""
         def write() -> None:
             self.focused = conversation_id
-        return self.thread.submit(write, priority=FOREGROUND)
+        return self.thread.submit(write, priority=FOREGROUND, command=Command.WRITE, about=conversation_id)
 
     # -- one conversation: what its handle reads and changes -------------------------------
     def _on_open(self, conversation_id: str, job: Callable[[ConversationState], Any], priority: int = NORMAL) -> Any:
         """`job(state)` on the engine thread, the conversation opened first (loaded, restored or rebuilt)."""
-        return self.thread.call(lambda: job(self.lifecycle.open(conversation_id)), priority=priority)
+        return self.thread.call(lambda: job(self.lifecycle.open(conversation_id)), priority=priority,
+                                about=conversation_id)
 
     def _change_open(self, conversation_id: str, change: Callable[[ConversationState], None]) -> None:
         """Apply `change` to the open conversation, then refresh its stats snapshot (foreground)."""
@@ -392,7 +398,7 @@ class Engine:
 
     def undelete(self, conversation_id: str, message_ids: Sequence[int]) -> list[int]:
         return self.thread.call(undelete, self.history, self.lifecycle, conversation_id, list(message_ids),
-                                priority=FOREGROUND)
+                                priority=FOREGROUND, command=Command.EDIT, about=conversation_id)
 
     def stats(self, conversation_id: str) -> ConversationStats:
         """The latest memory snapshot (zeros before the conversation is first opened); never waits."""
@@ -441,14 +447,15 @@ class Engine:
                                  role=role, extra=extra, on_stored=on_stored)
 
     def _submit_turn(self, conversation_id: str, job: Callable, on_token: Callable[[str], None] | None,
-                     sampling: dict, *args, **kwargs) -> Future:
+                     sampling: dict, *args, command: Command = Command.TURN, **kwargs) -> Future:
         params = SamplingParams.from_settings(self.settings, **sampling)     # a frozen snapshot: any thread
         cancel = threading.Event()                   # this turn's own: a later submit never clears it
         with self._cancels_lock:
             self._cancels.setdefault(conversation_id, set()).add(cancel)
         priority = FOREGROUND if conversation_id == self.focused else NORMAL   # read here, written on the thread
         future = self.thread.submit(job, conversation_id, *args, params=params, on_token=on_token, cancel=cancel,
-                                    priority=priority, **kwargs)
+                                    priority=priority, command=command, about=conversation_id, on_cancel=cancel.set,
+                                    **kwargs)
         future.add_done_callback(lambda _: self._turn_finished(conversation_id, cancel))
         return future
 
@@ -459,6 +466,16 @@ class Engine:
                 events.discard(cancel)
                 if not events:
                     del self._cancels[conversation_id]
+
+    def jobs(self) -> list[Job]:
+        """The engine thread's job running now (first) and those queued: what each is and which conversation it is
+        about (`worker.Job`); a future the engine hands out carries its own as `future.job`."""
+        return self.thread.jobs()
+
+    def cancel_job(self, job_id: int) -> bool:
+        """Drop a queued job or stop a running turn or completion by its id (a turn keeps its partial text); False
+        when no such job is queued or running."""
+        return self.thread.cancel(job_id)
 
     def cancel(self, conversation_id: str) -> None:
         """Stop the running and queued turns of a conversation (partial text is kept)."""
@@ -475,7 +492,7 @@ class Engine:
             model = self.model
             if model is not None and model.embedder.enabled and not model.embedder.warming and text.strip():
                 model.embedder.embed_one(text)
-        return self.thread.submit(embed, priority=BACKGROUND)
+        return self.thread.submit(embed, priority=BACKGROUND, command=Command.EMBED)
 
     def complete(self, tokens: list[int], *, on_token: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None, **sampling) -> Future[Completion]:
@@ -485,13 +502,14 @@ class Engine:
         params = SamplingParams.from_settings(self.settings, **sampling)
         cancel = cancel or threading.Event()
         return self.thread.submit(lambda: complete(self.ensure_model(), tokens, params, on_token, cancel),
-                                  priority=NORMAL)
+                                  priority=NORMAL, command=Command.COMPLETE, on_cancel=cancel.set)
 
     # -- editing ----------------------------------------------------------------------------
     def regenerate(self, conversation_id: str, *, on_token: Callable[[str], None] | None = None,
                    **sampling) -> Future:
         """Drop the last reply (its cells and its live row) and sample a new one: no prefill."""
-        return self._submit_turn(conversation_id, self.turns.regenerate, on_token, sampling)
+        return self._submit_turn(conversation_id, self.turns.regenerate, on_token, sampling,
+                                 command=Command.REGENERATE)
 
     def edit(self, conversation_id: str, message_index: int, new_text: str,
              attachments: Sequence[Attachment] | None = None, *, on_token: Callable[[str], None] | None = None,
@@ -499,39 +517,44 @@ class Engine:
         """Replace user message `message_index` (and drop all after it, KV rolled back) and send `new_text`;
         `attachments=None` keeps the message's own. The old rows stay as superseded versions."""
         return self._submit_turn(conversation_id, self.turns.turn, on_token, sampling, new_text,
-                                 None if attachments is None else list(attachments), edit_index=message_index)
+                                 None if attachments is None else list(attachments), edit_index=message_index,
+                                 command=Command.EDIT)
 
     def continue_reply(self, conversation_id: str, *, on_token: Callable[[str], None] | None = None,
                        **sampling) -> Future:
         """Sample on after the last reply's text (stopped, cut at max tokens or interrupted by a crash): the same
         message grows; the Reply's text is the whole reply, `on_token` hears only the new pieces."""
-        return self._submit_turn(conversation_id, self.turns.continue_reply, on_token, sampling)
+        return self._submit_turn(conversation_id, self.turns.continue_reply, on_token, sampling,
+                                 command=Command.CONTINUE)
 
     def switch_version(self, conversation_id: str, message_id: int) -> int:
         """Make version `message_id` of a message current (`versions()` lists them): the messages that followed
         the version shown now leave with it and those that followed `message_id` come back; the KV is cut there
         and decoded on from the history. Returns the message's position."""
         return self.thread.call(branches.switch_version, self.lifecycle, conversation_id, message_id,
-                                priority=FOREGROUND)
+                                priority=FOREGROUND, command=Command.EDIT, about=conversation_id)
 
     def edit_reply(self, conversation_id: str, message_index: int, new_text: str) -> int:
         """Replace the text of reply `message_index` (a new version; the old one and the messages after it stay
         reachable through `switch_version`); the KV is rebuilt from there. Returns the new row's id."""
         return self.thread.call(branches.edit_reply, self.lifecycle, conversation_id, message_index, new_text,
-                                priority=FOREGROUND)
+                                priority=FOREGROUND, command=Command.EDIT, about=conversation_id)
 
     def truncate(self, conversation_id: str, n_messages: int) -> None:
         """Keep the first `n_messages` live messages; the rest leave the history and the KV."""
-        self.thread.call(editing.truncate, self.lifecycle, conversation_id, n_messages, priority=FOREGROUND)
+        self.thread.call(editing.truncate, self.lifecycle, conversation_id, n_messages, priority=FOREGROUND,
+                         command=Command.EDIT, about=conversation_id)
 
     def fork(self, conversation_id: str, message_index: int) -> Conversation:
         """A new conversation with the messages up to `message_index`, its KV cells shared with the parent."""
-        child_id = self.thread.call(editing.fork, self.lifecycle, conversation_id, message_index, priority=FOREGROUND)
+        child_id = self.thread.call(editing.fork, self.lifecycle, conversation_id, message_index, priority=FOREGROUND,
+                                    command=Command.EDIT, about=conversation_id)
         return Conversation(self, child_id)
 
     def delete_message(self, conversation_id: str, message_index: int) -> None:
         """Remove one message from the conversation (kept as deleted until `compact_history`)."""
-        self.thread.call(editing.delete_message, self.lifecycle, conversation_id, message_index, priority=FOREGROUND)
+        self.thread.call(editing.delete_message, self.lifecycle, conversation_id, message_index, priority=FOREGROUND,
+                         command=Command.EDIT, about=conversation_id)
 
     def compact_history(self, conversation_id: str) -> int:
         """Erase the superseded and deleted rows kept for undo; returns how many went."""
@@ -569,7 +592,7 @@ class Engine:
         if self.sweeps is not None:
             self.sweeps.shutdown()
         try:
-            self.thread.call(self._unload)
+            self.thread.call(self._unload, command=Command.LOAD)
         finally:
             self.thread.stop()
             self.history.close()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from .events import EngineEvent, EventKind
-from .worker import BACKGROUND
+from .worker import BACKGROUND, Command
 
 if TYPE_CHECKING:
     from .conversations.lifecycle import ConversationLifecycle
@@ -79,13 +79,13 @@ class Sweeps:
 
     # -- jobs: queue on the engine thread, never wait ---------------------------------------
     def _queue_keepalive(self) -> None:
-        self.engine.thread.submit(self.keepalive_sweep, priority=BACKGROUND)
+        self.engine.thread.submit(self.keepalive_sweep, priority=BACKGROUND, command=Command.SWEEP)
 
     def _queue_eviction(self) -> None:
-        self.engine.thread.submit(self.eviction_sweep, priority=BACKGROUND)
+        self.engine.thread.submit(self.eviction_sweep, priority=BACKGROUND, command=Command.SWEEP)
 
     def _queue_idle_check(self) -> None:
-        self.engine.thread.submit(self.idle_check, priority=BACKGROUND)
+        self.engine.thread.submit(self.idle_check, priority=BACKGROUND, command=Command.SWEEP)
 
     # -- the sweeps (engine thread) -----------------------------------------------------------
     def keepalive_sweep(self) -> None:

@@ -55,7 +55,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
     if config.cors_origins:      # outermost: refusals (401, 403, 413, ...) carry the CORS headers too
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["*"],     # any request header (the openai-node SDK's x-stainless-*)
-                           expose_headers=["X-Evoke-Session", "X-Evoke-Conversation", CLIENT_HEADER])
+                           expose_headers=["X-Evoke-Session", "X-Evoke-Conversation", JOB_HEADER, CLIENT_HEADER])
 
     @app.get("/health")
     async def health():
@@ -131,6 +131,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
             pieces: asyncio.Queue = asyncio.Queue()
             try:
                 await _start_stored(service, prepared, http, pieces, loop)
+                headers[JOB_HEADER] = str(prepared.future.job.id)
             except BaseException as exc:
                 service.release(prepared, loop)
                 if isinstance(exc, (EvokeError, GrammarError)):
@@ -142,6 +143,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         watcher = None
         try:
             future = service.submit(prepared)
+            headers[JOB_HEADER] = str(future.job.id)
             watcher = asyncio.create_task(_cancel_on_disconnect(http, prepared))
             reply = await asyncio.wrap_future(future)
             outcome = await to_thread.run_sync(service.finish, prepared, reply)
@@ -160,6 +162,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
     return app
 
 
+JOB_HEADER = "X-Evoke-Job"   # the engine thread's job that served the request (its id in the engine's DEBUG log)
 PING_S = 5.0                 # an SSE comment (": ping") this often while no token comes (a long prefill)
 
 

@@ -13,7 +13,7 @@ import base64
 import numpy as np
 from pydantic import Field
 
-from .. import Engine
+from .. import Command, Engine
 from .errors import ApiError
 from .models import Loose
 
@@ -44,7 +44,7 @@ def embed(engine: Engine, request: EmbeddingRequest, model_id: str) -> dict:
             raise ApiError(400, "the embedder is off (the `embedder` setting): no embeddings", "embedder_off", "model")
         return embedder.embed(texts), embedder.dimension(), embedder.identity
 
-    vectors, dimension, name = engine.thread.call(compute)
+    vectors, dimension, name = engine.thread.call(compute, command=Command.EMBED)
     if request.dimensions is not None and request.dimensions != dimension:
         raise ApiError(400, f"dimensions: this embedder's vectors have {dimension} dimensions", "unsupported_parameter",
                        "dimensions")

@@ -463,6 +463,8 @@ class ChatService:
         with self._flight_lock:
             self._in_flight[key] = prepared.conv
         prepared.future = prepared.conv.submit(message.text, message.attachments, on_token=token, **kwargs)
+        # never the owner in the log: it may be derived from the API key
+        log.debug("endpoint: a %s request is %s", prepared.route, prepared.future.job.describe())
 
         def landed(_) -> None:
             self._views.pop(prepared.conv.id, None)

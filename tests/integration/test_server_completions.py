@@ -109,3 +109,27 @@ def test_a_completion_stores_nothing_and_leaves_a_conversation_as_it_was(served)
     assert follow.model_extra["evoke"]["conversation_id"] == conversation_id
     metrics = httpx.get(server.address.removesuffix("/v1") + "/metrics", timeout=30).text
     assert "evoke_requests_total" in metrics
+
+
+def test_a_request_names_its_engine_job_which_can_be_cancelled_by_id(served):
+    """Issue 47: the engine thread's typed jobs: a chat request's response names the job that served it
+    (`X-Evoke-Job`, in the engine's DEBUG log too), and `Engine.cancel_job` stops a running turn by that id."""
+    engine, server, _ = served
+    body = {"model": "evoke", "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi."}]}
+    first = httpx.post(server.address + "/chat/completions", json=body, timeout=60)
+    assert first.status_code == 200 and int(first.headers["X-Evoke-Job"]) > 0
+    long = {"model": "evoke", "max_tokens": 400, "stream": True, "temperature": 0,
+            "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}]}
+    pieces = 0
+    with httpx.stream("POST", server.address + "/chat/completions", json=long, timeout=120) as response:
+        job_id = int(response.headers["X-Evoke-Job"])
+        assert job_id > int(first.headers["X-Evoke-Job"])
+        for line in response.iter_lines():
+            if line.startswith("data: {") and '"content": "' in line:
+                pieces += 1
+                if pieces == 3:
+                    running = [j for j in engine.jobs() if j.id == job_id]
+                    assert running and running[0].command == "turn"
+                    assert engine.cancel_job(job_id)
+    assert 3 <= pieces < 400
+    assert not engine.cancel_job(job_id)                 # done: nothing to cancel
