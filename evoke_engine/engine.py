@@ -138,15 +138,12 @@ class Engine:
     def model_loaded(self) -> bool:
         return self.model is not None
 
-    # The loaded model's parts (None while it is unloaded): benches, tests and diagnostics read them.
-    rt = property(lambda self: self.model.rt if self.model else None)
-    kv = property(lambda self: self.model.kv if self.model else None)
-    template = property(lambda self: self.model.template if self.model else None)
-    prefixes = property(lambda self: self.model.prefixes if self.model else None)
-    pool = property(lambda self: self.model.pool if self.model else None)
-    slots = property(lambda self: self.model.slots if self.model else None)
-    attention = property(lambda self: self.model.attention if self.model else None)
-    embedder = property(lambda self: self.model.embedder if self.model else None)
+    def diagnostics(self) -> LoadedModel | None:
+        """The loaded model's parts (runtime, KV primitives, template, shared prefixes, pool, slots, attention
+        capture, embedder, chunk index) for benches, tests and diagnostics; None while it is unloaded. Their state
+        belongs to the engine thread: change it only there (`thread.call`); the app and the endpoint use the
+        methods above instead."""
+        return self.model
 
     @property
     def kvfiles(self) -> KVFileStore | None:

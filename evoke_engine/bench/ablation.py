@@ -64,7 +64,7 @@ def _cell(arm: str, budget: int | None, workload: str, overrides: dict, seeds: r
     settings = Settings(home=home, budget_tokens=budget or 8192, n_ctx=8192, slots=2, **overrides)
     started = time.perf_counter()
     with Engine(settings) as engine:
-        if settings.attention_capture and engine.attention is None:
+        if settings.attention_capture and engine.diagnostics().attention is None:
             raise RuntimeError("attention capture unavailable (native/build.sh builds it)")
         sessions = [RUNNERS[workload](engine, seed) for seed in seeds]
     probes = [p for s in sessions for p in s["probes"]]

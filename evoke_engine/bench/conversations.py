@@ -214,10 +214,10 @@ def _decode_user_tokens_only(engine: Engine, message: str) -> float:
     import numpy as np
 
     conv = engine.new_conversation(title="floor")
-    state, rt, template = engine.lifecycle.open(conv.id), engine.rt, engine.template
+    state, rt, template = engine.lifecycle.open(conv.id), engine.diagnostics().rt, engine.diagnostics().template
     memory, system, user = state.memory, state.system_message, {"role": "user", "content": message}
     text = template.segment([system], user) + template.assistant_frame([system, user]).opening
-    engine.kv.drop(memory.seq, memory.active_tokens, -1)      # the opening held ahead: the floor decodes it
+    engine.diagnostics().kv.drop(memory.seq, memory.active_tokens, -1)    # the opening held ahead: the floor decodes it
     start = time.perf_counter()
     tokens = rt.tokenize(text)
     rt.decode(tokens, memory.seq, memory.active_tokens)
@@ -255,7 +255,7 @@ class PrewarmTrial:
             time.sleep(PAUSE_S)
             out["user_only"] = engine.thread.call(_decode_user_tokens_only, engine, message)
         with Engine(self.settings, scheduler=False, prewarm=False) as engine:
-            engine.embedder.warm()
+            engine.diagnostics().embedder.warm()
             time.sleep(PAUSE_S)
             start = time.perf_counter()
             conv = engine.new_conversation()

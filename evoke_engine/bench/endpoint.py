@@ -97,7 +97,8 @@ def our_client(settings: Settings):
 def check_tails(engine: Engine, result: dict, seed: int) -> None:
     """Record each turn's new-tail token count beside what the endpoint reported as decoded."""
     for record, (text, _) in zip(result["turns"], session_turns(seed)[0], strict=True):
-        segment = engine.template.segment([{"role": "system", "content": SYSTEM}], {"role": "user", "content": text})
+        segment = engine.diagnostics().template.segment([{"role": "system", "content": SYSTEM}],
+                                                        {"role": "user", "content": text})
         record["tail_tokens"] = len(engine.tokenize(segment))
 
 

@@ -59,7 +59,7 @@ class EvokeLong:
                                  tools_enabled=False, kv_cache_type=kv_cache_type, pool_bits=pool_bits, **options)
         self.engine = Engine(self.settings, scheduler=False)
         self.engine.wait_idle()
-        self.engine.embedder.warm()
+        self.engine.diagnostics().embedder.warm()
         self.conv = self.engine.new_conversation(system_prompt=SYSTEM, tools=[])
         self.recovered_from_disk = 0
 
@@ -68,8 +68,8 @@ class EvokeLong:
         return {"kind": "evoke", "budget_tokens": self.settings.budget_tokens, "n_ctx": info.n_ctx,
                 "contexts": info.contexts, "flash_attention": info.flash_attention,
                 "kv_cache_type": info.kv_cache_type, "raw_kv_bytes_per_token": info.kv_bytes_per_token,
-                "model_bytes": info.size_bytes, "ram_budget_bytes": self.engine.pool.ram_budget_bytes,
-                "pool_bits": self.engine.pool.bits, "threads": self.settings.n_threads,
+                "model_bytes": info.size_bytes, "ram_budget_bytes": self.engine.diagnostics().pool.ram_budget_bytes,
+                "pool_bits": self.engine.diagnostics().pool.bits, "threads": self.settings.n_threads,
                 "n_ctx_train": info.n_ctx_train, "architecture": info.architecture}
 
     def turn(self, turn: dict) -> dict:
@@ -85,7 +85,8 @@ class EvokeLong:
         tokens_by_state: dict[str, int] = {}
         for block in stats.blocks:
             tokens_by_state[block["state"]] = tokens_by_state.get(block["state"], 0) + block["tokens"]
-        pool = self.engine.thread.call(lambda: (self.engine.pool.ram_bytes, self.engine.pool.spill_bytes))
+        saved = self.engine.diagnostics().pool
+        pool = self.engine.thread.call(lambda: (saved.ram_bytes, saved.spill_bytes))
         row = {"ttft_s": (times[0] - start) if times else None, "engine_ttft_s": reply.ttft_s,
                "decode_tok_s": _decode_rate(reply.n_tokens, times),
                "reply_tokens": reply.n_tokens, "stopped": reply.stopped, "prefill_tokens": reply.prefill_tokens,
@@ -117,7 +118,7 @@ class EvokeLong:
     def accounting(self) -> dict:
         """Bytes the pool holds per token it holds, in RAM and on disk, against the cache type's raw K/V bytes."""
         def read() -> dict:
-            pool = self.engine.pool
+            pool = self.engine.diagnostics().pool
             ram = [(b, pool.nbytes(b)) for b in pool_blocks(pool, BlockState.RAM)]
             disk = [(b, pool.nbytes(b)) for b in pool_blocks(pool, BlockState.DISK)]
             return {"ram_blocks": len(ram), "ram_tokens": sum(b.n_tokens for b, _ in ram),

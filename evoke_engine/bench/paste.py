@@ -65,8 +65,8 @@ def run(*, budgets: tuple[int, ...] = (768,), kb: float = 7.0, trials: int = 4, 
                                 temperature=0.0, n_threads=threads, n_ctx=16384, slots=2)
             with Engine(settings, scheduler=False) as engine:
                 decode_s, embed_s = [0.0], [0.0]
-                engine.rt.decode = _timed(engine.rt.decode, decode_s)
-                engine.embedder.embed = _timed(engine.embedder.embed, embed_s)
+                engine.diagnostics().rt.decode = _timed(engine.diagnostics().rt.decode, decode_s)
+                engine.diagnostics().embedder.embed = _timed(engine.diagnostics().embedder.embed, embed_s)
                 warm = engine.new_conversation()
                 warm.send("Say hi.", max_tokens=2)                         # the embedder and caches are loaded
                 trials_out = []

@@ -216,7 +216,7 @@ def run(seeds: int = 12, seed_start: int = 0, budgets: tuple[int, ...] = (256, 5
     started = time.perf_counter()
     with Engine(base, scheduler=False) as engine:
         engine.wait_idle()
-        engine.embedder.warm()
+        engine.diagnostics().embedder.warm()
         for backend in backends:
             for budget in ((max(budgets),) if backend == "none" else budgets):
                 engine.apply_settings(dataclasses.replace(engine.settings, budget_tokens=budget, recovery=backend))

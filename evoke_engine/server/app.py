@@ -87,8 +87,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
         def scrape() -> str:
-            kvfiles, pool = engine.kvfiles, engine.pool      # the pool's two ints read as they are, not queued
-            gauges = {"model_loaded": ("1 while the model is loaded", float(engine.model_loaded)),     # behind a turn
+            kvfiles, model = engine.kvfiles, engine.diagnostics()     # the pool's two ints read as they are,
+            pool = model.pool if model is not None else None                       # not queued behind a turn
+            gauges = {"model_loaded": ("1 while the model is loaded", float(engine.model_loaded)),
                       "conversations": ("conversations in the history",
                                         float(len(engine.history.list_conversations()))),
                       "pool_ram_bytes": ("bytes of evicted KV blocks held in the host RAM pool",

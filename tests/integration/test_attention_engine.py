@@ -26,7 +26,7 @@ def engine(tmp_path_factory):
 
 
 def test_capture_follows_the_engine_through_eviction_and_recovery(engine):
-    assert engine.attention is not None and engine.attention.active
+    assert engine.diagnostics().attention is not None and engine.diagnostics().attention.active
     conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
     conv.send("Read this.", attachments=[("a.txt", _document("A", 10))], max_tokens=6, temperature=0)
     conv.send("And this.", attachments=[("b.txt", _document("B", 10))], max_tokens=6, temperature=0)
@@ -42,7 +42,7 @@ def test_capture_follows_the_engine_through_eviction_and_recovery(engine):
 
     def compare() -> tuple[int, int]:
         memory = engine.lifecycle.get(conv.id).memory
-        capture, kv = engine.attention, engine.kv
+        capture, kv = engine.diagnostics().attention, engine.diagnostics().kv
         kv.flush_pending_shifts()
         blob = bytes(kv._state_of(memory.seq))
         layout = reanchor.parse(blob, capture.geometry)

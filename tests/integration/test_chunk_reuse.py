@@ -30,7 +30,7 @@ def first_logits(engine: Engine, into: list[np.ndarray]):
     """An `on_token` that copies the logits the first token was sampled from (engine thread, before any decode)."""
     def on_token(_piece: str) -> None:
         if not into:
-            into.append(engine.rt.logits())
+            into.append(engine.diagnostics().rt.logits())
     return on_token
 
 

@@ -58,7 +58,7 @@ def _held_ahead(engine: Engine, conversation_id: str) -> int:
     def in_slot() -> int:
         state = engine.lifecycle.open(conversation_id)
         engine.lifecycle.ensure_slot(state)
-        return engine.kv.ahead_tokens(state.memory.seq)
+        return engine.diagnostics().kv.ahead_tokens(state.memory.seq)
     return engine.thread.call(in_slot)
 
 
@@ -70,9 +70,9 @@ def test_the_next_message_opening_is_held_ahead_through_park_and_restart(tmp_pat
         conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
         conv.send("Read this.", [("a.txt", DOC)], max_tokens=8, temperature=0)
         assert _held_ahead(engine, conv.id) == 3                     # <|im_start|> user \n
-        claimed = engine.kv.ahead_claimed
+        claimed = engine.diagnostics().kv.ahead_claimed
         conv.send("What does node 5 hold?", max_tokens=8, temperature=0)
-        assert engine.kv.ahead_claimed == claimed + 3
+        assert engine.diagnostics().kv.ahead_claimed == claimed + 3
         other = engine.new_conversation(system_prompt="You are brief.", tools=[])   # parks conv
         other.send("Hello.", max_tokens=4, temperature=0)
         assert _held_ahead(engine, conv.id) == 3                     # back in the one slot, still held
@@ -100,19 +100,19 @@ def test_a_new_conversation_holds_its_first_opening_as_decoding_it_would(tmp_pat
         def compare() -> tuple[list[int], bytes, bytes]:
             a, b = engine.lifecycle.open(held.id), engine.lifecycle.open(plain.id)
             opening, at = a.prefix.opening, a.memory.active_tokens
-            assert engine.kv.held_ahead(a.memory.seq) == opening
-            engine.kv.drop(b.memory.seq, at, -1)                     # b decodes the opening itself
-            engine.rt.decode(opening, b.memory.seq, at, logits_last=False)
-            ours = engine.kv.save(a.memory.seq, at, at + len(opening)).data
-            theirs = engine.kv.save(b.memory.seq, at, at + len(opening)).data
-            engine.kv.drop(b.memory.seq, at, -1)
+            assert engine.diagnostics().kv.held_ahead(a.memory.seq) == opening
+            engine.diagnostics().kv.drop(b.memory.seq, at, -1)                     # b decodes the opening itself
+            engine.diagnostics().rt.decode(opening, b.memory.seq, at, logits_last=False)
+            ours = engine.diagnostics().kv.save(a.memory.seq, at, at + len(opening)).data
+            theirs = engine.diagnostics().kv.save(b.memory.seq, at, at + len(opening)).data
+            engine.diagnostics().kv.drop(b.memory.seq, at, -1)
             return opening, bytes(ours), bytes(theirs)
 
         opening, ours, theirs = engine.thread.call(compare)
         assert len(opening) == 3 and ours == theirs                  # <|im_start|> user \n, bit for bit
-        claimed = engine.kv.ahead_claimed
+        claimed = engine.diagnostics().kv.ahead_claimed
         held.send("What does node 5 hold?", max_tokens=4, temperature=0)
-        assert engine.kv.ahead_claimed == claimed + 3
+        assert engine.diagnostics().kv.ahead_claimed == claimed + 3
         held.check()
 
 
@@ -268,7 +268,7 @@ def test_after_an_idle_unload_nothing_points_at_the_freed_model(tmp_path):
         engine.unload_model()
         assert model.closed and model.rt.contexts == [] and model.rt.model is None
         assert engine.model is None and engine.lifecycle.model is None and not engine.model_loaded
-        assert (engine.rt, engine.kv, engine.prefixes, engine.pool, engine.slots) == (None,) * 5
+        assert engine.diagnostics() is None
         freed = (LoadedModel, Runtime, KVCache, SharedPrefixes, SavedPool)
         for holder in (engine, engine.lifecycle, engine.turns):
             held = {name: value for name, value in vars(holder).items() if isinstance(value, freed)}
@@ -324,13 +324,13 @@ def test_keepalive_rewarms_a_dropped_prefix_and_jobs_run_headless(tmp_path):
     with Engine(settings) as engine:
         jobs = {job["id"]: job for job in engine.sweeps.jobs()}
         assert jobs["keepalive"]["interval_s"] == 5 and jobs["eviction"]["interval_s"] == 5
-        engine.thread.call(engine.prefixes.clear)                 # as if the prefix had been dropped
+        engine.thread.call(engine.diagnostics().prefixes.clear)                 # as if the prefix had been dropped
         deadline = time.time() + 20
         while engine.sweeps.runs["keepalive"] == 0 and time.time() < deadline:
             time.sleep(0.2)
         engine.thread.call(lambda: None)
         assert engine.sweeps.runs["keepalive"] >= 1
-        assert len(engine.prefixes.all()) == 1
+        assert len(engine.diagnostics().prefixes.all()) == 1
 
 
 class _ManualScheduler:

@@ -84,7 +84,7 @@ def test_a_lost_spill_file_falls_back_to_a_rebuild(tmp_path):
         first.send("Remember the word lantern.", max_tokens=6, temperature=0)
         engine.new_conversation(**BRIEF)            # one slot: the first is parked, its image spills to disk
         assert first.stats().memory == "disk"
-        spilled = list(engine.pool.spill_dir.glob("*.kv"))
+        spilled = list(engine.diagnostics().pool.spill_dir.glob("*.kv"))
         assert spilled
         for path in spilled:
             path.unlink()
@@ -142,10 +142,11 @@ def test_every_applies_now_setting_applies_without_a_reload_and_the_conversation
             assert engine.apply_settings(engine.settings.replace(**{name: new})) == []
             assert getattr(engine.settings, name) == new
         assert conv.stats().budget_tokens == NEW_VALUES["budget_tokens"]
-        assert engine.pool.ram_budget_bytes == NEW_VALUES["ram_budget_bytes"] and engine.pool.bits == 8
+        pool = engine.diagnostics().pool
+        assert pool.ram_budget_bytes == NEW_VALUES["ram_budget_bytes"] and pool.bits == 8
         assert engine.kvfiles.ttl_seconds == {"short": 111, "long": 222, "extended": 333}
         assert engine.settings.kv_file_bits == 8                    # read by the next persist (lifecycle.persist)
-        assert not engine.embedder.enabled
+        assert not engine.diagnostics().embedder.enabled
         jobs = {job["id"]: job["interval_s"] for job in engine.sweeps.jobs()}
         assert jobs["keepalive"] == 77 and jobs["eviction"] == 88
         conv.send("And again.", max_tokens=4)

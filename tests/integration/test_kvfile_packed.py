@@ -50,7 +50,7 @@ def test_a_kv_file_keeps_packed_blocks_packed_and_reopens_from_them(tmp_path, bi
         assert "kv_restored" in kinds and "kv_rebuilt" not in kinds
         saved = [b for b in conv.stats().blocks if b["state"] in ("ram", "disk")]
         assert saved
-        held = engine.pool.ram_bytes
+        held = engine.diagnostics().pool.ram_bytes
         assert held < (0.55 if bits == 8 else 0.35) * sum(b["tokens"] for b in saved) * 23_000
         text = next(b["text"] for b in conv.blocks(with_text=True) if b["name"] == saved[0]["name"])
         line = next(line for line in text.splitlines() if line.startswith("Entry"))

@@ -54,7 +54,7 @@ def test_a_fresh_home_after_a_turn_holds_only_private_files_and_folders(tmp_path
         first = engine.new_conversation(system_prompt="You are brief.", tools=[])
         first.send("Remember the word lantern.", max_tokens=4, temperature=0)
         engine.new_conversation(system_prompt="You are brief.", tools=[])   # one slot: the first spills
-        assert list(engine.pool.spill_dir.glob("*.kv"))
+        assert list(engine.diagnostics().pool.spill_dir.glob("*.kv"))
         assert engine.persist(first.id)
         files = modes_under(home)
         assert any(name.endswith(".bin") for name in files) and any("history" in name for name in files)

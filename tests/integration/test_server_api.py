@@ -75,8 +75,8 @@ def test_session_header_continues_and_decodes_only_the_tail(served):
     figures = evoke(second)
     assert figures["conversation_id"] == evoke(first)["conversation_id"]
     assert figures["route"] == "continue"
-    tail = engine.template.segment([{"role": "system", "content": "x"}], {"role": "user", "content": history[-1]
-                                                                            ["content"]})
+    tail = engine.diagnostics().template.segment([{"role": "system", "content": "x"}],
+                                                 {"role": "user", "content": history[-1]["content"]})
     assert figures["decoded"] == len(engine.tokenize(tail))
     other = ask(client, [{"role": "user", "content": Q1}], extra_headers={"X-Evoke-Session": "t-other"})
     assert evoke(other)["conversation_id"] != figures["conversation_id"]

@@ -200,7 +200,7 @@ def test_logprobs_per_position(served):
 def test_embeddings_have_the_embedders_dimension(served):
     engine, _, client = served
     result = client.embeddings.create(model="evoke", input=["a cat sat on the mat", "a kitten on a rug", "tax law"])
-    dimension = engine.thread.call(lambda: engine.embedder.dimension())
+    dimension = engine.thread.call(lambda: engine.diagnostics().embedder.dimension())
     vectors = [item.embedding for item in result.data]
     assert [len(v) for v in vectors] == [dimension] * 3
     similar = sum(a * b for a, b in zip(vectors[0], vectors[1], strict=True))

@@ -22,7 +22,7 @@ def test_fourteen_turn_session(tmp_path):
         turns = result["turns"]
         texts = [text for text, _ in session_turns(seed)[0]]
         for record, text in list(zip(turns, texts, strict=True))[1:]:
-            segment = engine.template.segment([{"role": "system", "content": SYSTEM}],
+            segment = engine.diagnostics().template.segment([{"role": "system", "content": SYSTEM}],
                                               {"role": "user", "content": text})
             assert record["evoke"]["decoded"] == len(engine.tokenize(segment)), record["turn"]
             assert record["evoke"]["route"] == "continue"

@@ -44,7 +44,7 @@ def test_rewritten_history_forks_and_keeps_the_original(served):
     forked = ask(client, rewritten, "t-fork")
     figures = evoke(forked)
     assert figures["route"] == "fork" and figures["conversation_id"] != original
-    tail = engine.template.segment([{"role": "system", "content": "x"}], rewritten[-1])
+    tail = engine.diagnostics().template.segment([{"role": "system", "content": "x"}], rewritten[-1])
     assert figures["decoded"] == len(engine.tokenize(tail))           # the agreeing head is not re-decoded
     kept = [m["text"] for m in engine.open_conversation(original).messages()]
     assert kept[2] == "Name another one."                                # the original is untouched
