@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     width, height = (int(x) for x in args.size.lower().split("x"))
     bridge, controller, window = build(settings, (width, height))
     instance = None if shooting else InstanceServer(settings.data_dir, window)
-    from .shutdown import ShutdownHandler
+    from .system_quit import ShutdownHandler
 
     shutdown = ShutdownHandler(app, window, lambda: bridge.engine)
     window.show()

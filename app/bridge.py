@@ -15,7 +15,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
 
-from .scheduler import QtEventLoopScheduler
+from .qt_scheduler import QtEventLoopScheduler
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from .attachments import AttachmentError, paste_name, read_text_attachment
 from .bridge import EngineBridge, error_text
 from .editing_flow import EditingFlow
 from .exchange_flow import ExchangeFlow
+from .item_models import BlockTableModel, ConversationListModel, EventLogModel
 from .last_open import LastConversation, startup_choice
 from .messages import DEFAULT_TITLES, ChatMessage, Stream, model_name, reply_meta, title_from
-from .models import BlockTableModel, ConversationListModel, EventLogModel
 from .search_flow import SearchFlow
 from .settings_flow import SettingsFlow
 from .versions_flow import VersionsFlow

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 
 from . import dialogs
 from .controller import ChatController
-from .endpoint import EndpointSwitch
+from .endpoint_switch import EndpointSwitch
 from .resources import icon
 from .widgets.chat_view import ChatView
 from .widgets.conversation_list import ConversationSidebar

@@ -39,7 +39,6 @@ from .memory.memory import min_budget_tokens
 from .memory.recovery import backend as recovery_backend
 from .runtime.runtime import ModelInfo
 from .runtime.sampling import SamplingParams
-from .scheduler import Sweeps
 from .settings import Settings
 from .settings_hub import SettingsHub
 from .stats import ConversationStats
@@ -47,6 +46,7 @@ from .store.history import HistoryDB
 from .store.kvfiles import KVFileStore
 from .store.owner import DataFolderLock
 from .store.search import SearchHit
+from .sweeps import Sweeps
 from .worker import BACKGROUND, FOREGROUND, NORMAL, Command, EngineThread, Job
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..models import MEMORY_LABELS, DepthRole, GroupRole, IdRole, MemoryRole, PinnedRole, SourceRole, UpdatedRole
+from ..item_models import MEMORY_LABELS, DepthRole, GroupRole, IdRole, MemoryRole, PinnedRole, SourceRole, UpdatedRole
 from ..resources import icon
 from ..theme import tone
 from .search_box import MessageSearchResults

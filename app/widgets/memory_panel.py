@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..models import STATE_LABELS, STATES, StateRole
+from ..item_models import STATE_LABELS, STATES, StateRole
 
 STATE_COLORS = {"resident": "#3fb950", "ram": "#d29922", "disk": "#58a6ff", "dropped": "#6e7681"}
 CONTENTS_PRECISION_ROWS = 64    # rows a ResizeToContents column measures (Qt's default, 1000, is every row here)

@@ -28,8 +28,8 @@ from ..memory.recovery import backend as recovery_backend
 from ..memory.snapshot import SnapshotError, decode_payload, encode_payload
 from ..runtime.rpc import RemoteDeviceLost
 from ..stats import ConversationStats
-from ..store.errors import StoreError
 from ..store.history import HistoryDB, MessageRow
+from ..store.store_error import StoreError
 from .snapshot_fit import fit_snapshot
 from .turn import number_turns, render_user_content, replay_input, replay_reply
 

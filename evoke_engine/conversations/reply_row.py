@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import EvokeError
-from ..store.errors import StoreError
 from ..store.history import INTERRUPTED, HistoryDB
+from ..store.store_error import StoreError
 
 log = logging.getLogger(__name__)
 

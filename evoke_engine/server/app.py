@@ -28,13 +28,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from .. import Engine, GrammarError
 from ..errors import BudgetError, EvokeError
 from .admission import AdmissionMiddleware
+from .api_errors import ApiError, context_length, install_handlers, overflow
 from .clients import CLIENT_HEADER, identify
 from .completions import add_completion_route
 from .constraints import grammar_for
 from .embeddings import EmbeddingRequest, embed
-from .errors import ApiError, context_length, install_handlers, overflow
 from .metrics import Metrics
-from .models import ChatRequest, check_body
+from .request_bodies import ChatRequest, check_body
 from .security import GuardMiddleware, ServerConfig
 from .service import ChatService, Outcome, Prepared
 from .toolcalls import StreamSplitter

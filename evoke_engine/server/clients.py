@@ -13,7 +13,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from .errors import ApiError
+from .api_errors import ApiError
 
 CLIENT_HEADER = "X-Evoke-Client"
 MIN_TOKEN_CHARS = 22                      # 22 URL-safe characters: 132 bits

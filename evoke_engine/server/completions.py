@@ -22,9 +22,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from .. import Completion, Engine, GrammarError
 from ..errors import ContextFullError
-from .errors import ApiError, context_length, overflow
+from .api_errors import ApiError, context_length, overflow
 from .metrics import Metrics
-from .models import CompletionRequest, check_body
+from .request_bodies import CompletionRequest, check_body
 from .service import ChatService
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "cancelled": "stop", "max_tokens": "length", "length": "length"}

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from .. import json_grammar, json_schema_grammar
-from .errors import ApiError
+from .api_errors import ApiError
 
 
 def _schema_grammar(schema: dict[str, Any], param: str) -> str:

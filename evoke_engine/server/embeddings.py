@@ -14,8 +14,8 @@ import numpy as np
 from pydantic import Field
 
 from .. import Command, Engine
-from .errors import ApiError
-from .models import Loose
+from .api_errors import ApiError
+from .request_bodies import Loose
 
 MAX_INPUTS = 256
 

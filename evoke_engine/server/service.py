@@ -44,9 +44,9 @@ from .. import (
 )
 from ..errors import BudgetError, EvokeError, RebuildCancelled
 from ..stats import ConversationStats
+from .api_errors import ApiError
 from .clients import ANONYMOUS_OWNER, Client
-from .errors import ApiError
-from .models import ChatRequest
+from .request_bodies import ChatRequest
 from .sessions import (
     CONVERSATION_ID,
     Msg,

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import render_user_content
-from .errors import ApiError
-from .models import ChatMessage, ChatRequest
+from .api_errors import ApiError
+from .request_bodies import ChatMessage, ChatRequest
 from .toolcalls import ParsedCall, RawTextMap, canonical_arguments
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from evoke_engine.store.errors import StoreError, describe_os_error
 from evoke_engine.store.kvheader import (
     HEADER_SIZE,
     InvalidKVFile,
@@ -45,6 +44,7 @@ from evoke_engine.store.kvnames import (
     temp_file_name,
 )
 from evoke_engine.store.private import FILE_MODE, private_file, private_mkdir
+from evoke_engine.store.store_error import StoreError, describe_os_error
 
 __all__ = ["DEFAULT_TTL_SECONDS", "TTL_CLASSES", "KVFileStore", "StoreError", "model_hash", "parse_ttl_class"]
 

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from evoke_engine.store.errors import (
+from evoke_engine.store.private import create_private, private_file, private_mkdir
+from evoke_engine.store.store_error import (
     CANNOT_OPEN,
     CORRUPT,
     DISK_FULL,
@@ -29,7 +30,6 @@ from evoke_engine.store.errors import (
     StoreError,
     describe_os_error,
 )
-from evoke_engine.store.private import create_private, private_file, private_mkdir
 
 log = logging.getLogger(__name__)
 

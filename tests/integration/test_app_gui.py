@@ -399,7 +399,7 @@ def test_llama_cpp_never_runs_on_the_gui_thread(desk, qtbot, llama_threads):
 
 
 def test_the_engine_scheduler_runs_in_the_qt_event_loop(desk):
-    from app.scheduler import QtEventLoopScheduler
+    from app.qt_scheduler import QtEventLoopScheduler
 
     scheduler = desk.bridge.scheduler
     assert desk.bridge.scheduler_attached and isinstance(scheduler, QtEventLoopScheduler)

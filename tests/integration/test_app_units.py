@@ -10,8 +10,8 @@ from PySide6.QtCore import Qt
 
 from app import settings_form as form
 from app.attachments import AttachmentError, is_large_paste, paste_name, read_text_attachment
+from app.item_models import BlockTableModel, ConversationListModel, EventLogModel
 from app.model_finder import find_models
-from app.models import BlockTableModel, ConversationListModel, EventLogModel
 from app.render import Part, render_markdown, render_parts
 from evoke_engine.settings import Settings
 
@@ -142,7 +142,7 @@ def test_block_model_shows_an_attention_column_only_while_attention_is_captured(
 
 # -- scheduler ---------------------------------------------------------------------------------
 def test_scheduler_wakes_in_the_qt_loop_even_when_jobs_are_added_off_thread(qtbot):
-    from app.scheduler import QtEventLoopScheduler
+    from app.qt_scheduler import QtEventLoopScheduler
 
     wakeups: list[threading.Thread] = []
 

@@ -178,7 +178,7 @@ def test_ttl_expiry_idle_release_and_pinned_extended(tmp_path):
     settings = Settings(home=str(tmp_path), budget_tokens=384, n_ctx=4096, slots=2, ttl_long_s=3600,
                         ttl_extended_s=86400)
     with Engine(settings, clock=clock, scheduler=False, prewarm=False) as engine:
-        from evoke_engine.scheduler import Sweeps
+        from evoke_engine.sweeps import Sweeps
 
         sweeps = Sweeps(engine, scheduler=_ManualScheduler())
         plain = engine.new_conversation(system_prompt="You are brief.", tools=[])
@@ -211,7 +211,7 @@ def test_disk_budget_sweep_deletes_least_recently_used_files(tmp_path):
     clock = FakeClock()
     settings = Settings(home=str(tmp_path), budget_tokens=384, n_ctx=4096, slots=2)
     with Engine(settings, clock=clock, scheduler=False, prewarm=False) as engine:
-        from evoke_engine.scheduler import Sweeps
+        from evoke_engine.sweeps import Sweeps
 
         sweeps = Sweeps(engine, scheduler=_ManualScheduler())
         convs = [engine.new_conversation(system_prompt="You are brief.", tools=[]) for _ in range(3)]
@@ -232,7 +232,7 @@ def test_model_unloads_when_idle_and_comes_back_on_the_next_message(tmp_path):
     clock = FakeClock()
     settings = Settings(home=str(tmp_path), budget_tokens=384, n_ctx=4096, slots=2, model_idle_unload_s=60)
     with Engine(settings, clock=clock, scheduler=False, prewarm=False) as engine:
-        from evoke_engine.scheduler import Sweeps
+        from evoke_engine.sweeps import Sweeps
 
         sweeps = Sweeps(engine, scheduler=_ManualScheduler())
         events: list[str] = []
@@ -285,7 +285,7 @@ def test_a_reload_after_the_idle_unload_counts_as_activity(tmp_path, use):
     clock = FakeClock()
     settings = Settings(home=str(tmp_path), budget_tokens=384, n_ctx=4096, slots=2, model_idle_unload_s=60)
     with Engine(settings, clock=clock, scheduler=False, prewarm=False) as engine:
-        from evoke_engine.scheduler import Sweeps
+        from evoke_engine.sweeps import Sweeps
 
         sweeps = Sweeps(engine, scheduler=_ManualScheduler())
         conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
@@ -308,7 +308,7 @@ def test_using_a_loaded_model_without_a_turn_counts_as_activity(tmp_path):
     clock = FakeClock()
     settings = Settings(home=str(tmp_path), budget_tokens=384, n_ctx=4096, slots=2, model_idle_unload_s=60)
     with Engine(settings, clock=clock, scheduler=False, prewarm=False) as engine:
-        from evoke_engine.scheduler import Sweeps
+        from evoke_engine.sweeps import Sweeps
 
         sweeps = Sweeps(engine, scheduler=_ManualScheduler())
         conv = engine.new_conversation(system_prompt="You are brief.", tools=[])

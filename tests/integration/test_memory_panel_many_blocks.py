@@ -22,7 +22,7 @@ def test_the_panel_shows_300_blocks_and_a_full_event_list_in_colour(qtbot):
     from PySide6.QtCore import Qt
     from PySide6.QtGui import QColor
 
-    from app.models import EVENT_COLORS, BlockTableModel, EventLogModel
+    from app.item_models import EVENT_COLORS, BlockTableModel, EventLogModel
     from app.widgets.memory_panel import MemoryPanel
 
     events, blocks = EventLogModel(), BlockTableModel()

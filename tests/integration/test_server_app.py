@@ -15,12 +15,12 @@ pytestmark = pytest.mark.gui
 
 
 def test_switch_follows_the_settings(qtbot, tmp_path):
-    from app.endpoint import EndpointSwitch
+    from app.endpoint_switch import EndpointSwitch
 
     loaded: Future = Future()
     loaded.set_result(None)
     engine = SimpleNamespace(settings=Settings(home=str(tmp_path)), model_loaded=True,   # /health reads only these
-                             ready=loaded)
+                             ready=loaded, subscribe=lambda _callback: None)           # (and /metrics' events)
     switch = EndpointSwitch()
     seen: list[str] = []
     switch.addressChanged.connect(seen.append)
@@ -45,7 +45,7 @@ def test_switch_follows_the_settings(qtbot, tmp_path):
 
 
 def test_switch_reports_a_refused_address(qtbot, tmp_path):
-    from app.endpoint import EndpointSwitch
+    from app.endpoint_switch import EndpointSwitch
 
     engine = SimpleNamespace(settings=Settings(home=str(tmp_path)), model_loaded=True)
     switch = EndpointSwitch()
@@ -56,7 +56,7 @@ def test_switch_reports_a_refused_address(qtbot, tmp_path):
 
 
 def test_status_bar_and_api_mark(qtbot):
-    from app.models import ConversationListModel, SourceRole
+    from app.item_models import ConversationListModel, SourceRole
     from app.widgets.status_bar import StatusBar
 
     bar = StatusBar()

@@ -61,7 +61,7 @@ def test_a_stateless_stream_dropped_before_its_first_token_leaves_no_conversatio
 
 
 def test_stateless_conversations_are_marked_expire_with_their_ttl_and_are_listed_apart(served, qtbot):
-    from app.models import STATELESS_GROUP, ConversationListModel, GroupRole, IdRole
+    from app.item_models import STATELESS_GROUP, ConversationListModel, GroupRole, IdRole
 
     engine, server = served
     client = client_for(server)

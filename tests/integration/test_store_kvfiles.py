@@ -22,7 +22,7 @@ import xxhash
 from helpers.clock import FakeClock
 
 from evoke_engine.store import StoreError
-from evoke_engine.store import errors as reasons
+from evoke_engine.store import store_error as reasons
 from evoke_engine.store.kvfiles import TTL_CLASSES, KVFileStore, model_hash, parse_ttl_class
 from evoke_engine.store.kvheader import FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, payload_digest
 

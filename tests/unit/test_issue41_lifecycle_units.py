@@ -171,7 +171,7 @@ def test_the_system_library_check_warns_and_never_fails():
 
 
 def test_a_desktop_logout_writes_the_conversations_open_in_a_slot_or_ram():
-    from app.shutdown import persist_open_conversations
+    from app.system_quit import persist_open_conversations
 
     written: list[str] = []
     engine = SimpleNamespace(

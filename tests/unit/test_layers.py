@@ -1,7 +1,7 @@
 """Issue 25's layering rule, checked on the source: below engine.py no module refers to `Engine` (imports or
 annotations); the conversation handle, the package entry points, the server and the benches may. Every import
 (lazy and TYPE_CHECKING ones included, no exemptions) goes down the layers runtime < kvcache < memory <
-conversations < the top level (engine, conversation, worker, scheduler, server/, bench/); store/ and the shared
+conversations < the top level (engine, conversation, worker, sweeps, server/, bench/); store/ and the shared
 leaves (settings, settings_hub, errors, events, stats, package_files, rpc_split) may be imported from anywhere and
 import only each other; only runtime/ and bench/ import llama_cpp."""
 

@@ -11,12 +11,12 @@ from evoke_engine import Settings
 from evoke_engine.events import EngineEvent, EventKind
 from evoke_engine.runtime.reply_text import ReplyText
 from evoke_engine.runtime.vocab import infill_layout
+from evoke_engine.server.api_errors import ApiError, aider_metadata
 from evoke_engine.server.app import split_usage
 from evoke_engine.server.completions import legacy_logprobs
 from evoke_engine.server.constraints import grammar_for
-from evoke_engine.server.errors import ApiError, aider_metadata
 from evoke_engine.server.metrics import Metrics
-from evoke_engine.server.models import ChatRequest, CompletionRequest
+from evoke_engine.server.request_bodies import ChatRequest, CompletionRequest
 
 TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}

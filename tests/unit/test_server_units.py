@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evoke_engine.server.models import ChatRequest
+from evoke_engine.server.request_bodies import ChatRequest
 from evoke_engine.server.security import ServerConfig, key_matches
 from evoke_engine.server.sessions import Msg, canonicalize, plan
 from evoke_engine.server.toolcalls import RawTextMap, StreamSplitter, parse_tool_calls

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from evoke_engine.store import HistoryDB, StoreError
-from evoke_engine.store import errors as reasons
+from evoke_engine.store import store_error as reasons
 from evoke_engine.store.history import MIGRATIONS
 
 pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)

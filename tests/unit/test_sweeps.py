@@ -10,10 +10,10 @@ import pytest
 from helpers.clock import FakeClock
 
 from evoke_engine.events import EventKind
-from evoke_engine.scheduler import SweepHost, Sweeps
 from evoke_engine.settings import Settings
 from evoke_engine.settings_hub import SettingsHub
 from evoke_engine.store.kvfiles import KVFileStore
+from evoke_engine.sweeps import SweepHost, Sweeps
 from evoke_engine.worker import EngineThread
 
 pytestmark = pytest.mark.unit

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
-from .errors import ApiError
+from .api_errors import ApiError
 
 
 class Loose(BaseModel):
