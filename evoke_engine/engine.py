@@ -420,12 +420,10 @@ class Engine:
         self._change_open(conversation_id, lambda state: state.memory.set_budget(tokens))
 
     def reset_focus(self, conversation_id: str) -> None:
-        def forget(state: ConversationState) -> None:
-            state.memory.focus.vector = None
-        self._on_open(conversation_id, forget, FOREGROUND)
+        self._on_open(conversation_id, lambda state: state.memory.reset_focus(), FOREGROUND)
 
     def pin_block(self, conversation_id: str, name: str, pinned: bool = True, priority: float | None = None) -> None:
-        self._change_open(conversation_id, lambda state: state.memory.table.pin(name, pinned, priority))
+        self._change_open(conversation_id, lambda state: state.memory.pin(name, pinned, priority))
 
     def check(self, conversation_id: str) -> None:
         """Assert the conversation's block table mirrors llama.cpp's sequence (tests)."""

@@ -51,8 +51,7 @@ def truncate_state(conversations: ConversationLifecycle, state: ConversationStat
     conversations.ensure_slot(state)
     state.memory.remove_blocks(doomed)
     del state.history[n_messages:]
-    state.memory.turn = max((m["evoke_turn"] for m in state.history), default=0)
-    state.memory.sequence.flush_pending_shifts()
+    state.memory.settle_rollback(max((m["evoke_turn"] for m in state.history), default=0))
 
 
 def truncate(conversations: ConversationLifecycle, conversation_id: str, n_messages: int) -> None:
@@ -155,7 +154,7 @@ def delete_message(conversations: ConversationLifecycle, conversation_id: str, i
         key = message_key(old[index])
         state.memory.remove_blocks(b for b in state.memory.table.blocks if not b.shared and b.message_key() == key)
         state.history = new
-        state.memory.sequence.flush_pending_shifts()
+        state.memory.settle_rollback(state.memory.turn)
     except Exception as exc:  # noqa: BLE001
         conversations.discard(state, f"removing the message's blocks failed: {exc}")
         return

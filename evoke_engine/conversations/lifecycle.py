@@ -165,7 +165,7 @@ class ConversationLifecycle:
 
     def adopt(self, state: ConversationState, prefix: Prefix) -> None:
         """Open a fresh state: its memory gets the prefix blocks and it joins the open conversations."""
-        state.memory.sequence.adopt_prefix(prefix.blocks())
+        state.memory.adopt_prefix(prefix.blocks())
         self._states[state.id] = state
 
     def create(self, conversation_id: str, title: str, system_prompt: str, tools: list[dict],
@@ -360,7 +360,7 @@ class ConversationLifecycle:
         memory, system = state.memory, state.system_message
         texts = [m.text if m.role == "assistant" else render_user_content(m.text, m.attachments) for m in messages]
         total = sum(len(model.rt.tokenize(text)) + 5 for text in texts)    # + the template's few tokens around each
-        first = memory.counters.prefill_tokens
+        first = memory.prefilled_tokens
         started = time.perf_counter()
 
         def progress(done: int, final: bool = False) -> None:
@@ -375,7 +375,7 @@ class ConversationLifecycle:
                 raise RebuildCancelled(f"rebuilding {what} from history was cancelled")
 
         def on_block(_block) -> None:
-            progress(memory.counters.prefill_tokens - first)
+            progress(memory.prefilled_tokens - first)
             stop_if_cancelled()
 
         progress(0)
@@ -389,7 +389,7 @@ class ConversationLifecycle:
                              system=system, role=message.role, extra=message.extra, on_block=on_block)
         if state.history and state.history[-1]["role"] != "assistant":
             memory.end_turn()
-        done = memory.counters.prefill_tokens - first
+        done = memory.prefilled_tokens - first
         tokens, seconds = self._rebuilds.get(state.id, (0, 0.0))
         self._rebuilds[state.id] = (tokens + done, seconds + time.perf_counter() - started)
         progress(done, final=True)

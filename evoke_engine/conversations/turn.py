@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..events import EventKind
 from ..kvcache.blocks import Block, BlockState
 from ..memory.memory import ConversationMemory
 from ..runtime.reply_text import ReplyText
@@ -133,8 +132,7 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
              role: str = "user", extra: dict | None = None) -> Reply:
     """Run one turn; `history` (template messages after `system`) gains the input message and the reply."""
     started = time.perf_counter()
-    memory.turn += 1
-    turn = memory.turn
+    turn = memory.begin_turn()
     user_message = input_message(text, attachments, turn, role, extra)
     head = [system] if system else []
     segment = template.message_segment([*head, *history], user_message)
@@ -215,12 +213,12 @@ def regenerate_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemp
     started = time.perf_counter()
     if not history or history[-1].get("role") == "assistant":
         raise ValueError("there is no message to reply to")
-    turn = memory.turn = history[-1]["evoke_turn"]
+    turn = memory.begin_turn(history[-1]["evoke_turn"])
     frame = template.assistant_frame([*([system] if system else []), *history])
     opening, closing = rt.tokenize(frame.opening), rt.tokenize(frame.closing)
     next_opening = next_user_opening(rt, template, [*([system] if system else []), *history])
     memory.set_query(history[-1]["content"][-2000:])
-    question = [b for b in memory.table.resident if b.message_key() == (turn, "input") and b.role == "user"][-1:]
+    question = memory.question_of(turn)
     clock = TurnBreakdown()
     try:
         reply = _generate(memory, rt, opening, closing, params, on_token, cancel, turn, [], started,
@@ -248,12 +246,12 @@ def continue_reply(memory: ConversationMemory, rt: Runtime, template: ChatTempla
     if not history or history[-1].get("role") == "assistant":
         raise ValueError("there is no message the reply answers")
     head = [system] if system else []
-    turn = memory.turn = history[-1]["evoke_turn"]
+    turn = memory.begin_turn(history[-1]["evoke_turn"])
     frame = template.assistant_frame([*head, *history])
     closing = rt.tokenize(frame.closing)
     next_opening = next_user_opening(rt, template, [*head, *history])
     memory.set_query(history[-1]["content"][-2000:])
-    question = [b for b in memory.table.resident if b.message_key() == (turn, "input") and b.role == "user"][-1:]
+    question = memory.question_of(turn)
     tokens = rt.tokenize_parts([(frame.opening, True), (partial, False)])
     chunks = split_tokens(rt, tokens, memory.settings.block_tokens) or [[]]
     clock = TurnBreakdown()
@@ -291,7 +289,7 @@ def _finish_older_part(memory: ConversationMemory, rt: Runtime, reply_block: Blo
                     text=rt.detokenize(chunk)) for k, chunk in enumerate(chunks[:-1])]
     part += len(pieces)
     growing = Block(name=_reply_name(turn, part), role="assistant", turn=turn, tokens=list(chunks[-1]), text="")
-    memory.sequence.split(reply_block, [*pieces, growing])
+    memory.split_reply(reply_block, [*pieces, growing])
     return growing, part
 
 
@@ -313,13 +311,9 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     reply_block = Block(name=_reply_name(turn, first_part), role="assistant", turn=turn, tokens=[], text="")
     part = first_part
     question = list(question)
-    pending = last_block.tokens if last_block is not None else []
-    memory.make_room(len(pending) + len(opening) + 1, current=[*current, *question])
     reply_block.tokens = list(opening)
-    memory.sequence.append([*([last_block] if last_block is not None else []), reply_block])
+    memory.open_reply(reply_block, last_block=last_block, current=[*current, *question])
     clock.add("prompt_decode", perf() - decoding)
-    if last_block is not None:
-        memory.counters.prefill_tokens += last_block.n_tokens
     sample_s = token_decode_s = detokenize_s = 0.0
     memory.reply_starts()          # what the reply reads; with the capture on, what the message attends to
 
@@ -356,17 +350,14 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
                 sample_s = detokenize_s = 0.0
             if piece and on_token is not None:
                 on_token(piece)
-            limit = memory.turn_limit_tokens             # the budget, plus a wide recovery's overdraft
-            if memory.eviction_enabled and memory.active_tokens + 1 > limit:
+            if memory.reply_needs_room():
                 reply_block, part = _finish_older_part(memory, rt, reply_block, turn, part)
-                low = int(memory.budget_tokens * memory.settings.low_watermark) + memory.overdraft
                 keeps = ([*current, *question, reply_block], [*question, reply_block], [reply_block])
-                if not memory.evict_within(limit - 1, low, keeps):
+                if not memory.make_reply_room(keeps):
                     stopped = "budget"
-                    memory.record_event(EventKind.ERROR, "reply stopped: the budget is full of protected blocks")
                     break
             at = perf()
-            memory.sequence.extend_tail(reply_block, [token])
+            memory.grow_reply(reply_block, token)
             token_decode_s += perf() - at
             generated.append(token)
     rest = reply_text.finish() if stopped != "stop" else ""
@@ -393,18 +384,15 @@ def _close_reply(memory: ConversationMemory, rt: Runtime, turn: int, opening: li
     first token then waits for the message's own tokens only. `first_part`: the part number of
     `reply_block` (parts before it were finished while the reply grew)."""
     if reply_block is None:
-        reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=[], text="")
-        memory.make_room(len(opening) + len(closing), current=current)
-        reply_block.tokens = list(opening)
-        memory.sequence.append([reply_block], logits_last=False)
-    memory.make_room(len(closing) + len(next_opening), current=[*current, reply_block])
-    memory.sequence.extend_tail(reply_block, closing, ahead=next_opening, logits_last=False)
+        reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=list(opening), text="")
+        memory.open_empty_reply(reply_block, room=len(opening) + len(closing), current=current)
+    memory.close_reply(reply_block, closing, next_opening=next_opening, current=current)
     chunks = split_tokens(rt, reply_block.tokens, memory.settings.block_tokens)
     pieces = []
     for k, chunk in enumerate(chunks):
         name = _reply_name(turn, first_part + k)
         pieces.append(Block(name=name, role="assistant", turn=turn, tokens=chunk, text=rt.detokenize(chunk)))
-    memory.sequence.split(reply_block, pieces)
+    memory.split_reply(reply_block, pieces)
 
 
 def replay_input(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
@@ -412,8 +400,7 @@ def replay_input(memory: ConversationMemory, rt: Runtime, template: ChatTemplate
                  role: str = "user", extra: dict | None = None,
                  on_block: Callable[[Block], None] | None = None) -> None:
     """Re-prefill one past input message from its history text (a KV rebuild): same blocks as `run_turn`."""
-    memory.turn += 1
-    turn = memory.turn
+    turn = memory.begin_turn()
     message = input_message(text, attachments, turn, role, extra)
     segment = template.message_segment([*([system] if system else []), *history], message)
     history.append(message)
@@ -428,9 +415,8 @@ def replay_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemplate
                  reply_text: str, *, system: dict | None = None,
                  on_block: Callable[[Block], None] | None = None) -> None:
     """Re-prefill one past reply from its text; a reply with no input before it opens a turn of its own."""
-    if not history or history[-1].get("role") == "assistant":
-        memory.turn += 1
-    turn = memory.turn
+    opens_a_turn = not history or history[-1].get("role") == "assistant"
+    turn = memory.begin_turn() if opens_a_turn else memory.turn
     frame = template.assistant_frame([*([system] if system else []), *history])
     reply_tokens = rt.tokenize_parts([(frame.opening, True), (reply_text, False), (frame.closing, True)])
     for k, chunk in enumerate(split_tokens(rt, reply_tokens, memory.settings.block_tokens)):

@@ -6,7 +6,9 @@ turn end `active_tokens <= budget_tokens` unless protected blocks alone exceed i
 turn only a wide recovery's `overdraft` (at most `recovery_overdraft_tokens`) may run over it; a turn's end keeps
 the recovery its reply quoted before the others (`recovery_keep_used`: other similarity recoveries leave, saved).
 A budget is at least `min_budget_tokens` of its prefix: then a reply of any length fits (`evict_within`
-gives up the turn's protections one by one, never the recent tail) and the budget never cuts it.
+gives up the turn's protections one by one, never the recent tail) and the budget never cuts it. A turn asks
+through the reply protocol (`begin_turn`, `open_reply`, `grow_reply`, `reply_needs_room`/`make_reply_room`,
+`split_reply`, `close_reply`, `settle_rollback`): nothing outside memory/ touches `sequence`, `counters` or `turn`.
 """
 
 from __future__ import annotations
@@ -361,6 +363,84 @@ class ConversationMemory:
             self.attention.refresh(self.seq, self.table.resident, self.settings.attention_aggregation)
         share = (lambda b: self.attention.value(b) or 0.0) if self.attention.enabled else (lambda b: 0.0)
         return sorted(keep, key=lambda b: (b in rank, -used.get(b, 0), -share(b), rank.get(b, -1)))
+
+    # -- the reply protocol: what a turn asks of its memory, in order ------------------------------
+    @property
+    def prefilled_tokens(self) -> int:
+        """Tokens decoded into this conversation so far (its prefill counter: a rebuild's progress reads it)."""
+        return self.counters.prefill_tokens
+
+    def reset_focus(self) -> None:
+        """A task boundary: the task focus forgets earlier messages."""
+        self.focus.vector = None
+
+    def pin(self, name: str, pinned: bool = True, priority: float | None = None) -> None:
+        """Pin block `name` (never evicted) or change its priority multiplier; KeyError for no such block."""
+        self.table.pin(name, pinned, priority)
+
+    def adopt_prefix(self, blocks: list[Block]) -> None:
+        """A fresh conversation's first blocks: the shared prefix's, already in its slot."""
+        self.sequence.adopt_prefix(blocks)
+
+    def begin_turn(self, turn: int | None = None) -> int:
+        """A new turn's number (the next one), or `turn` again (a regenerated or continued reply's own)."""
+        self.turn = self.turn + 1 if turn is None else turn
+        return self.turn
+
+    def question_of(self, turn: int) -> list[Block]:
+        """The resident user block of `turn`'s input (its last), kept while that turn's reply is written."""
+        return [b for b in self.table.resident if b.message_key() == (turn, "input") and b.role == "user"][-1:]
+
+    def open_reply(self, reply: Block, *, last_block: Block | None = None, current: Iterable[Block] = ()) -> None:
+        """Room for the reply's opening (its tokens so far) and the message's `last_block` (not decoded yet, it goes
+        in the same llama_decode call), then both at the tail: the reply grows from there."""
+        pending = last_block.n_tokens if last_block is not None else 0
+        self.make_room(pending + reply.n_tokens + 1, current=current)
+        self.sequence.append([*([last_block] if last_block is not None else []), reply])
+        if last_block is not None:
+            self.counters.prefill_tokens += last_block.n_tokens
+
+    def open_empty_reply(self, reply: Block, *, room: int, current: Iterable[Block] = ()) -> None:
+        """A reply that never sampled (cancelled before its first token): its opening decoded with no logits."""
+        self.make_room(room, current=current)
+        self.sequence.append([reply], logits_last=False)
+
+    def grow_reply(self, reply: Block, token: int) -> None:
+        """The sampled `token` decoded at the tail, in the growing reply block."""
+        self.sequence.extend_tail(reply, [token])
+
+    def split_reply(self, reply: Block, pieces: list[Block]) -> None:
+        """The growing reply block replaced by `pieces` (finished blocks, evictable like any other; the last may
+        go on growing)."""
+        self.sequence.split(reply, pieces)
+
+    def reply_needs_room(self) -> bool:
+        """Whether the next token would take the turn past its limit (the budget, plus a wide recovery's
+        overdraft): the reply's finished parts are split off, then `make_reply_room`."""
+        return self.eviction_enabled and self.active_tokens + 1 > self.turn_limit_tokens
+
+    def make_reply_room(self, keeps: Sequence[Iterable[Block]]) -> bool:
+        """Evict to the low watermark keeping `keeps[0]`, then to the limit keeping each smaller set in turn; False
+        when even the last set is over it (the reply must stop: an event says so)."""
+        limit = self.turn_limit_tokens
+        low = int(self.budget_tokens * self.settings.low_watermark) + self.overdraft
+        if self.evict_within(limit - 1, low, keeps):
+            return True
+        self.record_event(EventKind.ERROR, "reply stopped: the budget is full of protected blocks")
+        return False
+
+    def close_reply(self, reply: Block, closing: list[int], *, next_opening: Sequence[int] = (),
+                    current: Iterable[Block] = ()) -> None:
+        """The template's closing decoded after the reply, with the next user message's opening held ahead (the
+        next turn's first token then waits for the message's own tokens only)."""
+        self.make_room(len(closing) + len(next_opening), current=[*current, reply])
+        self.sequence.extend_tail(reply, closing, ahead=list(next_opening), logits_last=False)
+
+    def settle_rollback(self, turn: int) -> None:
+        """After blocks left for good (an edit, a delete): the turn number the history ends at, and llama.cpp's
+        pending K-shift applied."""
+        self.turn = turn
+        self.sequence.flush_pending_shifts()
 
     # -- blocks that leave for good (edits) and forks -----------------------------------------
     def remove_blocks(self, doomed: Iterable[Block]) -> None:

@@ -228,3 +228,17 @@ def test_no_private_name_is_imported_from_another_module():
                 offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}" for a in node.names
                               if a.name.startswith("_") and not a.name.startswith("__")]
     assert not offenders, "private names imported across modules:\n" + "\n".join(offenders)
+
+
+REACHES_INTO_MEMORY = re.compile(r"memory\.(sequence|counters)\b|memory\.turn\s*[+]?=|memory\.table\.pin\b|"
+                                 r"memory\.focus\.vector\s*=")
+
+
+def test_turns_and_edits_reach_memory_through_its_methods_only():
+    """Issue 47: memory owns the reply protocol (open, grow, split, make room, close, roll back): the turn, the
+    edits, the lifecycle and the engine call its methods, never its sequence, counters or turn number."""
+    offenders = [f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+                 for path in sorted([*(PACKAGE / "conversations").glob("*.py"), *PACKAGE.glob("*.py")])
+                 for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if REACHES_INTO_MEMORY.search(line)]
+    assert not offenders, "reaches past memory's methods:\n" + "\n".join(offenders)
