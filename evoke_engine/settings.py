@@ -107,6 +107,10 @@ class Settings:
     recovery_top_k: int = _setting(8, "Saved blocks considered for recovery per turn (with an overdraft: the size "
                                    "of the turn's working set, saved or resident).",
                                    group="Memory", low=0, high=64)
+    recovery_width_share: float = _setting(1.0, "The recovery width grows with the budget: a decision considers at "
+                                           "least this share of the budget's tokens in blocks (1.0: 16 blocks at "
+                                           "2048 tokens, 32 at 4096; recovery_top_k is the floor, so budgets up "
+                                           "to 1024 keep it; 0 off).", group="Memory", low=0.0, high=4.0)
     recall_signal: str = _setting("fused", "How saved blocks are matched to a message for recovery: one vector "
                                   "per block, or each line's vector (max), optionally fused with BM25 over lines "
                                   "(SQLite FTS5); 'lexical' is a code-aware BM25 alone (identifiers split on _, "

@@ -231,15 +231,10 @@ class ConversationLifecycle:
         model.slots.pin(state.id, slot)
         prefix = model.prefixes.for_conversation(state.system_prompt, state.tools)
         state.prefix = prefix
-        model.kv.drop(slot)
-        model.prefixes.share_into(prefix, slot)
         try:
-            memory.unpark(slot)
+            memory.enter_slot(slot, model.prefixes, prefix)
         except RestoreError as exc:                 # its parked bytes are gone (a spill file deleted)
             self._rebuild_lost(state, exc)
-            return
-        if not model.kv.ahead_tokens(slot) and all(b.shared for b in memory.table.resident):
-            model.prefixes.hold_opening(prefix, slot)      # a new (or emptied) conversation: its first opening
 
     def _leave_slot(self, state: ConversationState, *, park: bool) -> int | None:
         """The conversation leaves its slot, in the registry and its memory together (the one place that

@@ -12,6 +12,7 @@ decodes or splices exactly are published in the shared `ChunkIndex`; blocks whos
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import InvariantError, RestoreError
 from ..runtime.kv import KVPrimitives, SavedKV
@@ -19,6 +20,9 @@ from ..runtime.runtime import Runtime
 from .blocks import Block, BlockState, BlockTable
 from .chunk_index import ChunkIndex, ChunkSource, chain_hash, chain_of
 from .pool import SavedPool
+
+if TYPE_CHECKING:
+    from .prefixes import Prefix, SharedPrefixes
 
 SavedBytes = tuple[bytes, int, int]          # (bytes, origin_pos, n_tokens): a snapshot's saved K/V
 
@@ -396,6 +400,16 @@ class ResidentSequence:
             ahead, self.image_ahead = self.image_ahead, []
             self.kv.restore(self.pool.take(image), seq, self.prefix_tokens)
             self.kv.hold_ahead(seq, self.active_tokens, ahead)
+
+    def enter_slot(self, seq: int, prefixes: SharedPrefixes, prefix: Prefix) -> None:
+        """Everything that puts this conversation into slot `seq`, in one place: the slot emptied, the prefix's
+        cells shared in, the parked image restored in place (RestoreError when it is lost: the caller rebuilds),
+        and for a new or emptied conversation the first user message's opening held ahead."""
+        self.kv.drop(seq)
+        prefixes.share_into(prefix, seq)
+        self.unpark(seq)
+        if not self.kv.ahead_tokens(seq) and all(b.shared for b in self.table.resident):
+            prefixes.hold_opening(prefix, seq)
 
     # -- forks ------------------------------------------------------------------------------
     def share_into(self, child: ResidentSequence) -> None:

@@ -26,6 +26,7 @@ from ..events import EngineEvent, EventKind
 from ..kvcache.blocks import Block, BlockState, BlockTable
 from ..kvcache.chunk_index import ChunkIndex, ChunkSource
 from ..kvcache.pool import SavedPool
+from ..kvcache.prefixes import Prefix, SharedPrefixes
 from ..kvcache.resident import ResidentSequence
 from ..runtime.kv import KVPrimitives
 from ..runtime.runtime import Runtime
@@ -491,7 +492,7 @@ class ConversationMemory:
         if working and not (identity_hashes or any(named_in(message, b) for b in saved)):
             saved = saved + self._move_best_to_tail(working, room + wide)   # re-attached or named files come first
         picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
-                                  resident_best=signal.resident_best, top_k=self.settings.recovery_top_k,
+                                  resident_best=signal.resident_best, top_k=self.recovery_width(),
                                   room_tokens=room + wide, identity_hashes=identity_hashes,
                                   tie_break=self.attention.last if self.attention.enabled else None,
                                   margin=self.settings.recovery_margin if working is None else math.inf,
@@ -530,6 +531,15 @@ class ConversationMemory:
         self._evict([best], because="the message's best match, moved next to it")
         return [best] if best.state in (BlockState.RAM, BlockState.DISK) else []
 
+    def recovery_width(self) -> int:
+        """Blocks one recovery decision may consider: `recovery_top_k`, or `recovery_width_share` of the budget in
+        blocks where that is more (a day at 4096 tokens has room for twice the blocks of one at 2048; a fixed 8 left
+        facts ranked 9th-28th in the pool). 0 when `recovery_top_k` is 0 (similarity recovery off)."""
+        top_k = self.settings.recovery_top_k
+        if top_k == 0:
+            return 0
+        return max(top_k, int(self.budget_tokens * self.settings.recovery_width_share) // self.settings.block_tokens)
+
     def _overdraft_allowed(self) -> int:
         """How far past the room this turn's recovery may go: `recovery_overdraft_tokens` when blocks come back as
         bytes and a signal ranks them (an embedder, or the lexical signal alone), never past a slot context's own
@@ -544,12 +554,12 @@ class ConversationMemory:
         return wide
 
     def _working_set(self, saved: list[Block], residents: list[Block], signal: RecallSignal) -> dict[Block, int]:
-        """A wide recovery's working set: the `recovery_top_k` blocks, saved or resident, that the message ranks
+        """A wide recovery's working set: the `recovery_width()` blocks, saved or resident, that the message ranks
         highest (block -> rank). It is the gate (no margin or role gate: every signal's scale passes): its saved
         blocks come back, its resident ones stay through the turn (`turn_protected`), so a recovery never pushes
         out a resident block that ranks above it."""
         pool = [b for b in (*saved, *residents) if b.role != "breadcrumb"]
-        order = sorted(pool, key=lambda b: signal.similarity(b), reverse=True)[:self.settings.recovery_top_k]
+        order = sorted(pool, key=lambda b: signal.similarity(b), reverse=True)[:self.recovery_width()]
         working = {block: rank for rank, block in enumerate(order)}
         self.turn_protected = [b for b in order if b.state is BlockState.RESIDENT]
         self._working = working
@@ -634,9 +644,15 @@ class ConversationMemory:
             raise InvariantError(f"conversation {self.id} is not in a slot: nothing to park")
         self.sequence.park(self.turn)
 
+    def enter_slot(self, seq: int, prefixes: SharedPrefixes, prefix: Prefix) -> None:
+        """Into slot `seq`: its cells emptied, the prefix shared in, the parked image restored in place, a new
+        conversation's first opening held ahead (`ResidentSequence.enter_slot`). RestoreError when the image is lost
+        (the caller rebuilds the conversation)."""
+        self.sequence.enter_slot(seq, prefixes, prefix)
+
     def unpark(self, seq: int) -> None:
-        """Back into a slot whose prefix cells were already shared in: restore the image in place.
-        Raises RestoreError when the image is lost (the caller rebuilds the conversation)."""
+        """Back into a slot whose prefix cells were already shared in (the simulator's and tests' own setup):
+        restore the image in place. Raises RestoreError when the image is lost."""
         self.sequence.unpark(seq)
 
     # -- persistence ------------------------------------------------------------------------

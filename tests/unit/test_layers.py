@@ -242,3 +242,20 @@ def test_turns_and_edits_reach_memory_through_its_methods_only():
                  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if REACHES_INTO_MEMORY.search(line)]
     assert not offenders, "reaches past memory's methods:\n" + "\n".join(offenders)
+
+
+SLOT_WRITES = re.compile(r"\bkv\.(drop|share|restore|evict|hold_ahead|claim_ahead)\(|"
+                         r"prefixes\.(share_into|hold_opening)\(")
+SCRATCH_ONLY = {"conversations/completion.py"}     # empties the scratch sequence it used, never a slot
+
+
+def test_nothing_outside_the_resident_sequence_writes_a_slots_cells():
+    """Issue 47: `ResidentSequence` is the one writer of a slot's cells (entering a slot included: the drop, the
+    prefix share, the unpark, the held opening); the layers above it only ask."""
+    folders = [PACKAGE / "conversations", PACKAGE / "memory"]
+    offenders = [f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+                 for path in sorted([*(p for f in folders for p in f.glob("*.py")), *PACKAGE.glob("*.py")])
+                 if str(path.relative_to(PACKAGE)) not in SCRATCH_ONLY
+                 for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if SLOT_WRITES.search(line)]
+    assert not offenders, "a slot's cells written outside ResidentSequence:\n" + "\n".join(offenders)
