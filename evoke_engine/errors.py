@@ -21,6 +21,21 @@ class ContextFullError(EvokeError):
     """The context has no free cells for the tokens that must be decoded."""
 
 
+class DecodeError(ContextFullError):
+    """llama_decode refused a batch (`rc`): the context is full, or the decode was aborted or malformed."""
+
+    def __init__(self, rc: int, n_ctx: int) -> None:
+        reason = {1: "the context is full (no free KV cells)", 2: "aborted", -1: "invalid batch"}.get(
+            rc, f"llama_decode returned {rc}")
+        super().__init__(f"decode failed: {reason}; the context holds {n_ctx} tokens. "
+                         "Raise the context length, lower the budget or the slot count, or turn eviction on.")
+        self.rc = rc
+
+
+class Cancelled(Exception):  # noqa: N818 - a stop asked for, not a failure
+    """Generation or decoding stopped at the caller's request."""
+
+
 class RestoreError(EvokeError):
     """Saved K/V bytes could not be spliced back (llama.cpp rejected them)."""
 

@@ -26,10 +26,9 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..errors import RestoreError
+from ..errors import Cancelled, DecodeError, RestoreError
 from ..runtime.held_ahead import HeldAhead
-from ..runtime.kv import SavedKV
-from ..runtime.runtime import Cancelled, DecodeError
+from ..runtime.saved_kv import SavedKV
 
 MAGIC = b"FKV1"
 _HEADER = struct.Struct("<4sii")        # magic, origin position, number of cells

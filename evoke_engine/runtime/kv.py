@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import llama_cpp as ll
@@ -33,34 +32,11 @@ from . import host_arena, kv_direct, reanchor
 from .held_ahead import HeldAhead
 from .kv_direct import DirectError, DirectKV
 from .runtime import Runtime
+from .saved_kv import SavedKV  # noqa: F401 - re-exported: callers import it from kv
 
 log = logging.getLogger(__name__)
 
 _ROTATION_BUFFER_MAX = 16 << 20          # bytes: a block's K/V (a few hundred tokens) fits with room to spare
-
-
-@dataclass
-class SavedKV:
-    """K/V bytes of a position range as llama.cpp serialises a sequence, and where they sit.
-
-    `origin_pos` is the position the bytes are anchored at (updated when they are re-anchored). `pending`: the
-    copy of the rows still under way on a worker (`KVCache.save_deferred`); `wait` before reading `data`.
-    """
-
-    data: bytearray | memoryview      # writable, so restore and re-anchoring need no copy
-    origin_pos: int
-    n_tokens: int
-    pending: Future | None = field(default=None, compare=False, repr=False)
-
-    def wait(self) -> None:
-        """Return once `data` holds every byte (at once unless a deferred save is still copying)."""
-        if self.pending is not None:
-            self.pending.result()
-            self.pending = None
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.data)
 
 
 class SequenceMirror(Protocol):

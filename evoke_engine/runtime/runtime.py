@@ -20,7 +20,7 @@ from pathlib import Path
 import llama_cpp as ll
 import numpy as np
 
-from ..errors import ContextFullError, ModelLoadError
+from ..errors import Cancelled, DecodeError, ModelLoadError
 from ..settings import Settings
 from . import device, rpc, rpc_placement
 from .model_file import (  # noqa: F401 - re-exported: callers import these from runtime
@@ -358,19 +358,6 @@ class Runtime:
         if getattr(self, "model", None):
             ll.llama_model_free(self.model)
             self.model = None
-
-
-class Cancelled(Exception):
-    """Generation or decoding stopped at the caller's request."""
-
-
-class DecodeError(ContextFullError):
-    def __init__(self, rc: int, n_ctx: int) -> None:
-        reason = {1: "the context is full (no free KV cells)", 2: "aborted", -1: "invalid batch"}.get(
-            rc, f"llama_decode returned {rc}")
-        super().__init__(f"decode failed: {reason}; the context holds {n_ctx} tokens. "
-                         "Raise the context length, lower the budget or the slot count, or turn eviction on.")
-        self.rc = rc
 
 
 __all__ = ["Runtime", "ModelInfo", "Cancelled", "DecodeError",

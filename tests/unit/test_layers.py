@@ -259,3 +259,19 @@ def test_nothing_outside_the_resident_sequence_writes_a_slots_cells():
                  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if SLOT_WRITES.search(line)]
     assert not offenders, "a slot's cells written outside ResidentSequence:\n" + "\n".join(offenders)
+
+
+def test_the_simulator_pulls_in_no_llama_cpp():
+    """Issue 47: kv_sim (the fake KV cache and runtime the unit tier and the model-free benches run on) reaches,
+    through everything it imports, no module that imports llama_cpp (the package's own __init__ aside)."""
+    graph = _runtime_graph()
+    seen, todo = set(), ["evoke_engine.kvcache.kv_sim"]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += graph.get(name, ())
+    modules = {".".join(["evoke_engine", *_module_of(p)]): p for p in PACKAGE.rglob("*.py")}
+    loading = sorted(name for name in seen
+                     if any(imported.split(".")[0] == "llama_cpp" for _, imported in _imports(modules[name])))
+    assert loading == [], f"the simulator reaches llama_cpp through {loading}"
