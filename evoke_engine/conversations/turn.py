@@ -317,7 +317,7 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     sample_s = token_decode_s = detokenize_s = 0.0
     memory.reply_starts()          # what the reply reads; with the capture on, what the message attends to
 
-    reply_text = ReplyText(rt.token_bytes, params.stop)
+    reply_text = ReplyText(rt.token_bytes, params.stop, hold_back=False)     # the text of the tokens in the KV
     generated: list[int] = []
     stopped = "max_tokens"
     ttft = 0.0

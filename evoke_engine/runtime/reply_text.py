@@ -1,8 +1,11 @@
 """Sampled tokens as text: `ReplyText` joins UTF-8 split across tokens and ends the text before the first stop string.
 
-Invariants: `text` is exactly what was handed out (`add`'s pieces, then `finish`'s); no part of a stop string is ever
-in it: text that could be the start of one is held back until the next token decides (llama-server's partial-stop
-rule), so a stop split across tokens is still found and cut whole; nothing is handed out after a stop.
+Invariants: `text` is exactly what was handed out (`add`'s pieces, then `finish`'s); nothing is handed out after a
+stop, and a stop split across tokens is still found. With `hold_back` (a stateless completion), no part of a stop
+string is ever in `text`: text that could be the start of one waits until the next token decides (llama-server's
+partial-stop rule). Without it (a chat turn), every decoded token's text is handed out, so the reply's text is the
+text of the tokens in its KV (a rebuild from the history gives the same cells): the start of a stop string that
+spans tokens stays in it.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from collections.abc import Sequence
 
 
 class ReplyText:
-    def __init__(self, token_bytes, stops: Sequence[str] = ()) -> None:
+    def __init__(self, token_bytes, stops: Sequence[str] = (), *, hold_back: bool = True) -> None:
         """`token_bytes(token)`: a token's raw bytes (`Runtime.token_bytes`)."""
         self._token_bytes = token_bytes
+        self._hold_back = hold_back
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.stops = tuple(s for s in stops if s)
         self.text = ""
@@ -24,12 +28,14 @@ class ReplyText:
         """The text to hand out now (maybe "": an incomplete character, or the start of a stop string) and whether
         a stop string ended the reply."""
         candidate = self._held + self._decoder.decode(self._token_bytes(token))
-        hits = [i for s in self.stops if (i := candidate.find(s)) >= 0]
+        longest = max((len(s) for s in self.stops), default=0)
+        searched = self.text[len(self.text) - longest:] if longest and not self._hold_back else ""   # a stop's start
+        hits = [i - len(searched) for s in self.stops if (i := (searched + candidate).find(s)) >= 0]
         if hits:
-            out, self._held = candidate[:min(hits)], ""
+            out, self._held = candidate[:max(0, min(hits))], ""
             self.text += out
             return out, True
-        keep = partial_stop(candidate, self.stops)
+        keep = partial_stop(candidate, self.stops) if self._hold_back else 0
         out, self._held = candidate[:len(candidate) - keep], candidate[len(candidate) - keep:]
         self.text += out
         return out, False

@@ -101,6 +101,10 @@ def test_reply_text_holds_back_the_start_of_a_stop_and_joins_utf8():
     held = ReplyText(pieces.__getitem__, stops=["world"])
     held.add(1)
     assert held.finish() == "wo" and held.text == "Hello, wo"          # the reply ended: what was held goes out
+    turn = ReplyText(pieces.__getitem__, stops=["world"], hold_back=False)     # a chat turn: the KV's own text
+    assert turn.add(1) == ("Hello, wo", False) and turn.add(2) == ("", True) and turn.text == "Hello, wo"
+    plain = ReplyText(pieces.__getitem__, hold_back=False)
+    assert plain.add(1) == ("Hello, wo", False) and plain.add(2) == ("rld\nEND", False)
     euro = ReplyText(pieces.__getitem__)
     assert euro.add(3) == ("", False) and euro.add(4) == ("€", False)
 
