@@ -8,35 +8,77 @@ template's system message, a user message's rendering, the export format, sampli
 vocabulary, a raw completion's result, engine priorities). No Qt here.
 """
 
-from .conversation import Conversation
-from .conversations.completion import Completion
-from .conversations.exchange import FORMAT_NAME, FORMAT_VERSION
-from .conversations.history_view import read_conversations, read_messages, search_messages
-from .conversations.lifecycle import REUSE_OWNER
-from .conversations.turn import Reply, render_user_content
-from .engine import ConversationInfo, Engine
-from .errors import (
-                     BudgetError,
-                     ContextFullError,
-                     DataDirInUseError,
-                     EditError,
-                     EvokeError,
-                     ImportFormatError,
-                     ModelLoadError,
-                     RebuildCancelled,
-                     RestoreError,
-)
-from .events import EngineEvent, EventKind
-from .kvcache.prefixes import default_system_prompt, system_message
-from .memory.memory import min_budget_tokens
-from .memory.recovery import backend as recovery_backend
-from .runtime.model_file import default_model_path
-from .runtime.sampling import GrammarError, json_grammar, json_schema_grammar
-from .runtime.vocab import VocabCounter
-from .settings import Settings
-from .stats import ConversationStats
-from .store.search import MARK_END, MARK_START
-from .worker import BACKGROUND, FOREGROUND, NORMAL, Command, Job
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# name -> the module that defines it; imported on first use (PEP 562), so `import evoke_engine.settings` or the
+# simulator (`kvcache.kv_sim`) does not load llama.cpp, the engine or the embedder
+_HOMES = {
+    "Conversation": "conversation", "Completion": "conversations.completion",
+    "FORMAT_NAME": "conversations.exchange", "FORMAT_VERSION": "conversations.exchange",
+    "read_conversations": "conversations.history_view", "read_messages": "conversations.history_view",
+    "search_messages": "conversations.history_view", "REUSE_OWNER": "conversations.lifecycle",
+    "Reply": "conversations.turn", "render_user_content": "conversations.turn",
+    "ConversationInfo": "engine", "Engine": "engine",
+    **dict.fromkeys(("BudgetError", "ContextFullError", "DataDirInUseError", "EditError", "EvokeError",
+                     "ImportFormatError", "ModelLoadError", "RebuildCancelled", "RestoreError"), "errors"),
+    "EngineEvent": "events", "EventKind": "events",
+    "default_system_prompt": "kvcache.prefixes", "system_message": "kvcache.prefixes",
+    "min_budget_tokens": "memory.memory", "recovery_backend": "memory.recovery",
+    "default_model_path": "runtime.model_file",
+    "GrammarError": "runtime.sampling", "json_grammar": "runtime.sampling", "json_schema_grammar": "runtime.sampling",
+    "VocabCounter": "runtime.vocab", "Settings": "settings", "ConversationStats": "stats",
+    "MARK_END": "store.search", "MARK_START": "store.search",
+    **dict.fromkeys(("BACKGROUND", "FOREGROUND", "NORMAL", "Command", "Job"), "worker"),
+}
+_RENAMED = {"recovery_backend": "backend"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), _RENAMED.get(name, name))
+    globals()[name] = value                   # the next lookup is a plain one
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
+
+
+if TYPE_CHECKING:                             # what type checkers and IDEs see: the same names, imported eagerly
+    from .conversation import Conversation
+    from .conversations.completion import Completion
+    from .conversations.exchange import FORMAT_NAME, FORMAT_VERSION
+    from .conversations.history_view import read_conversations, read_messages, search_messages
+    from .conversations.lifecycle import REUSE_OWNER
+    from .conversations.turn import Reply, render_user_content
+    from .engine import ConversationInfo, Engine
+    from .errors import (
+        BudgetError,
+        ContextFullError,
+        DataDirInUseError,
+        EditError,
+        EvokeError,
+        ImportFormatError,
+        ModelLoadError,
+        RebuildCancelled,
+        RestoreError,
+    )
+    from .events import EngineEvent, EventKind
+    from .kvcache.prefixes import default_system_prompt, system_message
+    from .memory.memory import min_budget_tokens
+    from .memory.recovery import backend as recovery_backend
+    from .runtime.model_file import default_model_path
+    from .runtime.sampling import GrammarError, json_grammar, json_schema_grammar
+    from .runtime.vocab import VocabCounter
+    from .settings import Settings
+    from .stats import ConversationStats
+    from .store.search import MARK_END, MARK_START
+    from .worker import BACKGROUND, FOREGROUND, NORMAL, Command, Job
 
 __all__ = ["Engine", "Conversation", "ConversationInfo", "ConversationStats", "Settings", "Reply", "EngineEvent",
            "EventKind", "EvokeError", "ModelLoadError", "BudgetError", "ContextFullError", "RestoreError", "EditError",
