@@ -107,10 +107,14 @@ class Settings:
     recovery_top_k: int = _setting(8, "Saved blocks considered for recovery per turn (with an overdraft: the size "
                                    "of the turn's working set, saved or resident).",
                                    group="Memory", low=0, high=64)
-    recovery_width_share: float = _setting(1.0, "The recovery width grows with the budget: a decision considers at "
-                                           "least this share of the budget's tokens in blocks (1.0: 16 blocks at "
-                                           "2048 tokens, 32 at 4096; recovery_top_k is the floor, so budgets up "
-                                           "to 1024 keep it; 0 off).", group="Memory", low=0.0, high=4.0)
+    recovery_width_tokens: int = _setting(1024, "The recovery width grows with the budget: recovery_top_k "
+                                          "blocks for each this many budget tokens (16 at 2048, 32 at 4096 with "
+                                          "the default 8; budgets up to it keep recovery_top_k; 0 off).",
+                                          group="Memory", low=0, high=1048576)
+    recovery_file_neighbours: bool = _setting(False, "A wide recovery also brings back, where room is left, the "
+                                              "saved blocks next to its best file matches in their files (a "
+                                              "file's block whose header the question met, and the next one that "
+                                              "holds the value).", group="Memory")
     recall_signal: str = _setting("fused", "How saved blocks are matched to a message for recovery: one vector "
                                   "per block, or each line's vector (max), optionally fused with BM25 over lines "
                                   "(SQLite FTS5); 'lexical' is a code-aware BM25 alone (identifiers split on _, "

@@ -34,7 +34,7 @@ from ..settings import Settings
 from ..stats import ConversationStats
 from .attention_signal import AttentionSignal
 from .embedder import Embedder
-from .policy import RecoveryPick, choose_recoveries, choose_victims, named_in, protected_blocks
+from .policy import RecoveryPick, choose_recoveries, choose_victims, file_neighbours, named_in, protected_blocks
 from .recall_signals import MODES, RecallSignal, export_lines, reply_grounding, seed_lines
 from .recall_signals import prepare as prepare_lines
 from .recovery import Breadcrumb, RecoveryBackend
@@ -492,7 +492,8 @@ class ConversationMemory:
         if working and not (identity_hashes or any(named_in(message, b) for b in saved)):
             saved = saved + self._move_best_to_tail(working, room + wide)   # re-attached or named files come first
         picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
-                                  resident_best=signal.resident_best, top_k=self.recovery_width(),
+                                  resident_best=signal.resident_best,
+                                  top_k=self.recovery_width() if working is None else len(working),
                                   room_tokens=room + wide, identity_hashes=identity_hashes,
                                   tie_break=self.attention.last if self.attention.enabled else None,
                                   margin=self.settings.recovery_margin if working is None else math.inf,
@@ -532,13 +533,12 @@ class ConversationMemory:
         return [best] if best.state in (BlockState.RAM, BlockState.DISK) else []
 
     def recovery_width(self) -> int:
-        """Blocks one recovery decision may consider: `recovery_top_k`, or `recovery_width_share` of the budget in
-        blocks where that is more (a day at 4096 tokens has room for twice the blocks of one at 2048; a fixed 8 left
-        facts ranked 9th-28th in the pool). 0 when `recovery_top_k` is 0 (similarity recovery off)."""
-        top_k = self.settings.recovery_top_k
-        if top_k == 0:
-            return 0
-        return max(top_k, int(self.budget_tokens * self.settings.recovery_width_share) // self.settings.block_tokens)
+        """Blocks one recovery decision may consider: `recovery_top_k` for each `recovery_width_tokens` of the
+        budget (at least once): a day at 4096 tokens has room for four times the blocks of one at 1024, and a fixed
+        8 left facts ranked 9th-28th in the pool. Budgets up to `recovery_width_tokens` keep `recovery_top_k`; 0
+        when it is 0 (similarity recovery off)."""
+        top_k, per = self.settings.recovery_top_k, self.settings.recovery_width_tokens
+        return top_k * max(1, self.budget_tokens // per) if per > 0 else top_k
 
     def _overdraft_allowed(self) -> int:
         """How far past the room this turn's recovery may go: `recovery_overdraft_tokens` when blocks come back as
@@ -557,9 +557,15 @@ class ConversationMemory:
         """A wide recovery's working set: the `recovery_width()` blocks, saved or resident, that the message ranks
         highest (block -> rank). It is the gate (no margin or role gate: every signal's scale passes): its saved
         blocks come back, its resident ones stay through the turn (`turn_protected`), so a recovery never pushes
-        out a resident block that ranks above it."""
+        out a resident block that ranks above it. With `recovery_file_neighbours`, the saved blocks next to the
+        best `recovery_top_k` file blocks in their files join it last (at most half of `recovery_top_k`): they
+        come back only where room is left (`policy.file_neighbours`)."""
         pool = [b for b in (*saved, *residents) if b.role != "breadcrumb"]
         order = sorted(pool, key=lambda b: signal.similarity(b), reverse=True)[:self.recovery_width()]
+        if self.settings.recovery_file_neighbours:
+            candidates = set(saved)
+            order += file_neighbours(order[:self.settings.recovery_top_k], self.table.blocks,
+                                     available=candidates.__contains__, limit=self.settings.recovery_top_k // 2)
         working = {block: rank for rank, block in enumerate(order)}
         self.turn_protected = [b for b in order if b.state is BlockState.RESIDENT]
         self._working = working

@@ -8,7 +8,7 @@ than the room it is given.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..kvcache.blocks import Block, BlockTable
@@ -56,6 +56,32 @@ def named_in(message: str, block: Block) -> bool:
         return False
     base = block.file_name.rsplit("/", 1)[-1]
     return re.search(rf"(?<![\w.-]){re.escape(base)}(?![\w-])", message) is not None
+
+
+def file_neighbours(hits: Sequence[Block], blocks: Sequence[Block], *, available: Callable[[Block], bool],
+                    limit: int) -> list[Block]:
+    """The blocks next to each file block of `hits` (best first) in its own file, before and after it in `blocks`
+    (birth order), that are `available` and not hits themselves: at most `limit`, the best hit's first. A question
+    that meets a file's header or its neighbouring keys then brings back the block holding the value too (a YAML
+    file's `ingest:` section split across two blocks)."""
+    by_file: dict[str, list[Block]] = {}
+    for block in blocks:
+        if block.file_name:
+            by_file.setdefault(block.file_name, []).append(block)
+    chosen = set(hits)
+    extra: list[Block] = []
+    for hit in hits:
+        siblings = by_file.get(hit.file_name or "", [])
+        if hit not in siblings:
+            continue
+        at = siblings.index(hit)
+        for near in (siblings[at - 1] if at > 0 else None, siblings[at + 1] if at + 1 < len(siblings) else None):
+            if len(extra) >= limit:
+                return extra
+            if near is not None and near not in chosen and available(near):
+                chosen.add(near)
+                extra.append(near)
+    return extra
 
 
 def choose_recoveries(saved: list[Block], *, message: str, similarity: Callable[[Block], float],
