@@ -32,6 +32,7 @@ from .model_file import (  # noqa: F401 - re-exported: callers import these from
     resolve_flash_attention,
     safe_model_params,
 )
+from .tokens import tokenize_with
 
 log = logging.getLogger(__name__)
 
@@ -251,15 +252,7 @@ class Runtime:
     # -- text -------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
         self._check_thread()
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        buf = (ll.llama_token * cap)()
-        n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            buf = (ll.llama_token * cap)()
-            n = ll.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        return list(buf[:n])
+        return tokenize_with(self.vocab, text, add_special, parse_special)
 
     def tokenize_parts(self, parts: Iterable[tuple[str, bool]]) -> list[int]:
         """Tokens of (text, special) pieces in order: only pieces marked special may yield special tokens

@@ -14,6 +14,7 @@ from pathlib import Path
 import llama_cpp as ll
 
 from .runtime import quiet_llama_logs, safe_model_params
+from .tokens import tokenize_with
 
 
 class VocabCounter:
@@ -40,18 +41,10 @@ class VocabCounter:
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         """`text`'s tokens as the engine's model tokenizes it (`Runtime.tokenize`), BOS first when `add_special`
         and the model wants it."""
-        data = text.encode("utf-8")
         with self._lock:
             if self._model is None:
                 raise RuntimeError("the vocabulary was closed")
-            cap = len(data) + 16
-            buf = (ll.llama_token * cap)()
-            n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
-            if n < 0:
-                cap = -n
-                buf = (ll.llama_token * cap)()
-                n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
-        return list(buf[:n])
+            return tokenize_with(self._vocab, text, add_special, parse_special)
 
     @property
     def n_tokens(self) -> int:
