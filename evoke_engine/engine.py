@@ -10,6 +10,7 @@ use; `focused` and `last_activity` are written on the engine thread only (other 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -99,6 +100,11 @@ class Engine:
     # -- events -----------------------------------------------------------------------------
     def subscribe(self, callback: Callable[[EngineEvent], None]) -> None:
         self._subscribers.append(callback)
+
+    def unsubscribe(self, callback: Callable[[EngineEvent], None]) -> None:
+        """Stop handing events to `callback` (a no-op when it was not subscribed)."""
+        with contextlib.suppress(ValueError):
+            self._subscribers.remove(callback)
 
     def emit(self, event: EngineEvent) -> None:
         """Hand `event` to every subscriber (on the calling thread; a failing subscriber is logged)."""

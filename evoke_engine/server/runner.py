@@ -136,6 +136,7 @@ class EndpointServer:
     def __init__(self, engine: Engine, config: ServerConfig, *, lifetime_s: float | None = None) -> None:
         self.config = config
         self.warning = config.check_bind()
+        self.engine = engine
         self.app = create_app(engine, config)
         self._sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -179,6 +180,7 @@ class EndpointServer:
         with contextlib.suppress(OSError):
             self._sock.close()
         self.app.state.service.close()
+        self.engine.unsubscribe(self.app.state.metrics.on_event)     # a restarted endpoint counts afresh
 
     def __enter__(self) -> EndpointServer:
         self.start()
@@ -211,18 +213,19 @@ def serve(engine: Engine, config: ServerConfig, lifetime_s: float | None = None)
             log.error("the endpoint on %s did not start", server.address)
             return 2
         started = time.monotonic()
-        if loaded.is_set() and engine.ready.exception() is not None:     # a missing file: said before any address
+
+        def load_failed(exc: BaseException) -> int:
             server.stop()
-            log.error("the model failed to load: %s", engine.ready.exception())
+            log.error("the model failed to load: %s", exc)
             return 2
+        if loaded.is_set() and engine.ready.exception() is not None:     # a missing file: said before any address
+            return load_failed(engine.ready.exception())
         key_note = "an API key is required" if config.api_key else "no API key"
         loading = "" if loaded.is_set() else "; the model is loading, /health answers 503 until it is ready"
         print(f"Evoke Desk endpoint on {server.address} ({key_note}){loading}; Ctrl-C stops it", flush=True)
         failure = _wait_loaded(engine, loaded, stop_requested, lifetime_s)
         if failure is not None:
-            server.stop()
-            log.error("the model failed to load: %s", failure)
-            return 2
+            return load_failed(failure)
         left = None if lifetime_s is None else max(0.0, lifetime_s - (time.monotonic() - started))
         stop_requested.wait(left)
         why = signal_name(received[0]) if received else "lifetime over" if lifetime_s else "stopped"

@@ -19,8 +19,9 @@ def test_switch_follows_the_settings(qtbot, tmp_path):
 
     loaded: Future = Future()
     loaded.set_result(None)
+    listeners: list = []                               # /metrics' event counters, one per running server
     engine = SimpleNamespace(settings=Settings(home=str(tmp_path)), model_loaded=True,   # /health reads only these
-                             ready=loaded, subscribe=lambda _callback: None)           # (and /metrics' events)
+                             ready=loaded, subscribe=listeners.append, unsubscribe=listeners.remove)
     switch = EndpointSwitch()
     seen: list[str] = []
     switch.addressChanged.connect(seen.append)
@@ -39,9 +40,10 @@ def test_switch_follows_the_settings(qtbot, tmp_path):
         switch.apply(engine, on.replace(api_key="k"))   # a new key: restarted with it
         switch.server.wait_started()
         assert httpx.get(seen[-1] + "/models", timeout=30).status_code == 401
+        assert len(listeners) == 1                      # the stopped server's counters left with it
     finally:
         switch.apply(engine, off)
-    assert seen[-1] == "" and switch.server is None
+    assert seen[-1] == "" and switch.server is None and listeners == []
 
 
 def test_switch_reports_a_refused_address(qtbot, tmp_path):
