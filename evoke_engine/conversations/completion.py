@@ -44,7 +44,7 @@ def complete(model: LoadedModel, tokens: list[int], params: SamplingParams,
         except Cancelled:
             return Completion("", len(tokens), 0, "cancelled", 0.0)
         with SamplerChain(params, rt.ctx(context), rt.n_vocab) as sampler:
-            while n_generated < params.max_tokens:
+            while True:                  # ends at a stop, the end token, max_tokens (checked before a decode)
                 if cancel.is_set():
                     stopped = "cancelled"
                     break
