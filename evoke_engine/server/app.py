@@ -36,7 +36,7 @@ from .embeddings import EmbeddingRequest, embed
 from .metrics import Metrics
 from .request_bodies import ChatRequest, check_body
 from .security import GuardMiddleware, ServerConfig
-from .service import ChatService, Outcome, Prepared
+from .service import ChatService, Outcome, Prepared, cancel_on_disconnect
 from .toolcalls import StreamSplitter
 
 
@@ -145,7 +145,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         try:
             future = service.submit(prepared)
             headers[JOB_HEADER] = str(future.job.id)
-            watcher = asyncio.create_task(_cancel_on_disconnect(http, prepared))
+            watcher = asyncio.create_task(cancel_on_disconnect(http, prepared.future, prepared.conv.cancel))
             reply = await asyncio.wrap_future(future)
             outcome = await to_thread.run_sync(service.finish, prepared, reply)
             metrics.observe(*split_usage(outcome.usage))
@@ -184,15 +184,6 @@ def split_usage(usage: dict) -> tuple[dict, dict]:
     return openai_usage, figures
 
 
-async def _cancel_on_disconnect(http: Request, prepared: Prepared, poll_s: float = 0.25) -> None:
-    """Stop the generation of a non-streaming request whose client went away (the partial reply is kept)."""
-    while prepared.future is not None and not prepared.future.done():
-        if await http.is_disconnected():
-            prepared.conv.cancel()
-            return
-        await asyncio.sleep(poll_s)
-
-
 def _completion(model_id: str, outcome: Outcome, logprobs: list[dict] | None = None) -> dict:
     message: dict = {"role": "assistant", "content": outcome.content}
     if outcome.tool_calls:
@@ -227,7 +218,7 @@ async def _start_stored(service: ChatService, prepared: Prepared, http: Request,
                             on_stored=lambda: loop.call_soon_threadsafe(acknowledge))
     future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, TURN_ENDED))
     future.add_done_callback(lambda _: loop.call_soon_threadsafe(stored.set))
-    watcher = asyncio.create_task(_cancel_on_disconnect(http, prepared))
+    watcher = asyncio.create_task(cancel_on_disconnect(http, prepared.future, prepared.conv.cancel))
     try:
         await stored.wait()
     except asyncio.CancelledError:

@@ -25,7 +25,7 @@ from ..errors import ContextFullError
 from .api_errors import ApiError, context_length, overflow
 from .metrics import Metrics
 from .request_bodies import CompletionRequest, check_body
-from .service import ChatService
+from .service import ChatService, cancel_on_disconnect
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "cancelled": "stop", "max_tokens": "length", "length": "length"}
 PING_S = 5.0                 # an SSE comment this often while no text comes (a long prompt's decode)
@@ -57,7 +57,7 @@ def add_completion_route(app: FastAPI, engine: Engine, service: ChatService, met
             return StreamingResponse(reply.stream(future, pieces, cancel, include_usage, metrics),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         future = engine.complete(tokens, cancel=cancel, **sampling)
-        watcher = asyncio.create_task(_cancel_on_disconnect(http, future, cancel))
+        watcher = asyncio.create_task(cancel_on_disconnect(http, future, cancel.set))
         try:
             done = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -133,14 +133,6 @@ def _usage_and_figures(done: Completion) -> tuple[dict, dict]:
     usage = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.n_tokens,
              "total_tokens": done.prompt_tokens + done.n_tokens, "prompt_tokens_details": {"cached_tokens": 0}}
     return usage, {"decoded": done.prompt_tokens, "engine_ttft_ms": round(done.ttft_s * 1000, 1)}
-
-
-async def _cancel_on_disconnect(http: Request, future, cancel: threading.Event, poll_s: float = 0.25) -> None:
-    while not future.done():
-        if await http.is_disconnected():
-            cancel.set()
-            return
-        await asyncio.sleep(poll_s)
 
 
 class _Reply:

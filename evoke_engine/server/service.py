@@ -593,3 +593,14 @@ class ChatService:
             prepared.lock.release()
             if prepared.made_here:
                 self._locks.pop(prepared.conv.id, None)
+
+
+async def cancel_on_disconnect(http, future: Future | None, cancel: Callable[[], None],
+                               poll_s: float = 0.25) -> None:
+    """Call `cancel` once the request's client has gone, unless its `future` is done first (the partial reply or
+    text is kept): a chat turn's, a raw completion's."""
+    while future is not None and not future.done():
+        if await http.is_disconnected():
+            cancel()
+            return
+        await asyncio.sleep(poll_s)
