@@ -22,7 +22,7 @@ chat: install
 	$(PY) -m evoke_engine chat
 
 test: install
-	$(VENV)/bin/ruff check evoke_engine app tests
+	$(VENV)/bin/ruff check evoke_engine app benchmarks tests
 	$(PY) -m pytest -q -m "not soak"
 
 test-fast: install
@@ -35,8 +35,8 @@ test-hostile: install
 	$(PY) tests/helpers/hostile_suite.py
 
 bench: install
-	$(PY) -m evoke_engine.bench restore --json
-	$(PY) -m evoke_engine.bench recall --json --seeds 10 --budget 512
+	$(PY) -m benchmarks restore --json
+	$(PY) -m benchmarks recall --json --seeds 10 --budget 512
 
 gpu: install
 	bash native/build_cuda.sh

@@ -145,7 +145,7 @@ MANY_BLOCKS_BUDGET = 1024
 
 def _many_blocks(controller, turn, blocks: int, home: str) -> dict[str, Any]:
     """A fresh conversation of about `blocks` blocks (most evicted), then a streamed turn over it."""
-    from evoke_engine.bench.paste import paste_text
+    from benchmarks.paste import paste_text
 
     previous = controller.current_id
     controller.new_conversation()

@@ -512,10 +512,16 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
 
     # -- a turn -----------------------------------------------------------------------------
     def draft_settled(self, text: str) -> None:
-        """The user paused typing `text`: the engine embeds it on idle time, so sending it waits for no embedding."""
+        """The user paused typing `text`: on idle time the engine embeds it and, for the open conversation, works
+        out its input and recovery (`Engine.prepare_ahead`), so sending it waits for none of that."""
         text = text.strip()
-        if text and self.engine is not None and self.model_state == "ready":
-            self.bridge.call(self.engine.embed_ahead, text, on_error=lambda _exc: None)   # only an optimisation
+        if not text or self.engine is None or self.model_state != "ready":
+            return
+        if self.current_id and not self.generating and self.current_id not in self.opening_ids:
+            self.bridge.call(self.engine.prepare_ahead, self.current_id, text, list(self.pending),
+                             on_error=lambda _exc: None)                     # only an optimisation
+        else:
+            self.bridge.call(self.engine.embed_ahead, text, on_error=lambda _exc: None)
 
     def send(self, text: str, **options: Any) -> bool:
         """Send `text` with the pending attachments; False when nothing can be sent now (the text stays).

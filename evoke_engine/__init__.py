@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # name -> the module that defines it; imported on first use (PEP 562), so `import evoke_engine.settings` or the
-# simulator (`kvcache.kv_sim`) does not load llama.cpp, the engine or the embedder
+# simulator (`benchmarks/kv_sim.py`, outside the package) does not load llama.cpp, the engine or the embedder
 _HOMES = {
     "Conversation": "conversation", "Completion": "conversations.completion",
     "FORMAT_NAME": "conversations.exchange", "FORMAT_VERSION": "conversations.exchange",

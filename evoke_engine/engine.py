@@ -38,6 +38,7 @@ from .kvcache.prefixes import Prefix, system_prompt_of, tools_of
 from .memory.embedder import Embedder
 from .memory.memory import min_budget_tokens
 from .memory.recovery import backend as recovery_backend
+from .runtime.backend import LLAMA_CPP, Backend
 from .runtime.runtime import ModelInfo
 from .runtime.sampling import SamplingParams
 from .settings import Settings
@@ -55,9 +56,10 @@ log = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, settings: Settings | None = None, *, wait: bool = True, scheduler=None,
-                 clock: Callable[[], float] = time.time, prewarm: bool = True) -> None:
+                 clock: Callable[[], float] = time.time, prewarm: bool = True, backend: Backend = LLAMA_CPP) -> None:
         self.settings_hub = SettingsHub(settings if settings is not None else Settings())
         self.prewarm = prewarm
+        self.backend = backend                       # what each load builds the model on (llama.cpp)
         self.clock = clock
         self._closed = False
         self.owner = DataFolderLock(self.settings.data_dir).acquire()   # first: a refused engine starts nothing
@@ -120,7 +122,7 @@ class Engine:
         (engine thread)."""
         settings = self.settings
         self.emit(EngineEvent(EventKind.MODEL_LOADING, f"loading {settings.model_path or 'embedded model'}"))
-        model = self.model = LoadedModel.load(self.settings_hub, self.emit, self.clock)
+        model = self.model = LoadedModel.load(self.settings_hub, self.emit, self.clock, self.backend)
         self.lifecycle.attach(model)
         if not model.rt.eviction_supported:
             self.emit(EngineEvent(EventKind.ERROR, f"{model.rt.eviction_note}; chat works without eviction"))
@@ -494,6 +496,26 @@ class Engine:
             if model is not None and model.embedder.enabled and not model.embedder.warming and text.strip():
                 model.embedder.embed_one(text)
         return self.thread.submit(embed, priority=BACKGROUND, command=Command.EMBED)
+
+    def prepare_ahead(self, conversation_id: str, text: str, attachments: Sequence[Attachment] = (), *,
+                      max_tokens: int | None = None) -> Future:
+        """The user paused typing `text` into `conversation_id`: on idle time (BACKGROUND) the message is embedded
+        and, where the conversation is open, its slot taken, its input rendered and tokenized and its recovery
+        decided and brought back where the budget has room (`TurnJobs.prepare_ahead`), so that sending the same
+        text waits for none of it. The Future gives True when the conversation was prepared. Typing loads and
+        opens nothing; a turn that sends other text (or another `max_tokens` than the one prepared for, the
+        settings' by default) decides afresh."""
+        if max_tokens is None:
+            max_tokens = SamplingParams.from_settings(self.settings).max_tokens
+
+        def prepare() -> bool:
+            model = self.model
+            if model is None or not text.strip():
+                return False
+            if model.embedder.enabled and not model.embedder.warming:
+                model.embedder.embed_one(text)
+            return self.turns.prepare_ahead(conversation_id, text, list(attachments), max_tokens)
+        return self.thread.submit(prepare, priority=BACKGROUND, command=Command.PREPARE, about=conversation_id)
 
     def complete(self, tokens: list[int], *, on_token: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None, **sampling) -> Future[Completion]:

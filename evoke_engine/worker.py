@@ -35,6 +35,7 @@ class Command(enum.StrEnum):
     EDIT = "edit"                    # edit, truncate, fork, switch a version, delete a message
     COMPLETE = "complete"            # a stateless raw completion
     EMBED = "embed"                  # embedding work on idle time (drafts, warm-up, a turn's vectors)
+    PREPARE = "prepare"              # a typed draft's input and recovery worked out ahead of its turn
     SWEEP = "sweep"                  # the scheduler's keep-alive, eviction and idle sweeps
     READ = "read"                    # a read of engine state (stats, blocks, tokens)
     WRITE = "write"                  # a change of metadata (title, pin, focus, budget)

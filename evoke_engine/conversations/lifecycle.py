@@ -31,7 +31,7 @@ from ..stats import ConversationStats
 from ..store.history import HistoryDB, MessageRow
 from ..store.store_error import StoreError
 from .snapshot_fit import fit_snapshot
-from .turn import number_turns, render_user_content, replay_input, replay_reply
+from .turn import PreparedInput, number_turns, render_user_content, replay_input, replay_reply
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -56,6 +56,7 @@ class ConversationState:
     prefix: Prefix | None = None
     pinned: bool = False
     last_used: float = 0.0
+    ahead: PreparedInput | None = None     # the next input, prepared while it was typed (`TurnJobs.prepare_ahead`)
 
     @property
     def ttl_class(self) -> str:

@@ -1,5 +1,6 @@
 """One loaded model as one value: its runtime, KV primitives, chat template, shared prefixes, host pool, slots,
-KV files, attention capture and embedder.
+KV files, attention capture and embedder. The runtime, KV primitives and sampler come from a `Backend`
+(llama.cpp by default; a simulated one runs a whole Engine without a model).
 
 Invariants: a `LoadedModel` exists exactly while the model is loaded (the Engine holds one or None); `load`
 either returns a whole value or frees what it made and raises; `close` frees everything in one place, in
@@ -14,7 +15,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import EvokeError
 from ..events import EngineEvent, EventKind
 from ..kvcache.chunk_index import ChunkIndex
 from ..kvcache.pool import SavedPool
@@ -22,8 +22,9 @@ from ..kvcache.prefixes import SharedPrefixes
 from ..kvcache.slots import SlotRegistry
 from ..memory.chunk_files import KVFileChunks
 from ..memory.embedder import Embedder
-from ..runtime.attention import AttentionCapture, attach_capture
-from ..runtime.kv import KVCache
+from ..runtime.attention import AttentionCapture
+from ..runtime.backend import LLAMA_CPP, Backend, BackendParts
+from ..runtime.kv import KVPrimitives
 from ..runtime.runtime import ModelInfo, Runtime
 from ..runtime.template import ChatTemplate
 from ..settings import TTL_SETTINGS, Settings
@@ -36,8 +37,8 @@ log = logging.getLogger(__name__)
 @dataclass(eq=False)
 class LoadedModel:
     hub: SettingsHub                # the engine's settings: `settings` is its current value
-    rt: Runtime
-    kv: KVCache
+    rt: Runtime                     # or a simulated runtime with its public surface (`Backend`)
+    kv: KVPrimitives
     template: ChatTemplate
     prefixes: SharedPrefixes
     pool: SavedPool
@@ -56,20 +57,15 @@ class LoadedModel:
         return self.hub.current
 
     @classmethod
-    def load(cls, hub: SettingsHub, emit: Callable[[EngineEvent], None], clock: Callable[[], float]) -> LoadedModel:
-        """Load the model `hub.current` names and build its resources (engine thread). A failure after the
-        runtime exists frees it before the error goes up: nothing is left holding a context."""
+    def load(cls, hub: SettingsHub, emit: Callable[[EngineEvent], None], clock: Callable[[], float],
+             backend: Backend = LLAMA_CPP) -> LoadedModel:
+        """Load the model `hub.current` names on `backend` and build its resources (engine thread). A failure after
+        the runtime exists frees it before the error goes up: nothing is left holding a context."""
         settings = hub.current
-        capture = AttentionCapture.create(gqa=settings.attention_gqa) if settings.attention_capture else None
+        parts = backend.open(settings, emit)
+        rt, kv, attention = parts.rt, parts.kv, parts.attention
+        pool = None
         try:
-            rt = Runtime(settings, eval_callback=capture)
-        except EvokeError as exc:
-            emit(EngineEvent(EventKind.LOAD_FAILED, str(exc)))
-            raise
-        attention = pool = None
-        try:
-            attention = attach_capture(capture, rt, settings, emit)
-            kv = KVCache(rt, mirror=attention)
             template = ChatTemplate(rt.meta("tokenizer.chat_template"), bos_token=rt.token_text("bos"),
                                     eos_token=rt.token_text("eos"))
             pool = SavedPool(settings.ram_budget_bytes, settings.cache_dir / "spill",
@@ -90,9 +86,7 @@ class LoadedModel:
         except BaseException:
             if pool is not None:
                 pool.close()
-            rt.close()
-            if attention is not None:
-                attention.close()
+            parts.close()
             raise
 
     def fit_warning(self, shared_tokens: int) -> str | None:
@@ -122,9 +116,7 @@ class LoadedModel:
         if isinstance(self.chunks.files, KVFileChunks):
             self.chunks.files.close()
         self.prefixes.clear()
-        self.rt.close()
-        if self.attention is not None:
-            self.attention.close()
+        BackendParts(rt=self.rt, kv=self.kv, attention=self.attention).close()
 
 
 POOL_SETTINGS = ("ram_budget_bytes", "pool_bits")

@@ -125,35 +125,108 @@ def message_key(message: dict) -> tuple[int, str]:
     return message["evoke_turn"], "reply" if message.get("role") == "assistant" else "input"
 
 
+@dataclass
+class PreparedInput:
+    """A turn's input worked out before the turn (`prepare_input`: while the user typed it, or at the turn's start):
+    its template message, its blocks and the reply's frame. Rendering the template and tokenizing are the turn's
+    Python before any decision; done ahead, the turn only checks `fits`."""
+    text: str
+    attachments: tuple[Attachment, ...]
+    role: str
+    extra: dict | None
+    system: dict | None
+    history: list[dict]             # shallow copies of the history it was rendered after
+    turn: int
+    block_tokens: int
+    user_message: dict
+    blocks: list[Block]
+    opening: list[int]
+    closing: list[int]
+    next_opening: list[int]
+
+    @property
+    def message_tokens(self) -> int:
+        return sum(b.n_tokens for b in self.blocks)
+
+    def fits(self, history: list[dict], text: str, attachments: Sequence[Attachment], turn: int, *,
+             system: dict | None, role: str, extra: dict | None, block_tokens: int) -> bool:
+        """True when a turn with these inputs, after this history, would prepare exactly this."""
+        return (self.text == text and self.attachments == tuple(attachments) and self.role == role
+                and self.extra == extra and self.turn == turn and self.block_tokens == block_tokens
+                and self.system == system and self.history == history)
+
+
+def prepare_input(rt: Runtime, template: ChatTemplate, history: list[dict], text: str,
+                  attachments: Sequence[Attachment], turn: int, block_tokens: int, *, system: dict | None = None,
+                  role: str = "user", extra: dict | None = None) -> PreparedInput:
+    """Render and tokenize turn `turn`'s input after `history` (which it leaves as it is): nothing in the
+    conversation changes, so it may run ahead of the turn and be thrown away."""
+    user_message = input_message(text, attachments, turn, role, extra)
+    head = [system] if system else []
+    segment = template.message_segment([*head, *history], user_message)
+    blocks = message_blocks(rt, segment, text, attachments, turn, block_tokens)
+    after = [*head, *history, user_message]
+    frame = template.assistant_frame(after)
+    return PreparedInput(text=text, attachments=tuple(attachments), role=role, extra=extra, system=system,
+                         history=[dict(m) for m in history], turn=turn, block_tokens=block_tokens,
+                         user_message=user_message, blocks=blocks, opening=rt.tokenize(frame.opening),
+                         closing=rt.tokenize(frame.closing), next_opening=next_user_opening(rt, template, after))
+
+
+def reply_reserve(memory: ConversationMemory, prepared: PreparedInput, max_tokens: int) -> int:
+    """Tokens a turn keeps free for its reply: its first `max_tokens` (at most an eighth of the budget) and the
+    template's frame around it."""
+    return min(max_tokens, memory.budget_tokens // 8) + len(prepared.opening) + len(prepared.closing)
+
+
+def recovery_inputs(memory: ConversationMemory, prepared: PreparedInput, max_tokens: int) -> dict:
+    """The arguments of the turn's recovery decision (`ConversationMemory.recover` / `recover_ahead`)."""
+    return {"message_tokens": min(prepared.message_tokens, memory.budget_tokens // 2),
+            "reply_reserve": reply_reserve(memory, prepared, max_tokens),
+            "identity_hashes": {b.hash for b in prepared.blocks if b.role == "file"}}
+
+
+def prepare_ahead(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict], text: str,
+                  attachments: Sequence[Attachment], max_tokens: int, *, system: dict | None = None) -> PreparedInput:
+    """Everything the next turn would work out before its first decode, done while the user types `text`: the
+    input rendered and tokenized, and the recovery decided and carried out where it fits the budget
+    (`ConversationMemory.recover_ahead`). The turn that sends the same text after the same history finds both
+    (`run_turn`'s `prepared`); any other turn ignores them."""
+    prepared = prepare_input(rt, template, history, text, attachments, memory.turn + 1, memory.settings.block_tokens,
+                             system=system)
+    memory.set_query(text or prepared.user_message["content"][:2000])
+    memory.recover_ahead(text, **recovery_inputs(memory, prepared, max_tokens))
+    return prepared
+
+
 def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
              text: str, attachments: Sequence[Attachment], params: SamplingParams,
              on_token: Callable[[str], None] | None, cancel: threading.Event,
              on_progress: Callable[[int, int], None] | None = None, *, system: dict | None = None,
-             role: str = "user", extra: dict | None = None) -> Reply:
-    """Run one turn; `history` (template messages after `system`) gains the input message and the reply."""
+             role: str = "user", extra: dict | None = None, prepared: PreparedInput | None = None) -> Reply:
+    """Run one turn; `history` (template messages after `system`) gains the input message and the reply.
+    `prepared` (`prepare_ahead`) is used when it fits this turn, else the input is prepared here."""
     started = time.perf_counter()
     turn = memory.begin_turn()
-    user_message = input_message(text, attachments, turn, role, extra)
-    head = [system] if system else []
-    segment = template.message_segment([*head, *history], user_message)
-    blocks = message_blocks(rt, segment, text, attachments, turn, memory.settings.block_tokens)
+    block_tokens = memory.settings.block_tokens
+    if prepared is None or not prepared.fits(history, text, attachments, turn, system=system, role=role,
+                                             extra=extra, block_tokens=block_tokens):
+        prepared = prepare_input(rt, template, history, text, attachments, turn, block_tokens, system=system,
+                                 role=role, extra=extra)
+    user_message, blocks = prepared.user_message, prepared.blocks
+    opening, closing, next_opening = prepared.opening, prepared.closing, prepared.next_opening
     history.append(user_message)
-    frame = template.assistant_frame([*head, *history])
-    opening, closing = rt.tokenize(frame.opening), rt.tokenize(frame.closing)
-    next_opening = next_user_opening(rt, template, [*head, *history])
     memory.set_query(text or user_message["content"][:2000])
 
     # Recovery, before the new tail: re-attached content (identity) and what the message needs.
-    new_hashes = {b.hash for b in blocks if b.role == "file"}
-    message_tokens = sum(b.n_tokens for b in blocks)
-    reserve = min(params.max_tokens, memory.budget_tokens // 8) + len(opening) + len(closing)
     clock = TurnBreakdown()
-    recovered = memory.recover(text, message_tokens=min(message_tokens, memory.budget_tokens // 2),
-                               reply_reserve=reserve, identity_hashes=new_hashes)
+    decision = recovery_inputs(memory, prepared, params.max_tokens)
+    recovered = memory.recover(text, **decision)
     clock.add("decide", memory.last_decide_s - memory.last_embed_s)
     clock.add("embed", memory.last_embed_s)
     clock.add("restore", memory.last_restore_s)
     reused = {b.hash for b in recovered if b.role == "file"}
+    message_tokens = prepared.message_tokens
 
     # Decode the message in blocks, evicting between them when the budget needs it.
     done, total = 0, message_tokens

@@ -23,7 +23,7 @@ from . import editing
 from .lifecycle import ConversationLifecycle, ConversationState
 from .live_stats import StatsTicker
 from .reply_row import StreamedReply, reply_metrics
-from .turn import Attachment, Reply, continue_reply, regenerate_reply, run_turn
+from .turn import Attachment, Reply, continue_reply, prepare_ahead, regenerate_reply, run_turn
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +69,11 @@ class TurnJobs:
             if total > model.settings.block_tokens * 2:
                 self.emit(EngineEvent(EventKind.PREFILL, f"{done}/{total}", conversation_id=state.id, tokens=done))
 
+        prepared, state.ahead = state.ahead, None
         try:
             reply = run_turn(state.memory, model.rt, model.template, state.history, text, attachments, params,
                              StatsTicker(self.conversations, state, row.on_token), cancel, progress,
-                             system=state.system_message, role=role, extra=extra)
+                             system=state.system_message, role=role, extra=extra, prepared=prepared)
             self._count_rebuild(conversation_id, reply)
             row.finish(reply.text, reply_metrics(reply))
         except BaseException as exc:
@@ -86,6 +87,21 @@ class TurnJobs:
         self.emit(EngineEvent(EventKind.TURN_DONE, f"{reply.n_tokens} tokens, stopped: {reply.stopped}",
                               conversation_id=state.id, tokens=reply.n_tokens))
         return reply
+
+    def prepare_ahead(self, conversation_id: str, text: str, attachments: list[Attachment], max_tokens: int) -> bool:
+        """The user paused typing `text` into an open conversation: it takes its slot, and its next input and that
+        input's recovery are worked out now (`turn.prepare_ahead`), kept for the turn that sends the same text
+        after the same history. False, and nothing done, when the conversation is not open or no model is
+        loaded: typing opens and loads nothing."""
+        state = self.conversations.get(conversation_id)
+        model = self.conversations.model
+        if state is None or model is None or not text.strip():
+            return False
+        self.conversations.ensure_slot(state)
+        state.ahead = prepare_ahead(state.memory, model.rt, model.template, state.history, text, attachments,
+                                    max_tokens, system=state.system_message)
+        self.conversations.refresh(state)             # the memory view shows what came back
+        return True
 
     def _keep_message(self, state: ConversationState, reply_row: int | None, error: BaseException) -> None:
         """Undo a failed turn whose message was acknowledged as stored: the message stays, the reply's row (if it

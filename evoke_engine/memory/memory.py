@@ -35,10 +35,11 @@ from ..stats import ConversationStats
 from .attention_signal import AttentionSignal
 from .embedder import Embedder
 from .policy import RecoveryPick, choose_recoveries, choose_victims, file_neighbours, named_in, protected_blocks
-from .recall_signals import MODES, RecallSignal, export_lines, reply_grounding, seed_lines
+from .recall_signals import MODES, RecallSignal, export_lines, message_asks, only_asks, reply_grounding, seed_lines
 from .recall_signals import prepare as prepare_lines
 from .recovery import Breadcrumb, RecoveryBackend
 from .recovery import backend as recovery_backend
+from .recovery_plan import RecoveryPlan, table_state
 from .scorer import Scorer, TaskFocus
 from .snapshot import Snapshot, SnapshotError
 
@@ -102,6 +103,7 @@ class ConversationMemory:
         self._recovered: list[tuple[Block, dict]] = []   # this turn's recoveries, best ranked first, and why
         self.turn_protected: list[Block] = []    # resident blocks a wide recovery's working set keeps this turn
         self._working: dict[Block, int] = {}     # that working set, block -> rank
+        self._ahead: RecoveryPlan | None = None  # the next message's recovery, decided while it was typed
         self.reply_context: tuple[str, ...] = ()  # blocks resident when the last reply started (a turn end may evict)
 
     # -- accounting (read only: `sequence` writes) --------------------------------------------
@@ -462,52 +464,113 @@ class ConversationMemory:
 
     def recover(self, message: str, *, message_tokens: int, reply_reserve: int,
                 identity_hashes: set[str] = frozenset()) -> list[Block]:
-        """Bring back saved blocks this message needs, at the tail, before its tokens decode."""
+        """Bring back saved blocks this message needs, at the tail, before its tokens decode: the plan made while
+        it was typed (`recover_ahead`) when nothing changed since, else a decision made now."""
         started = time.perf_counter()
         embedded_before = getattr(self.embedder, "embed_s", 0.0)
         self.last_decide_s = self.last_embed_s = self.last_restore_s = 0.0
-        self.overdraft, self._recovered, self.turn_protected, self._working = 0, [], [], {}
-        self.embed_due()                             # the user was quicker than the idle time (counted as embedding)
-        saved = self.candidates()
-        if not saved or self.settings.recovery_top_k == 0 and not identity_hashes:
-            return []
-        # the embedder warming up: decide with the lexical signal now rather than wait for it (said in each decision)
-        self._warming_turn = self.embedder.enabled and getattr(self.embedder, "warming", False)
-        if self.settings.recovery_top_k == 0 or not (self.embedder.enabled or self._warming_turn):
-            saved = [b for b in saved if b.hash in identity_hashes or (b.file_name and b.file_name in message)]
-        residents = [b for b in self.table.resident if not b.shared]
-        if not self._warming_turn:
-            self.ensure_embeddings(saved)            # no-ops after a turn end or a KV file: vectors are kept
-            self.ensure_embeddings(residents)
-        signal = RecallSignal("lexical" if self._warming_turn else self.settings.recall_signal,
-                              query_text=self._query_text, query=None if self._warming_turn else self.query,
-                              saved=saved, residents=residents, embedder=self.embedder,
-                              user_margin=self.settings.recall_user_margin,
-                              file_names=self.settings.recall_file_name_line,
-                              skip_questions=self.settings.recall_skip_questions, embed_lines=False)
-        fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
-        room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens - reply_reserve)
-        wide = self._overdraft_allowed()
-        working = self._working_set(saved, residents, signal) if wide else None
-        if working and not (identity_hashes or any(named_in(message, b) for b in saved)):
-            saved = saved + self._move_best_to_tail(working, room + wide)   # re-attached or named files come first
-        picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
-                                  resident_best=signal.resident_best,
-                                  top_k=self.recovery_width() if working is None else len(working),
-                                  room_tokens=room + wide, identity_hashes=identity_hashes,
-                                  tie_break=self.attention.last if self.attention.enabled else None,
-                                  margin=self.settings.recovery_margin if working is None else math.inf,
-                                  eligible=None if working is None else working.__contains__)
+        self._reset_turn_recovery()
+        plan, self._ahead = self._ahead, None
+        inputs = (message, message_tokens, reply_reserve, frozenset(identity_hashes))
+        if plan is None or not plan.matches(*inputs, settings=self.settings, budget_tokens=self.budget_tokens,
+                                            embedder=self.embedder, table=self.table):
+            plan = self.plan_recovery(*inputs)
         self.last_decide_s = time.perf_counter() - started
         self.last_embed_s = getattr(self.embedder, "embed_s", 0.0) - embedded_before
-        self.overdraft = min(wide, max(0, sum(p.block.n_tokens for p in picks) - room))
         restoring = time.perf_counter()
-        recovered: list[Block] = []
-        used = 0
+        recovered = self._carry_out(plan, turn=self.turn)
+        self.last_restore_s = time.perf_counter() - restoring
+        return recovered
+
+    def recover_ahead(self, message: str, *, message_tokens: int, reply_reserve: int,
+                      identity_hashes: set[str] = frozenset()) -> None:
+        """While the next message is typed: decide its recovery and bring back now what fits the budget's room
+        (not a wide recovery's overdraft, which only a turn may take), so that sending it waits for neither. The
+        rest of the plan is kept for `recover`, which uses it only if the message and everything the decision
+        read are the same then. Nothing else of the turn starts here."""
+        self._ahead = None
+        plan = self.plan_recovery(message, message_tokens, reply_reserve, frozenset(identity_hashes))
+        fits, used = [], 0
+        for pick in plan.picks:
+            if used + pick.block.n_tokens > plan.room:
+                break
+            fits.append(pick)
+            used += pick.block.n_tokens
+        if fits:
+            self._reset_turn_recovery()
+            self._carry_out(plan, turn=self.turn + 1, picks=fits)
+            plan.done = list(self._recovered)
+            plan.picks = plan.picks[len(fits):]
+            plan.move_best = None                      # moved already
+            plan.working = dict(self._working)
+            self._reset_turn_recovery()                # the turn sets them again from the plan
+            plan.table_seen = table_state(self.table)
+        self._ahead = plan
+
+    def _reset_turn_recovery(self) -> None:
+        self.overdraft, self._recovered, self.turn_protected, self._working = 0, [], [], {}
+
+    def plan_recovery(self, message: str, message_tokens: int, reply_reserve: int,
+                      identity_hashes: frozenset[str] = frozenset()) -> RecoveryPlan:
+        """Decide which saved blocks `message` needs back, changing nothing but vectors made on the way (its
+        own, and blocks that lacked theirs)."""
+        self.embed_due()                             # the user was quicker than the idle time (counted as embedding)
+        plan = RecoveryPlan(message, message_tokens, reply_reserve, identity_hashes, self.settings,
+                            self.budget_tokens, self.embedder, table_state(self.table), picks=[])
+        saved = self.candidates()
+        if not saved or self.settings.recovery_top_k == 0 and not identity_hashes:
+            return plan
+        # the embedder warming up: decide with the lexical signal now rather than wait for it (said in each decision)
+        plan.warming = warming = self.embedder.enabled and getattr(self.embedder, "warming", False)
+        if self.settings.recovery_top_k == 0 or not (self.embedder.enabled or warming):
+            saved = [b for b in saved if b.hash in identity_hashes or (b.file_name and b.file_name in message)]
+        residents = [b for b in self.table.resident if not b.shared]
+        if not warming:
+            self.ensure_embeddings(saved)            # no-ops after a turn end or a KV file: vectors are kept
+            self.ensure_embeddings(residents)
+        plan.signal = signal = RecallSignal(
+            "lexical" if warming else self.settings.recall_signal, query_text=self._query_text,
+            query=None if warming else self.query, saved=saved, residents=residents, embedder=self.embedder,
+            user_margin=self.settings.recall_user_margin, file_names=self.settings.recall_file_name_line,
+            skip_questions=self.settings.recall_skip_questions, embed_lines=False)
+        fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
+        plan.room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens
+                        - reply_reserve)
+        plan.wide = wide = self._overdraft_allowed()
+        working = self._working_set(saved, residents, signal) if wide else None
+        plan.working = working or {}
+        if working and not (identity_hashes or any(named_in(message, b) for b in saved)):
+            plan.move_best = self._best_to_move(working, plan.room + wide)
+            saved = saved + ([plan.move_best] if plan.move_best is not None else [])   # it comes back first
+        plan.picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
+                                       resident_best=signal.resident_best,
+                                       top_k=self.recovery_width() if working is None else len(working),
+                                       room_tokens=plan.room + wide, identity_hashes=identity_hashes,
+                                       tie_break=self.attention.last if self.attention.enabled else None,
+                                       margin=self.settings.recovery_margin if working is None else math.inf,
+                                       eligible=None if working is None else working.__contains__)
+        return plan
+
+    def _carry_out(self, plan: RecoveryPlan, *, turn: int, picks: list[RecoveryPick] | None = None) -> list[Block]:
+        """Bring back `picks` (the plan's, by default) after what the plan did ahead; the recovered blocks, best
+        first. Sets this turn's working set, protections and overdraft from the plan."""
+        picks = plan.picks if picks is None else picks
+        self._warming_turn = plan.warming
+        self._working = dict(plan.working)
+        self.turn_protected = [b for b in plan.working if b.state is BlockState.RESIDENT and b is not plan.move_best]
+        self._recovered = [(b, detail) for b, detail in plan.done if b.state is BlockState.RESIDENT]
+        recovered = [b for b, _ in self._recovered]
+        if plan.move_best is not None:
+            self._evict([plan.move_best], because="the message's best match, moved next to it")
+            if plan.move_best.state not in (BlockState.RAM, BlockState.DISK):
+                picks = [p for p in picks if p.block is not plan.move_best]    # dropped: it cannot come back
+        total = sum(p.block.n_tokens for p in picks) + sum(b.n_tokens for b in recovered)
+        self.overdraft = min(plan.wide, max(0, total - plan.room))
+        used = sum(b.n_tokens for b in recovered)
         for pick in picks:
             used += pick.block.n_tokens
             self.make_room(pick.block.n_tokens, current=recovered)
-            detail = self._explain(pick, signal, past_room=used > room)
+            detail = self._explain(pick, plan.signal, turn=turn, past_room=used > plan.room)
             block = self._bring_back(pick, detail)
             if block is None:
                 continue
@@ -515,22 +578,19 @@ class ConversationMemory:
             self._recovered.append((block, detail))
             if pick.reason == "identity":
                 self.counters.identity_hits += 1
-        self.last_restore_s = time.perf_counter() - restoring
         return recovered
 
-    def _move_best_to_tail(self, working: dict[Block, int], room_tokens: int) -> list[Block]:
+    def _best_to_move(self, working: dict[Block, int], room_tokens: int) -> Block | None:
         """A wide recovery's best match, when it is resident but out of the recent tail, leaves and comes back with
         the turn's recoveries (a splice each way, no forward pass), so it sits next to the message: models read a
         block near the question better than one deep in the context (Liu et al., "Lost in the Middle"). Only when
-        it fits the turn's `room_tokens` (it comes back first); the block out, or nothing."""
+        it fits the turn's `room_tokens` (it comes back first); the block, or None."""
         best = min(working, key=working.__getitem__)
         tail = int(self.budget_tokens * self.settings.tail_fraction)
         if (best.state is not BlockState.RESIDENT or best.pinned or best is self.table.blocks[0]
                 or best.end > self.active_tokens - tail or best.n_tokens > room_tokens):
-            return []
-        self.turn_protected = [b for b in self.turn_protected if b is not best]
-        self._evict([best], because="the message's best match, moved next to it")
-        return [best] if best.state in (BlockState.RAM, BlockState.DISK) else []
+            return None
+        return best
 
     def recovery_width(self) -> int:
         """Blocks one recovery decision may consider: `recovery_top_k` for each `recovery_width_tokens` of the
@@ -556,25 +616,28 @@ class ConversationMemory:
     def _working_set(self, saved: list[Block], residents: list[Block], signal: RecallSignal) -> dict[Block, int]:
         """A wide recovery's working set: the `recovery_width()` blocks, saved or resident, that the message ranks
         highest (block -> rank). It is the gate (no margin or role gate: every signal's scale passes): its saved
-        blocks come back, its resident ones stay through the turn (`turn_protected`), so a recovery never pushes
-        out a resident block that ranks above it. With `recovery_file_neighbours`, the saved blocks next to the
+        blocks come back, its resident ones stay through the turn (`_carry_out` protects them), so a recovery never
+        pushes out a resident block that ranks above it. With `recovery_file_neighbours`, the saved blocks next to the
         best `recovery_top_k` file blocks in their files join it last (at most half of `recovery_top_k`): they
         come back only where room is left (`policy.file_neighbours`)."""
         pool = [b for b in (*saved, *residents) if b.role != "breadcrumb"]
-        order = sorted(pool, key=lambda b: signal.similarity(b), reverse=True)[:self.recovery_width()]
+        order = sorted(pool, key=lambda b: signal.similarity(b), reverse=True)
+        if self.settings.recovery_questions_last and message_asks(self._query_text):
+            order = [b for b in order if not only_asks(b)] + [b for b in order if only_asks(b)]
+        order = order[:self.recovery_width()]
+        if self.settings.recovery_signal_tops and hasattr(signal, "own_tops"):
+            chosen = set(order)
+            order += [b for b in signal.own_tops(saved, self.settings.recovery_signal_tops) if b not in chosen]
         if self.settings.recovery_file_neighbours:
             candidates = set(saved)
             order += file_neighbours(order[:self.settings.recovery_top_k], self.table.blocks,
                                      available=candidates.__contains__, limit=self.settings.recovery_top_k // 2)
-        working = {block: rank for rank, block in enumerate(order)}
-        self.turn_protected = [b for b in order if b.state is BlockState.RESIDENT]
-        self._working = working
-        return working
+        return {block: rank for rank, block in enumerate(order)}
 
-    def _explain(self, pick, signal: RecallSignal, *, past_room: bool = False) -> dict:
+    def _explain(self, pick, signal: RecallSignal, *, turn: int, past_room: bool = False) -> dict:
         """The signal values that chose `pick` (in its event and `stats().recovery_decisions`); `past_room`: it came
         back on the turn's overdraft (a wide recovery), and `kept_at_turn_end` says later whether it stayed."""
-        detail = {"turn": self.turn, "block": pick.block.name, "reason": pick.reason,
+        detail = {"turn": turn, "block": pick.block.name, "reason": pick.reason,
                   "score": round(pick.similarity, 5), **signal.explain(pick.block)}
         if past_room:
             detail["past_room"] = True

@@ -97,6 +97,17 @@ def fact_lines(block: Block, skip_questions: bool = False) -> list[str]:
     return lines
 
 
+def message_asks(text: str) -> bool:
+    """Whether a message asks for a value in one of its lines (`asks_for_value`)."""
+    return any(asks_for_value(line) for line in block_lines(text))
+
+
+def only_asks(block: Block) -> bool:
+    """A user message that states nothing: it has lines and every one `asks_for_value` (`Quick one: how long does
+    the proxy wait? Thanks!`). A file's or an assistant's block never only asks."""
+    return block.role == "user" and bool(block_lines(block.text)) and not fact_lines(block, skip_questions=True)
+
+
 def line_key(block: Block, file_names: bool = False, skip_questions: bool = False) -> str:
     """The cache key of a block's lines: its content hash, with its file's name where that is one of the lines, and
     a mark where its questions are left out (a user message's, with `skip_questions`)."""
@@ -294,6 +305,20 @@ class RecallSignal:
 
     def similarity(self, block: Block) -> float:
         return self.score_of.get(block, -1.0)
+
+    def own_tops(self, blocks: Iterable[Block], n: int) -> list[Block]:
+        """The best `n` of `blocks` by each signal alone, the dense one's first, no repeats (a lexical top needs a
+        hit). A question in other words than the fact's line shares no term with it: the fused rank then buries
+        the block the line vectors rank first behind every block that shares an asking word."""
+        blocks = list(blocks)
+        dense_kind, lexical_kind = self._kinds
+        orders = []
+        if dense_kind is not None:
+            orders.append(sorted(blocks, key=lambda b: self._dense.get(b, -1.0), reverse=True)[:n])
+        if lexical_kind is not None:
+            hits = [b for b in blocks if self._lexical.get(b, 0.0) > 0]
+            orders.append(sorted(hits, key=lambda b: self._lexical[b], reverse=True)[:n])
+        return list(dict.fromkeys(b for order in orders for b in order))
 
     def explain(self, block: Block) -> dict:
         """The signal values behind `block`'s score (its recovery event and decision record)."""

@@ -1,5 +1,5 @@
 """Tokens decoded at the end of a sequence ahead of the message that will own them: the rules `KVCache` and the
-fake cache (`kv_sim.FakeKVCache`) share, so a test of the fake tests the real bookkeeping.
+fake cache (`benchmarks/kv_sim.py`'s `FakeKVCache`) share, so a test of the fake tests the real bookkeeping.
 
 Invariants: at most one held run per sequence, at the cells after every block; it lives only until the next
 operation on its sequence: any but a compaction below it forgets it (its cells removed through `remove`), and

@@ -181,7 +181,7 @@ class ChatService:
             if self._counter is None or self._counter.model_path != path:
                 if self._counter is not None:
                     self._counter.close()
-                self._counter = VocabCounter(path)
+                self._counter = self.engine.backend.vocabulary(path)     # llama.cpp's, or a simulated one
             return self._counter
 
     def count_tokens(self, text: str) -> int:

@@ -1,6 +1,6 @@
-"""Re-export of `evoke_engine.kvcache.kv_sim` (the simulated KV cache moved into the package)."""
+"""Re-export of `benchmarks.kv_sim` (the simulated KV cache lives in the lab package, outside the wheel)."""
 
-from evoke_engine.kvcache.kv_sim import (  # noqa: F401
+from benchmarks.kv_sim import (  # noqa: F401
     Cell,
     FakeCells,
     FakeKVCache,

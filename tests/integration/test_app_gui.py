@@ -144,16 +144,17 @@ def test_enter_sends_and_shift_enter_adds_a_line(desk, qtbot):
 
 
 def test_a_paused_draft_goes_to_the_engine_before_enter(desk, qtbot, monkeypatch):
-    """Issue 44: typing paused, the stripped draft goes to `Engine.embed_ahead` (which embeds it on idle time, so
-    the turn that sends it decides without embedding: test_turn_breakdown.py); typing on restarts the pause."""
+    """Issue 44: typing paused, the stripped draft and the pending attachments go to `Engine.prepare_ahead` for the
+    open conversation (which embeds it and works out its input and recovery on idle time, so the turn that sends it
+    waits for neither: test_prepare_ahead.py); typing on restarts the pause."""
     fresh_conversation(desk, qtbot)
-    handed: list[str] = []
-    monkeypatch.setattr(desk.c.engine, "embed_ahead", handed.append)
+    handed: list[tuple] = []
+    monkeypatch.setattr(desk.c.engine, "prepare_ahead", lambda *args: handed.append(args))
     prompt = desk.w.input.prompt
     with qtbot.wait_signal(desk.w.input.draftSettled, timeout=5000) as settled:
         qtbot.keyClicks(prompt, "  which notes did I keep?  ")
     assert settled.args == ["  which notes did I keep?  "]
-    qtbot.wait_until(lambda: handed == ["which notes did I keep?"], timeout=5000)
+    qtbot.wait_until(lambda: handed == [(desk.c.current_id, "which notes did I keep?", [])], timeout=5000)
     prompt.clear()
 
 

@@ -19,7 +19,7 @@ SERVER = Path(__file__).resolve().parents[2] / "build" / "llama-server" / "llama
 
 def test_bench_long_quick_prints_every_turn_and_loses_nothing(tmp_path):
     systems = ["evoke_2048_ram64m", "llama_cpp_python_full"]
-    cmd = [sys.executable, "-m", "evoke_engine.bench", "long", "--quick", "--tokens", "2500", "--ram-mib", "1",
+    cmd = [sys.executable, "-m", "benchmarks", "long", "--quick", "--tokens", "2500", "--ram-mib", "1",
            "--csv", str(tmp_path / "long.csv"), "--plots", str(tmp_path), "--json"]
     if SERVER.is_file() and os.environ.get("EVOKE_TEST_SERVERS") == "1":   # the two servers double the run time
         systems += ["llama_server_full", "llama_server_shift"]

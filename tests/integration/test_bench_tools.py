@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evoke_engine.bench.isolated import IsolatedSystem
-from evoke_engine.bench.pinned_copy import h2d_copy_ms
-from evoke_engine.bench.synthetic_model import TINY, write
+from benchmarks.isolated import IsolatedSystem
+from benchmarks.pinned_copy import h2d_copy_ms
+from benchmarks.synthetic_model import TINY, write
 from evoke_engine.runtime.kv import KVCache
 from evoke_engine.runtime.runtime import Runtime
 from evoke_engine.settings import Settings
@@ -51,7 +51,7 @@ def test_an_isolated_system_answers_in_order_reports_errors_and_ends_with_close(
 
 def test_bench_overhead_reports_the_typed_ahead_turns_apart():
     """Issue 44: turns whose message was embedded while typed spend nothing embedding; the others embed theirs."""
-    from evoke_engine.bench.overhead import run
+    from benchmarks.overhead import run
 
     result = run(blocks=(50,), turns=4, max_tokens=2, typed_ahead=True)["counts"]["50"]   # some evicted
     assert result["turns"] == 2 and result["typed_ahead"]["turns"] == 2

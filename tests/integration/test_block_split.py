@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evoke_engine.bench.retrieval_sim import VocabRuntime
+from benchmarks.retrieval_sim import VocabRuntime
 from evoke_engine.conversations.turn import split_tokens
 
 KOTLIN = "\n".join(f"    const val SETTING_NUMBER_{i} = {i * 37}L   // what setting {i} is for" for i in range(40))

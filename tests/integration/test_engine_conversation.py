@@ -126,7 +126,7 @@ def test_recovery_brings_back_a_needed_document_block(engine):
     Whether the 135M model then reads the digits right is its own quality, measured by
     `bench recall`; the splice itself is shown to carry the answer in test_engine_kv.
     """
-    from evoke_engine.bench.recall import run_one
+    from benchmarks.recall import run_one
 
     result = run_one(engine, seed=2, fillers=4)
     assert result["evictions"] > 0 and result["recoveries"] > 0

@@ -23,6 +23,7 @@ def test_every_package_on_disk_is_listed_and_resources_is_installed_as_evoke_res
     resources = {f"evoke_resources.{name}" for name in find_namespace_packages(str(ROOT / "resources"),
                                                                                 exclude=["*__pycache__*"])}
     assert set(SETUPTOOLS["packages"]) == on_disk | {"evoke_resources"} | resources
+    assert not any(name.split(".")[0] == "benchmarks" for name in SETUPTOOLS["packages"]), "the lab is not shipped"
     assert SETUPTOOLS["package-dir"] == {"evoke_resources": "resources"}
 
 

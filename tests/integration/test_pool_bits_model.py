@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evoke_engine.bench.pool import _needle_block, passkey_document, splice_round_trip
+from benchmarks.pool import _needle_block, passkey_document, splice_round_trip
 from evoke_engine.kvcache import kvquant
 from evoke_engine.kvcache.blocks import Block
 from evoke_engine.kvcache.pool import SavedPool

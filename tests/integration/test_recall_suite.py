@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from evoke_engine.bench.recall_workload import FACT_TYPES
+from benchmarks.recall_workload import FACT_TYPES
 
 
 @pytest.mark.slow
 def test_quick_suite_prints_per_type_rates_and_explained_recoveries(capsys):
-    from evoke_engine.bench.__main__ import main
+    from benchmarks.__main__ import main
 
     # One seed (three probes, every policy) instead of --quick's two: the same checks at half the time.
     assert main(["recall", "--suite", "--seeds", "1", "--budgets", "512", "--set", "recall_signal=lines+lexical"]) == 0

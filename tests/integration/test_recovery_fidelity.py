@@ -13,9 +13,9 @@ import random
 import numpy as np
 import pytest
 
+from benchmarks import recall
+from benchmarks.conversations import comparator_llama
 from evoke_engine import Engine, Settings
-from evoke_engine.bench import recall
-from evoke_engine.bench.conversations import comparator_llama
 from evoke_engine.memory.memory import ConversationMemory
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evoke_engine.bench import rerank
+from benchmarks import rerank
 from evoke_engine.runtime.runtime import Runtime
 from evoke_engine.settings import Settings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evoke_engine.bench import retrieval
+from benchmarks import retrieval
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 from helpers.server_fixtures import client_for, running_server
 
-from evoke_engine.bench.endpoint import SYSTEM, run_session, session_turns
-from evoke_engine.bench.recall import passed
+from benchmarks.endpoint import SYSTEM, run_session, session_turns
+from benchmarks.recall import passed
 from evoke_engine.engine import Engine
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evoke_engine.bench.recall_suite import attention_rerank
+from benchmarks.recall_suite import attention_rerank
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from evoke_engine.bench import app_workload, day_workload, ops_workload, platform_workload
+from benchmarks import app_workload, day_workload, ops_workload, platform_workload
 
 pytestmark = pytest.mark.unit
 FAMILIES = [pytest.param(day_workload, id="day"), pytest.param(ops_workload, id="ops"),

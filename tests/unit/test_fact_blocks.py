@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evoke_engine.bench.recall_suite import _fact_blocks
+from benchmarks.recall_suite import _fact_blocks
 
 pytestmark = pytest.mark.unit
 

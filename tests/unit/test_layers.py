@@ -1,9 +1,10 @@
 """Issue 25's layering rule, checked on the source: below engine.py no module refers to `Engine` (imports or
 annotations); the conversation handle, the package entry points, the server and the benches may. Every import
 (lazy and TYPE_CHECKING ones included, no exemptions) goes down the layers runtime < kvcache < memory <
-conversations < the top level (engine, conversation, worker, sweeps, server/, bench/); store/ and the shared
+conversations < the top level (engine, conversation, worker, sweeps, server/); store/ and the shared
 leaves (settings, settings_hub, errors, events, stats, package_files, rpc_split) may be imported from anywhere and
-import only each other; only runtime/ and bench/ import llama_cpp."""
+import only each other; only runtime/ imports llama_cpp. The lab (the top-level `benchmarks/` package: benches,
+workloads, the simulator) sits outside the engine: nothing in evoke_engine/ imports it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.unit
 PACKAGE = Path(evoke_engine.__file__).resolve().parent
 NAMES_ENGINE = re.compile(r"import .*\bEngine\b|[:(\[,] *['\"]?Engine['\"]?\b")
 ALLOWED = {"engine.py", "conversation.py", "__init__.py", "__main__.py"}
-ALLOWED_FOLDERS = {"server", "bench"}
+ALLOWED_FOLDERS = {"server"}
 
 
 def test_no_module_below_the_engine_names_it():
@@ -45,7 +46,7 @@ def test_the_conversation_handle_calls_only_public_engine_methods():
 # -- issue 25's layout: each subpackage imports only the layers below it -------------------------------------------
 LAYERS = ("runtime", "kvcache", "memory", "conversations")          # lowest first; the top level sits above them
 LEAVES = {"settings", "settings_hub", "errors", "events", "stats", "package_files", "rpc_split", "store"}
-LLAMA_CPP_FOLDERS = {"runtime", "bench"}
+LLAMA_CPP_FOLDERS = {"runtime"}
 
 
 def _module_of(path: Path) -> list[str]:
@@ -53,10 +54,12 @@ def _module_of(path: Path) -> list[str]:
     return parts[:-1] if parts[-1] == "__init__" else parts
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
+def _imports(path: Path, package: list[str] | None = None) -> list[tuple[int, str]]:
     """(line, absolute dotted name) of every import in the file, lazy and TYPE_CHECKING ones included; for
-    `from X import a` both X and X.a (a may be a submodule)."""
-    package = ["evoke_engine", *_module_of(path)][: None if path.name == "__init__.py" else -1]
+    `from X import a` both X and X.a (a may be a submodule). Relative imports resolve against `package` (by
+    default the file's own place in evoke_engine)."""
+    if package is None:
+        package = ["evoke_engine", *_module_of(path)][: None if path.name == "__init__.py" else -1]
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -94,11 +97,11 @@ def test_every_module_imports_only_its_own_layer_and_those_below():
     assert not offenders, "upward imports:\n" + "\n".join(sorted(set(offenders)))
 
 
-def test_only_the_runtime_and_the_benches_import_llama_cpp():
+def test_only_the_runtime_imports_llama_cpp():
     offenders = [f"{path.relative_to(PACKAGE)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
                  if path.relative_to(PACKAGE).parts[0] not in LLAMA_CPP_FOLDERS
                  for line, name in _imports(path) if name.split(".")[0] == "llama_cpp"]
-    assert not offenders, "llama_cpp imported outside runtime/ and bench/: " + ", ".join(offenders)
+    assert not offenders, "llama_cpp imported outside runtime/: " + ", ".join(offenders)
     assert any(name.startswith("llama_cpp") for _, name in _imports(PACKAGE / "runtime" / "runtime.py"))
 
 
@@ -141,7 +144,7 @@ def _engine_imports(path: Path, package: list[str]) -> list[tuple[int, str]]:
 def test_the_app_uses_the_engines_public_api_only():
     offenders = []
     for path in sorted((ROOT / "app").rglob("*.py")):
-        allowed = PUBLIC_MODULES | APP_MAY_ALSO | ({"evoke_engine.bench"} if path.name in LAB_FILES else set())
+        allowed = PUBLIC_MODULES | APP_MAY_ALSO | ({"benchmarks"} if path.name in LAB_FILES else set())
         offenders += [f"app/{path.relative_to(ROOT / 'app')}:{line}: {name}"
                       for line, name in _engine_imports(path, []) if not any(
                           name == a or name.startswith(a + ".") and a != "evoke_engine" for a in allowed)]
@@ -261,11 +264,23 @@ def test_nothing_outside_the_resident_sequence_writes_a_slots_cells():
     assert not offenders, "a slot's cells written outside ResidentSequence:\n" + "\n".join(offenders)
 
 
+def test_nothing_in_the_engine_imports_the_lab():
+    """Issue 47: the benches, workloads and simulator live in the top-level `benchmarks/` package, which the wheel
+    does not ship; an engine module that imported it would break the installed app."""
+    offenders = [f"{path.relative_to(PACKAGE)}:{line}: {name}" for path in sorted(PACKAGE.rglob("*.py"))
+                 for line, name in _imports(path) if name.split(".")[0] == "benchmarks"]
+    assert not offenders, "the engine imports the lab:\n" + "\n".join(offenders)
+
+
 def test_the_simulator_pulls_in_no_llama_cpp():
     """Issue 47: kv_sim (the fake KV cache and runtime the unit tier and the model-free benches run on) reaches,
-    through everything it imports, no module that imports llama_cpp (the package's own __init__ aside)."""
+    through everything it imports, no engine module that imports llama_cpp (the package's own __init__ aside)."""
+    simulator = ROOT / "benchmarks" / "kv_sim.py"
+    assert not any(name.split(".")[0] in {"llama_cpp", "benchmarks"} for _, name in _imports(simulator, ["benchmarks"]))
     graph = _runtime_graph()
-    seen, todo = set(), ["evoke_engine.kvcache.kv_sim"]
+    seen: set[str] = set()
+    todo = [name for _, name in _imports(simulator, ["benchmarks"]) if name in graph]
+    assert todo, "kv_sim imports engine modules (errors, runtime.held_ahead, runtime.saved_kv)"
     while todo:
         name = todo.pop()
         if name not in seen:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evoke_engine.bench.long import COMPARABLE, summarize, window_turns
+from benchmarks.long import COMPARABLE, summarize, window_turns
 
 pytestmark = pytest.mark.unit
 

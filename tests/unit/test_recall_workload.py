@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from evoke_engine.bench.recall_suite import summarize, wilson
-from evoke_engine.bench.recall_workload import FACT_TYPES, Fact, make_session, overlap, passed
+from benchmarks.recall_suite import summarize, wilson
+from benchmarks.recall_workload import FACT_TYPES, Fact, make_session, overlap, passed
 
 pytestmark = pytest.mark.unit
 

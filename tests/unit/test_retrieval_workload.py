@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from evoke_engine.bench.retrieval_workload import FACT_TYPES, make_session
+from benchmarks.retrieval_workload import FACT_TYPES, make_session
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from evoke_engine.bench.workday_workload import DEV, FORMS, HELD, MAX_GAP, MIN_GAP, _tokens, make_session
+from benchmarks.workday_workload import DEV, FORMS, HELD, MAX_GAP, MIN_GAP, _tokens, make_session
 
 pytestmark = pytest.mark.unit
 

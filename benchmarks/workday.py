@@ -1,0 +1,105 @@
+"""`bench day`: issue 46's day-long recall measure. Each session of `workday_workload` (30 facts over a 32K-token
+coding day) goes through the memory manager (the model-free simulator of `bench retrieval`: kv_sim, the GGUF's
+vocabulary, the configured embedder); a probe passes when every block holding its fact is resident as the reply
+starts. Reported with Wilson intervals, pooled, per fact form and per distance (real tokens between the fact and
+its probe), with the deciding cost.
+
+Invariants: the `dev` script is the one levers are tried on; `held` is run for the final check only; a distance
+is counted with the model's tokenizer over the turns' texts, attachments and replies (template tokens aside).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+import time
+
+import numpy as np
+
+from evoke_engine.memory.embedder import Embedder
+from evoke_engine.settings import Settings
+
+from .recall_suite import SYSTEM, wilson
+from .recall_workload import Session
+from .retrieval import replay
+from .retrieval_sim import VocabRuntime
+from .workday_workload import FORMS, SCRIPTS, make_session
+
+log = logging.getLogger(__name__)
+DISTANCES = ((2_000, 5_000), (5_000, 10_000), (10_000, 18_000), (18_000, 40_000))
+BARS = {2048: 0.85, 4096: 0.90}                # issue 46, on the held-back script
+FORM_BAR = 0.70
+
+
+def distances(session: Session, rt: VocabRuntime) -> list[int]:
+    """Tokens between each probed fact's turn and its probe, in probe order."""
+    ends, total = [], 0
+    for turn in session.turns:
+        total += len(rt.tokenize(turn.text + "".join(body for _, body in turn.attachments) + turn.reply,
+                                 parse_special=False))
+        ends.append(total)
+    stated = {}
+    out = []
+    for at, turn in enumerate(session.turns):
+        body = turn.text + "".join(b for _, b in turn.attachments) + turn.reply
+        for fact in session.facts:
+            if id(fact) not in stated and fact.statement in body:
+                stated[id(fact)] = ends[at]
+        if turn.fact is not None:
+            out.append(ends[at] - stated[id(turn.fact)])
+    return out
+
+
+def _rate(rows: list[dict]) -> dict:
+    k = sum(r["in_context"] for r in rows)
+    return {"in_context": k, "n": len(rows), "rate": round(k / len(rows), 3) if rows else None,
+            "wilson95": wilson(k, len(rows))}
+
+
+def summarize(rows: list[dict], decide_ms: list[float], budget: int) -> dict:
+    per_form = {form: _rate([r for r in rows if r["type"] == form]) for form in FORMS}
+    per_distance = {f"{lo // 1000}K-{hi // 1000}K": _rate([r for r in rows if lo <= r["distance"] < hi])
+                    for lo, hi in DISTANCES}
+    pooled = _rate(rows)
+    worst = min((v["rate"] for v in per_form.values() if v["rate"] is not None), default=None)
+    return {"fact_block_in_context": pooled, "per_form": per_form, "per_distance": per_distance,
+            "decide_ms": {"p50": round(float(np.percentile(decide_ms, 50)), 2),
+                          "p95": round(float(np.percentile(decide_ms, 95)), 2)},
+            "bars": {"pooled": BARS.get(budget), "pooled_ok": pooled["rate"] >= BARS.get(budget, 0.0),
+                     "worst_form": worst, "worst_form_ok": worst is not None and worst >= FORM_BAR,
+                     "decide_p50_le_30ms": float(np.percentile(decide_ms, 50)) <= 30.0}}
+
+
+def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tuple[int, ...] = (2048, 4096),
+        overrides: dict | None = None) -> dict:
+    if script not in SCRIPTS:
+        raise ValueError(f"unknown script {script!r}; valid: {', '.join(SCRIPTS)}")
+    overrides = dict(overrides or {})
+    base = Settings(home=tempfile.mkdtemp(prefix="evoke-day-"), recovery="kv_restore", system_prompt=SYSTEM,
+                    tools_enabled=False, **overrides)
+    rt = VocabRuntime(None)
+    embedder = Embedder(base.embedder)
+    embedder.warm()
+    sessions = [make_session(seed, SCRIPTS[script]) for seed in range(seed_start, seed_start + seeds)]
+    gaps = {s.seed: distances(s, rt) for s in sessions}
+    result: dict = {"bench": "day", "script": script, "seeds": [seed_start, seed_start + seeds],
+                    "facts_per_session": [len(s.facts) for s in sessions], "budgets": list(budgets),
+                    "overrides": overrides, "results": {}}
+    started = time.perf_counter()
+    for budget in budgets:
+        settings = dataclasses.replace(base, budget_tokens=budget, n_ctx=max(base.n_ctx, 2 * budget))
+        rows, decide, tokens = [], [], []
+        for session in sessions:
+            out = replay(session, settings, rt, embedder)
+            for probe, gap in zip(out["probes"], gaps[session.seed], strict=True):
+                rows.append({"type": probe["type"], "in_context": probe["in_context"], "distance": gap})
+            decide += out["decide_ms"]
+            tokens.append(out["conversation_tokens"])
+            log.info("day %s seed %d budget %d: %d/%d in context (%.0f s)", script, session.seed, budget,
+                     sum(p["in_context"] for p in out["probes"]), len(out["probes"]), time.perf_counter() - started)
+        summary = summarize(rows, decide, budget)
+        summary["conversation_tokens"] = tokens
+        result["results"][str(budget)] = summary
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    return result
