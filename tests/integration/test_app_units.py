@@ -186,7 +186,7 @@ def test_titles_come_from_the_first_line_or_the_first_attachment():
 
 
 def test_stall_probe_reports_gaps_beyond_the_tick(qapp):
-    from app.bench import StallProbe
+    from benchmarks.gui_latency import StallProbe
 
     probe = StallProbe()
     probe.gaps["turn"] = [10.0] * 98 + [70.0, 12.0]

@@ -1,4 +1,4 @@
-"""`python -m app.bench latency [--json]`: GUI-thread stalls while the real window streams and evicts.
+"""`python -m benchmarks.gui_latency latency [--json]`: GUI-thread stalls while the real window streams and evicts.
 
 A 10 ms timer on the GUI thread records its tick gaps; a stall is a gap minus 10 ms. Phases:
 model load (after the window is up), a streamed reply, an eviction-heavy turn (small budget, large attachment),
@@ -73,10 +73,9 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
     home = args.home or tempfile.mkdtemp(prefix="evoke-desk-bench-")
     from PySide6 import __version__ as pyside_version
 
+    from app.__main__ import build, make_application
+    from app.resources import demo_file
     from evoke_engine import Settings
-
-    from .__main__ import build, make_application
-    from .resources import demo_file
     make_application([sys.argv[0]])
     settings = Settings(home=home, temperature=0.0, max_tokens=args.max_tokens)
     probe = StallProbe()
@@ -165,7 +164,7 @@ def _many_blocks(controller, turn, blocks: int, home: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.bench")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gui_latency")
     sub = parser.add_subparsers(dest="command", required=True)
     lat = sub.add_parser("latency", help="GUI-thread stalls while streaming and evicting")
     lat.add_argument("--json", action="store_true", help="print one JSON object")
