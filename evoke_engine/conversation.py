@@ -115,7 +115,8 @@ class Conversation:
         """Live messages; "interrupted" marks a reply still streaming or cut short (the app was killed)."""
         return self.engine.messages(self.id)
 
-    def set_budget(self, tokens: int) -> None:
+    def set_budget(self, tokens: int | None) -> None:
+        """This conversation's own budget (None: the settings' budget again; `Engine.set_budget`)."""
         self.engine.set_budget(self.id, tokens)
 
     def reset_focus(self) -> None:

@@ -424,7 +424,9 @@ class Engine:
             return dims, None if memory.focus.vector is None else memory.focus.vector.shape[0]
         return self._on_open(conversation_id, read)
 
-    def set_budget(self, conversation_id: str, tokens: int) -> None:
+    def set_budget(self, conversation_id: str, tokens: int | None) -> None:
+        """A budget for this conversation alone: it keeps it through changes of the settings' budget and in its KV
+        file; None: it follows the settings' budget again."""
         self._change_open(conversation_id, lambda state: state.memory.set_budget(tokens))
 
     def reset_focus(self, conversation_id: str) -> None:

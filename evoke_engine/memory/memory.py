@@ -78,6 +78,7 @@ class ConversationMemory:
         self.id = conversation_id
         self.settings = settings
         self.budget_tokens = settings.budget_tokens
+        self.own_budget: int | None = None       # a budget set for this conversation alone (`set_budget`)
         self.rt, self.embedder = runtime, embedder
         self.emit = emit
         self.sequence = ResidentSequence(runtime=runtime, kv=kv, pool=pool, index=chunks,
@@ -455,7 +456,7 @@ class ConversationMemory:
         copy: `ResidentSequence.share_into`), its turn, budget and task focus."""
         self.sequence.share_into(child.sequence)
         child.turn = self.turn
-        child.budget_tokens = self.budget_tokens
+        child.budget_tokens, child.own_budget = self.budget_tokens, self.own_budget
         child.focus.vector = None if self.focus.vector is None else self.focus.vector.copy()
 
     # -- recovery ---------------------------------------------------------------------------
@@ -619,13 +620,19 @@ class ConversationMemory:
         blocks come back, its resident ones stay through the turn (`_carry_out` protects them), so a recovery never
         pushes out a resident block that ranks above it. With `recovery_file_neighbours`, the saved blocks next to the
         best `recovery_top_k` file blocks in their files join it last (at most half of `recovery_top_k`): they
-        come back only where room is left (`policy.file_neighbours`)."""
+        come back only where room is left (`policy.file_neighbours`). Once the width has grown past
+        `recovery_top_k` (a budget over `recovery_width_tokens`; smaller ones decide as before): with
+        `recovery_questions_last`, a message that asks for a value ranks the user's earlier questions that only
+        asked (`only_asks`) after every other block; with `recovery_signal_tops`, each recall signal's own best
+        saved blocks join the set after the fused top (`RecallSignal.own_tops`)."""
         pool = [b for b in (*saved, *residents) if b.role != "breadcrumb"]
         order = sorted(pool, key=lambda b: signal.similarity(b), reverse=True)
-        if self.settings.recovery_questions_last and message_asks(self._query_text):
+        width = self.recovery_width()
+        grown = width > self.settings.recovery_top_k
+        if grown and self.settings.recovery_questions_last and message_asks(self._query_text):
             order = [b for b in order if not only_asks(b)] + [b for b in order if only_asks(b)]
-        order = order[:self.recovery_width()]
-        if self.settings.recovery_signal_tops and hasattr(signal, "own_tops"):
+        order = order[:width]
+        if grown and self.settings.recovery_signal_tops and hasattr(signal, "own_tops"):
             chosen = set(order)
             order += [b for b in signal.own_tops(saved, self.settings.recovery_signal_tops) if b not in chosen]
         if self.settings.recovery_file_neighbours:
@@ -687,23 +694,28 @@ class ConversationMemory:
     # -- settings ---------------------------------------------------------------------------
     def adopt_settings(self, old: Settings, new: Settings) -> None:
         """The settings changed (a `SettingsHub` subscriber, engine thread): later decisions read `new`, and a
-        new `budget_tokens` replaces this conversation's budget now (`set_budget`)."""
+        new `budget_tokens` replaces this conversation's budget now, unless it has one of its own (`set_budget`)."""
         self.settings = self.scorer.s = new
         self.focus.ema, self.focus.snap_cosine = new.focus_ema, new.focus_snap_cosine
-        if new.budget_tokens != old.budget_tokens:
-            self.set_budget(new.budget_tokens)
+        if new.budget_tokens != old.budget_tokens and self.own_budget is None:
+            self.set_budget(new.budget_tokens, own=False)
 
     # -- budget -----------------------------------------------------------------------------
-    def set_budget(self, tokens: int) -> None:
-        """Adopt a new budget now (evicting to it); BudgetError, changing nothing, below `min_budget_tokens`."""
+    def set_budget(self, tokens: int | None, *, own: bool = True) -> None:
+        """Adopt a new budget now (evicting to it); BudgetError, changing nothing, below `min_budget_tokens`. `own`:
+        the conversation keeps it through later changes of the settings' budget and in its KV file; None goes
+        back to following the settings."""
+        budget = self.settings.budget_tokens if tokens is None else tokens
         smallest = self.min_budget_tokens()
-        if tokens < smallest:
-            raise BudgetError(f"a budget of {tokens} tokens leaves too little room after the shared prefix "
+        if budget < smallest:
+            raise BudgetError(f"a budget of {budget} tokens leaves too little room after the shared prefix "
                               f"({self.prefix_tokens} tokens) for a reply: the smallest budget that works is "
                               f"{smallest} tokens")
-        self.budget_tokens = tokens
-        if self.seq is not None and self.active_tokens > tokens:
-            self.evict_to(int(tokens * self.settings.low_watermark))
+        self.budget_tokens = budget
+        if own:
+            self.own_budget = tokens
+        if self.seq is not None and self.active_tokens > budget:
+            self.evict_to(int(budget * self.settings.low_watermark))
             self.sequence.flush_pending_shifts()
 
     # -- slot parking -----------------------------------------------------------------------
@@ -731,7 +743,8 @@ class ConversationMemory:
         image, ahead = self.sequence.image_bytes()
         focus = None if self.focus.vector is None else [float(x) for x in self.focus.vector]
         return Snapshot(conversation_id=self.id, prefix_key=prefix_key, turn=self.turn,
-                        budget_tokens=self.budget_tokens, history=history, blocks=self.table.blocks,
+                        budget_tokens=self.budget_tokens, own_budget=self.own_budget, history=history,
+                        blocks=self.table.blocks,
                         image=image, saved=self.sequence.saved_bytes(), counters=asdict(self.counters), focus=focus,
                         embedder=self.embedder.identity, ahead=ahead, chunks=self.sequence.chunk_records(),
                         exact=self.sequence.exact,
@@ -753,7 +766,9 @@ class ConversationMemory:
         self.sequence.load(snapshot.blocks, snapshot.saved, snapshot.image, snapshot.ahead, snapshot.turn,
                            chunks=snapshot.chunks, exact=snapshot.exact)
         self.turn = snapshot.turn
-        self.budget_tokens = max(snapshot.budget_tokens, min_budget_tokens(prefix_tokens, self.settings))  # old files
+        self.own_budget = snapshot.own_budget          # a budget of its own stays; else today's settings' budget
+        self.budget_tokens = max(snapshot.own_budget or self.settings.budget_tokens,
+                                 min_budget_tokens(prefix_tokens, self.settings))
         for key, value in snapshot.counters.items():
             if hasattr(self.counters, key):
                 setattr(self.counters, key, value)

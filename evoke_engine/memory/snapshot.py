@@ -24,6 +24,7 @@ from .snapshot_check import (
     focus_of,
     line_vectors_of,
     migrate_head,
+    own_budget_of,
     vector_of,
 )
 
@@ -48,6 +49,7 @@ class Snapshot:
     chunks: dict[int, tuple[str, int]] = field(default_factory=dict)   # block index -> (chain key, origin): exact
     exact: bool = False          # every resident cell was what a fresh decode of the resident tokens gives
     lines: dict[str, tuple[list[str], np.ndarray]] = field(default_factory=dict)  # line_key -> lines, vectors
+    own_budget: int | None = None    # a budget set for this conversation alone (None: it follows the settings)
 
 
 def _block_head(block: Block) -> dict:
@@ -72,7 +74,8 @@ def encode_payload(snapshot: Snapshot) -> bytes:
     for index, saved in snapshot.saved.items():
         add(str(index), *saved)
     head = {"format": FORMAT, "conversation_id": snapshot.conversation_id, "prefix_key": snapshot.prefix_key,
-            "turn": snapshot.turn, "budget_tokens": snapshot.budget_tokens, "history": snapshot.history,
+            "turn": snapshot.turn, "budget_tokens": snapshot.budget_tokens, "own_budget": snapshot.own_budget,
+            "history": snapshot.history,
             "blocks": [_block_head(b) for b in snapshot.blocks], "spans": spans, "counters": snapshot.counters,
             "focus": snapshot.focus, "embedder": snapshot.embedder, "ahead": snapshot.ahead,
             "chunks": {str(index): [key, origin] for index, (key, origin) in sorted(snapshot.chunks.items())},
@@ -124,4 +127,4 @@ def decode_payload(payload: Buffer) -> Snapshot:
                     image=blob("image"), saved=saved, counters=dict(head.get("counters", {})),
                     focus=None if focus is None else [float(x) for x in focus], embedder=head.get("embedder"),
                     ahead=list(head["ahead"]), chunks=chunks_of(head), exact=head.get("exact", False),
-                    lines=line_vectors_of(head))
+                    lines=line_vectors_of(head), own_budget=own_budget_of(head))

@@ -179,6 +179,9 @@ def check_head(head: dict, body_len: int) -> None:
     budget = head.get("budget_tokens")
     need(is_int(budget) and BUDGET_LOW <= budget <= BUDGET_HIGH,
          f"budget_tokens {budget!r} is not an integer in [{BUDGET_LOW}, {BUDGET_HIGH}]")
+    own_budget = head.get("own_budget")
+    need(own_budget is None or is_int(own_budget) and BUDGET_LOW <= own_budget <= BUDGET_HIGH,
+         f"own_budget {own_budget!r} is neither absent nor an integer in [{BUDGET_LOW}, {BUDGET_HIGH}]")
     history = head.get("history")
     need(isinstance(history, list), "history is not a list")
     for i, message in enumerate(history):
@@ -227,6 +230,12 @@ def line_vectors_of(head: dict) -> dict[str, tuple[list[str], np.ndarray]]:
         need(bool(np.isfinite(matrix).all()), f"{what} are not finite")
         out[key] = (lines, matrix)
     return out
+
+
+def own_budget_of(head: dict) -> int | None:
+    """The budget set for the conversation alone (optional "own_budget", after `check_head`; absent in files
+    written before it was kept: those follow the settings' budget)."""
+    return head.get("own_budget")
 
 
 def chunks_of(head: dict) -> dict[int, tuple[str, int]]:
