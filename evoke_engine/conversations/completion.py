@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..errors import ContextFullError
 from ..runtime.reply_text import ReplyText
 from ..runtime.runtime import Cancelled
-from ..runtime.sampling import SamplerChain, SamplingParams
+from ..runtime.sampling import SamplingParams
 from .loaded_model import LoadedModel
 
 
@@ -43,7 +43,7 @@ def complete(model: LoadedModel, tokens: list[int], params: SamplingParams,
             rt.decode(tokens, seq, 0, cancel=cancel)
         except Cancelled:
             return Completion("", len(tokens), 0, "cancelled", 0.0)
-        with SamplerChain(params, rt.ctx(context), rt.n_vocab) as sampler:
+        with rt.sampler(params, context) as sampler:
             while True:                  # ends at a stop, the end token, max_tokens (checked before a decode)
                 if cancel.is_set():
                     stopped = "cancelled"

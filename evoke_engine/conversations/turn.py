@@ -19,7 +19,7 @@ from ..kvcache.blocks import Block, BlockState
 from ..memory.memory import ConversationMemory
 from ..runtime.reply_text import ReplyText
 from ..runtime.runtime import Cancelled, Runtime
-from ..runtime.sampling import SamplerChain, SamplingParams
+from ..runtime.sampling import SamplingParams
 from ..runtime.template import ChatTemplate, Segment
 from .breakdown import TurnBreakdown
 
@@ -395,7 +395,7 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     stopped = "max_tokens"
     ttft = 0.0
     first_at = None
-    with SamplerChain(params, rt.ctx(rt.context_of(memory.seq)), rt.n_vocab) as sampler:
+    with rt.sampler(params, rt.context_of(memory.seq)) as sampler:
         while len(generated) < params.max_tokens:
             if cancel.is_set():
                 stopped = "cancelled"

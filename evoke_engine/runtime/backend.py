@@ -6,8 +6,8 @@ as one value a `Backend` opens, and the vocabulary-only copy the endpoint counts
 simulated backend (the lab's `benchmarks/kv_sim.py`, tests/helpers/sim_backend.py) lets a whole `Engine` run
 without a model, to test the engine's own logic: lifecycle, persistence, rebuild, rollback, editing, sessions.
 
-The sampler travels with the runtime: `rt.ctx(context)` is what `SamplerChain` samples from, and a context that
-brings its own sampler (`SelfSamplingContext`, a simulated one) is sampled by it instead of by llama.cpp's chain.
+The sampler travels with the runtime: `rt.sampler(params, context)` gives llama.cpp's chain over that context's
+logits (`Runtime`), or a simulated runtime's own.
 
 Invariants: `open` returns a whole `BackendParts` or frees what it made and raises (an `EvokeError` from the
 runtime's own load after a LOAD_FAILED event); `BackendParts.close` frees the runtime, then the attention capture
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..errors import EvokeError
 from ..events import EngineEvent, EventKind
@@ -51,12 +51,6 @@ class Backend(Protocol):
     def vocabulary(self, model_path: Path) -> VocabCounter:
         """A vocabulary-only copy of the model at `model_path` (any thread; the endpoint's counts)."""
         ...
-
-
-class SelfSamplingContext(Protocol):
-    """A context that samples for itself (a simulated backend's): `SamplerChain` hands sampling to it."""
-
-    def sampler(self, params: Any, n_vocab: int) -> Any: ...
 
 
 class LlamaCppBackend:

@@ -32,6 +32,7 @@ from .model_file import (  # noqa: F401 - re-exported: callers import these from
     resolve_flash_attention,
     safe_model_params,
 )
+from .sampling import SamplerChain, SamplingParams
 from .tokens import tokenize_with
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,10 @@ class Runtime:
 
     def memory(self, context: int):
         return self._memories[context]
+
+    def sampler(self, params: SamplingParams, context: int) -> SamplerChain:
+        """llama.cpp's sampler chain over `context`'s logits (a `with` block frees it)."""
+        return SamplerChain(params, self.ctx(context), self.n_vocab)
 
     @property
     def last_ctx(self):

@@ -97,14 +97,6 @@ def _piece(vocab, token: int) -> bytes:
 
 
 class SamplerChain:
-    def __new__(cls, params: SamplingParams, ctx, n_vocab: int):
-        """llama.cpp's sampler chain over `ctx`; a context that samples for itself (a simulated backend's,
-        `backend.SelfSamplingContext`) gives its own sampler instead."""
-        own = getattr(ctx, "sampler", None)
-        if own is not None:
-            return own(params, n_vocab)
-        return super().__new__(cls)
-
     def __init__(self, params: SamplingParams, ctx, n_vocab: int) -> None:
         self.ctx = ctx
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())

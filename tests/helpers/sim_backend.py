@@ -50,16 +50,6 @@ class ScriptedSampler:
         return None
 
 
-class SimContext:
-    """The context `rt.ctx()` gives: it samples for itself (`SelfSamplingContext`), from the runtime's script."""
-
-    def __init__(self, runtime: SimRuntime) -> None:
-        self.runtime = runtime
-
-    def sampler(self, params: Any, n_vocab: int) -> ScriptedSampler:
-        return self.runtime.backend.next_sampler(self.runtime)
-
-
 class SimRuntime(FakeRuntime):
     """`FakeRuntime` with the rest of `Runtime`'s public surface that loading and serving a model read."""
 
@@ -76,8 +66,9 @@ class SimRuntime(FakeRuntime):
         self.model_path = backend.model_path
         self.closed = False
 
-    def ctx(self, context: int) -> SimContext:          # type: ignore[override]
-        return SimContext(self)
+    def sampler(self, params: Any, context: int) -> ScriptedSampler:
+        """The next reply the backend was given (`Runtime.sampler`'s place: llama.cpp's chain)."""
+        return self.backend.next_sampler(self)
 
     def meta(self, key: str) -> str | None:
         return None

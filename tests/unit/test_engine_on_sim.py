@@ -166,14 +166,14 @@ def test_the_engine_builds_on_llama_cpp_unless_given_a_backend():
     assert inspect.signature(LoadedModel.load).parameters["backend"].default is LLAMA_CPP
 
 
-def test_a_context_that_samples_for_itself_gets_its_own_sampler(backend, tmp_path):
+def test_a_simulated_runtime_samples_its_script(backend, tmp_path):
     from helpers.sim_backend import ScriptedSampler
 
-    from evoke_engine.runtime.sampling import SamplerChain, SamplingParams
+    from evoke_engine.runtime.sampling import SamplingParams
 
     rt = backend.open(sim_settings(tmp_path), lambda event: None).rt
     backend.script("two words")
-    sampler = SamplerChain(SamplingParams(), rt.ctx(0), rt.n_vocab)
+    sampler = rt.sampler(SamplingParams(), 0)
     assert isinstance(sampler, ScriptedSampler)
     assert rt.detokenize([sampler.sample(), sampler.sample()]) == "two words" and rt.is_eog(sampler.sample())
 
