@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
+from helpers.axis_embedder import AxisEmbedder
+from helpers.axis_embedder import at_cosine as _vector
 from helpers.rig import Rig
 
 from evoke_engine.events import EventKind
@@ -15,28 +16,6 @@ from evoke_engine.kvcache.blocks import BlockState
 
 pytestmark = pytest.mark.unit
 MESSAGE = "where is it?"
-AXES = 8
-
-
-class AxisEmbedder:
-    """Every message embeds to the first axis: a block's cosine with a message is what the test sets."""
-
-    enabled = True
-    identity = "axis"
-
-    def embed(self, texts):
-        return np.stack([self.embed_one(t) for t in texts]) if texts else None
-
-    def embed_one(self, text):
-        v = np.zeros(AXES, dtype=np.float32)
-        v[0] = 1.0
-        return v
-
-
-def _vector(cosine: float) -> np.ndarray:
-    v = np.zeros(AXES, dtype=np.float32)
-    v[0], v[1] = cosine, float(np.sqrt(max(0.0, 1 - cosine * cosine)))
-    return v
 
 
 @pytest.fixture
