@@ -468,6 +468,14 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self.bridge.call(self.engine.pin_conversation, conversation_id, pinned,
                          on_done=lambda _: self.refresh_conversations(), on_error=self._fail)
 
+    def keep_file(self, file_name: str, keep: bool) -> None:
+        """Keep an attached file of the open conversation in context until let go, or let it go (the memory panel's
+        block menu); a budget too small for it says why and changes nothing."""
+        if self.engine is None or not self.current_id:
+            return
+        self.bridge.call(self.engine.keep_file, self.current_id, file_name, keep,
+                         on_done=lambda _: self.refresh_stats(), on_error=self._fail)
+
     def delete_conversation(self, conversation_id: str) -> None:
         was_current = conversation_id == self.current_id
         if was_current and self.generating:

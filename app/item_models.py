@@ -136,6 +136,7 @@ class BlockRow:
     sibling_shared: bool = False
     attention: float | None = None      # share of the model's attention (1 = most attended); None: not captured
     reused_from: str | None = None      # "<conversation>:<block> (where, exact)": K/V spliced from another conversation
+    file_name: str | None = None        # the attached file a file block is part of
 
     @property
     def shared_with(self) -> str:
@@ -163,7 +164,7 @@ class BlockTableModel(QAbstractTableModel):
         rows = [BlockRow(str(b.get("name", "?")), str(b.get("role", "")), str(b.get("state", "resident")),
                          int(b.get("tokens", 0)), bool(b.get("pinned")), bool(b.get("shared")),
                          int(b.get("recoveries", 0) or 0), bool(b.get("sibling_shared")),
-                         _share(b.get("attention")), b.get("reused_from")) for b in blocks]
+                         _share(b.get("attention")), b.get("reused_from"), b.get("file_name")) for b in blocks]
         captured = any("attention" in b for b in blocks)
         self.beginResetModel()
         self.rows = rows
@@ -204,7 +205,8 @@ class BlockTableModel(QAbstractTableModel):
         col = index.column()
         if role == Qt.ItemDataRole.DisplayRole:
             attention = "" if row.attention is None else f"{row.attention:.2f}"
-            return (row.name, str(row.tokens), STATE_LABELS.get(row.state, row.state), row.shared_with, attention)[col]
+            state = STATE_LABELS.get(row.state, row.state) + (" · kept" if row.pinned and not row.shared else "")
+            return (row.name, str(row.tokens), state, row.shared_with, attention)[col]
         if role == Qt.ItemDataRole.TextAlignmentRole and col in (1, 4):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         if role == Qt.ItemDataRole.ToolTipRole:

@@ -130,6 +130,7 @@ class MainWindow(QMainWindow):
         split.setSizes([270, 800])
         self.setCentralWidget(split)
         self.memory = MemoryPanel(c.blocks, c.events)
+        self.memory.keepFileAsked.connect(c.keep_file)
         self.memory_dock = QDockWidget("Memory", self, objectName="memoryDock")
         self.memory_dock.setWidget(self.memory)
         self.memory_dock.setMinimumWidth(340)

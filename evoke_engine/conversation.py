@@ -115,6 +115,10 @@ class Conversation:
         """Live messages; "interrupted" marks a reply still streaming or cut short (the app was killed)."""
         return self.engine.messages(self.id)
 
+    def keep_file(self, file_name: str, keep: bool = True) -> list[str]:
+        """Keep an attached file in context until let go (`Engine.keep_file`); the blocks brought back."""
+        return self.engine.keep_file(self.id, file_name, keep)
+
     def set_budget(self, tokens: int | None) -> None:
         """This conversation's own budget (None: the settings' budget again; `Engine.set_budget`)."""
         self.engine.set_budget(self.id, tokens)

@@ -435,6 +435,19 @@ class Engine:
     def pin_block(self, conversation_id: str, name: str, pinned: bool = True, priority: float | None = None) -> None:
         self._change_open(conversation_id, lambda state: state.memory.pin(name, pinned, priority))
 
+    def keep_file(self, conversation_id: str, file_name: str, keep: bool = True) -> list[str]:
+        """Keep the attached file `file_name` in the conversation's context until it is let go (`keep=False`): its
+        saved blocks come back now and none of them is evicted while kept (`ConversationMemory.keep_file`). The
+        names of the blocks brought back; KeyError for no such file, BudgetError when the budget cannot hold it
+        beside a reply (nothing changes then)."""
+        def run(state: ConversationState) -> list[str]:
+            if keep:
+                self.lifecycle.ensure_slot(state)          # what comes back lands in its slot
+            brought = [b.name for b in state.memory.keep_file(file_name, keep)]
+            self.lifecycle.refresh(state)
+            return brought
+        return self._on_open(conversation_id, run, FOREGROUND)
+
     def check(self, conversation_id: str) -> None:
         """Assert the conversation's block table mirrors llama.cpp's sequence (tests)."""
         self._on_open(conversation_id, lambda state: state.memory.check())

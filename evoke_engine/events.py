@@ -30,6 +30,7 @@ class EventKind(enum.StrEnum):
     BLOCKS_REUSED = "blocks_reused"      # a message's blocks spliced from another conversation's K/V (chunk index):
                                          # detail = {"blocks": [{"block", "from", "where", "exact"}], "tokens"};
                                          # where: slot, ram, disk (the pool) or file (a closed conversation's KV file)
+    KEPT = "kept"                        # an attached file kept in context until let go, or let go (the message says)
     TURN_DONE = "turn_done"
     ERROR = "error"
 

@@ -5,14 +5,15 @@ breakdown of its first token); colours come
 from STATE_COLORS so the strip, the table and the legend agree; shared blocks (the prefix, or
 cells shared with a fork) are darker in the strip and named in the table's Shared column. A long chat's
 hundreds of blocks and events cost the GUI thread a bounded amount per stats refresh: event rows take their
-colour from the model (no Python delegate per row), are laid out in batches, and sized columns sample rows.
+colour from the model (no Python delegate per row), are laid out in batches, and sized columns sample rows. A file
+block's context menu asks to keep its file in context, or to let it go (`keepFileAsked`); the panel decides nothing.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QModelIndex, QRectF, QSize, Qt
+from PySide6.QtCore import QModelIndex, QPoint, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -21,6 +22,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QListView,
+    QMenu,
     QSplitter,
     QStyledItemDelegate,
     QTableView,
@@ -115,6 +117,8 @@ def breakdown_text(breakdown: dict[str, Any]) -> str:
 
 
 class MemoryPanel(QWidget):
+    keepFileAsked = Signal(str, bool)      # (file name, keep): keep an attached file in context, or let it go
+
     def __init__(self, blocks_model, events_model, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("memoryPanel")
@@ -163,6 +167,8 @@ class MemoryPanel(QWidget):
         header.setSectionResizeMode(3, QHeaderView.ResizeMode.ResizeToContents)
         header.setResizeContentsPrecision(CONTENTS_PRECISION_ROWS)    # not every row at every stats refresh
         blocks_model.modelReset.connect(self._fit_attention_column)
+        self.table.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.table.customContextMenuRequested.connect(self._block_menu)
         split.addWidget(self.table)
         events_box = QWidget()
         events_layout = QVBoxLayout(events_box)
@@ -204,6 +210,28 @@ class MemoryPanel(QWidget):
                              f"(shared) · recovery: {stats.get('recovery', '?')} · "
                              f"memory: {stats.get('memory', '?')}")
         self.breakdown.setText(breakdown_text(stats.get("turn_breakdown") or {}))
+
+    def file_actions(self, row_index: int) -> list[tuple[str, bool]]:
+        """What a block row's menu offers: (label, keep) for a file's block, nothing for others."""
+        if not 0 <= row_index < len(self.blocks_model.rows):
+            return []
+        row = self.blocks_model.rows[row_index]
+        if not row.file_name:
+            return []
+        if row.pinned:
+            return [(f"Let {row.file_name} leave the context", False)]
+        return [(f"Keep {row.file_name} in context", True)]
+
+    def _block_menu(self, point: QPoint) -> None:
+        index = self.table.indexAt(point)
+        actions = self.file_actions(index.row()) if index.isValid() else []
+        if not actions:
+            return
+        row = self.blocks_model.rows[index.row()]
+        menu = QMenu(self)
+        for label, keep in actions:
+            menu.addAction(label, lambda keep=keep: self.keepFileAsked.emit(row.file_name, keep))
+        menu.exec(self.table.viewport().mapToGlobal(point))
 
     def counts(self) -> dict[str, str]:
         return {k: v.text() for k, v in self.counters.items()}

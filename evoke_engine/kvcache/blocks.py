@@ -69,7 +69,7 @@ class Block:
         return {"name": self.name, "role": self.role, "state": self.state.value,
                 "tokens": self.n_tokens, "pos": self.pos, "turn": self.turn,
                 "pinned": self.pinned, "shared": self.shared, "sibling_shared": self.sibling_shared,
-                "recoveries": self.recoveries, "reused_from": self.reused_from}
+                "recoveries": self.recoveries, "reused_from": self.reused_from, "file_name": self.file_name}
 
     def message_key(self) -> tuple[int, str]:
         """Which message of the history this block belongs to: (turn, "input" | "reply")."""

@@ -382,6 +382,47 @@ class ConversationMemory:
         """Pin block `name` (never evicted) or change its priority multiplier; KeyError for no such block."""
         self.table.pin(name, pinned, priority)
 
+    def keep_file(self, file_name: str, keep: bool = True) -> list[Block]:
+        """Keep the attached file `file_name` (its latest attachment's blocks) in context until it is let go
+        (`keep=False`): its saved blocks come back at the tail now (a splice each, no forward pass) and none of
+        them is evicted while kept (pinned, in the KV file too). Returns the blocks brought back. KeyError: no such
+        file; BudgetError, changing nothing, when the files kept with the shared prefix would leave a reply too
+        little room (`min_budget_tokens`); blocks whose bytes are gone stay out (a re-attach decodes them)."""
+        blocks = self._file_blocks(file_name)
+        if not keep:
+            for block in [b for b in self.table.blocks if b.file_name == file_name and b.pinned]:
+                self.table.pin(block.name, False)
+            self.record_event(EventKind.KEPT, f"{file_name} may leave the context again")
+            return []
+        others = sum(b.n_tokens for b in self.table.blocks if b.pinned and b not in blocks)
+        kept = others + sum(b.n_tokens for b in blocks)
+        smallest = min_budget_tokens(self.prefix_tokens + kept, self.settings)
+        if self.budget_tokens < smallest:
+            raise BudgetError(f"keeping {file_name} ({kept - others} tokens) in context needs a budget of at least "
+                              f"{smallest} tokens, this conversation has {self.budget_tokens}: raise the budget or "
+                              "let another kept file go")
+        for block in blocks:
+            self.table.pin(block.name, True)
+        brought: list[Block] = []
+        for block in blocks:
+            if block.state in (BlockState.RAM, BlockState.DISK):
+                self.make_room(block.n_tokens, current=brought)
+                self.restore_block(block)
+                brought.append(block)
+        self.sequence.flush_pending_shifts()
+        gone = [b.name for b in blocks if b.state is BlockState.DROPPED]
+        self.record_event(EventKind.KEPT, f"{file_name} kept in context ({len(brought)} blocks brought back"
+                          + (f"; {len(gone)} lost, attach it again to bring them back" if gone else "") + ")")
+        return brought
+
+    def _file_blocks(self, file_name: str) -> list[Block]:
+        """The blocks of the latest attachment of `file_name` (KeyError when none)."""
+        blocks = [b for b in self.table.blocks if b.role == "file" and b.file_name == file_name]
+        if not blocks:
+            raise KeyError(f"no attached file {file_name!r} in this conversation")
+        latest = max(b.turn for b in blocks)
+        return [b for b in blocks if b.turn == latest]
+
     def adopt_prefix(self, blocks: list[Block]) -> None:
         """A fresh conversation's first blocks: the shared prefix's, already in its slot."""
         self.sequence.adopt_prefix(blocks)

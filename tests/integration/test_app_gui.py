@@ -227,6 +227,33 @@ def test_an_attached_file_shows_as_blocks_in_the_memory_panel(desk, qtbot, tmp_p
     assert desk.w.input.chips == [] and "service_notes.txt" in desk.w.chat.bubbles[-2].chips.text()
 
 
+def test_a_file_block_menu_keeps_its_file_in_context_until_let_go(desk, qtbot, tmp_path):
+    """Issue 46: what the user attached stays in context until they say otherwise, from the memory panel."""
+    fresh_conversation(desk, qtbot)
+    desk.c.attach_file(str(long_file(tmp_path, "kept.txt", 8)))
+    send_and_wait(desk, qtbot, "Summarize the file.")
+    send_and_wait(desk, qtbot, "Now tell me a short joke about compilers, please.")
+    errors: list[str] = []
+    desk.c.errorRaised.connect(errors.append)
+    panel, model = desk.w.memory, desk.c.blocks
+    rows = [i for i, r in enumerate(model.rows) if r.file_name == "kept.txt"]
+    assert rows and panel.file_actions(rows[0]) == [("Keep kept.txt in context", True)]
+    assert panel.file_actions(next(i for i, r in enumerate(model.rows) if r.role == "user")) == []
+
+    def file_rows():
+        return [r for r in model.rows if r.file_name == "kept.txt"]
+    panel.keepFileAsked.emit("kept.txt", True)
+    qtbot.wait_until(lambda: errors or all(r.pinned and r.state == "resident" for r in file_rows()),
+                     timeout=REPLY_MS)
+    assert errors == []
+    assert panel.file_actions(rows[0]) == [("Let kept.txt leave the context", False)]
+    assert model.data(model.index(rows[0], 2)).endswith("· kept")
+    send_and_wait(desk, qtbot, "And another short joke, about caches this time.")
+    assert all(r.pinned and r.state == "resident" for r in file_rows())
+    panel.keepFileAsked.emit("kept.txt", False)
+    qtbot.wait_until(lambda: not any(r.pinned for r in file_rows()), timeout=REPLY_MS)
+
+
 def test_lowering_the_budget_in_settings_evicts_and_the_gauge_stays_within_it(desk, qtbot, tmp_path):
     fresh_conversation(desk, qtbot)
     desk.c.attach_file(str(long_file(tmp_path, "big.txt", 18)))
