@@ -189,13 +189,17 @@ def recovery_inputs(memory: ConversationMemory, prepared: PreparedInput, max_tok
 def prepare_ahead(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict], text: str,
                   attachments: Sequence[Attachment], max_tokens: int, *, system: dict | None = None) -> PreparedInput:
     """Everything the next turn would work out before its first decode, done while the user types `text`: the
-    input rendered and tokenized, and the recovery decided and carried out where it fits the budget
-    (`ConversationMemory.recover_ahead`). The turn that sends the same text after the same history finds both
-    (`run_turn`'s `prepared`); any other turn ignores them."""
+    input rendered and tokenized, the recovery decided and carried out where it fits the budget
+    (`ConversationMemory.recover_ahead`), and a one-block message's tokens but its last decoded at the tail
+    ahead of it (`decode_ahead`). The turn that sends the same text after the same history finds all of it
+    (`run_turn`'s `prepared`, the decode's claim of the held tokens); any other turn ignores it (a held run
+    that does not match is dropped by the next decode)."""
     prepared = prepare_input(rt, template, history, text, attachments, memory.turn + 1, memory.settings.block_tokens,
                              system=system)
     memory.set_query(text or prepared.user_message["content"][:2000])
     memory.recover_ahead(text, **recovery_inputs(memory, prepared, max_tokens))
+    if len(prepared.blocks) == 1:                # a message of one block: decoded with the reply's opening
+        memory.decode_ahead(prepared.blocks[0].tokens[:-1])     # its last token's logits are the turn's
     return prepared
 
 

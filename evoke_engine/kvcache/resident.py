@@ -256,6 +256,22 @@ class ResidentSequence:
         if ahead:
             self.kv.hold_ahead(self.seq, start + len(tokens), list(ahead))
 
+    def decode_ahead(self, tokens: Sequence[int]) -> int:
+        """Decode `tokens`, the start of a message not sent yet (a draft the user paused on), at the tail and hold
+        them there outside the table as the next message's opening is held: the decode that starts with them
+        claims them (`_decode_at_tail`), any other operation drops them. A held run that `tokens` extend is kept
+        (typing on decodes only what was added). Returns the tokens decoded now; a failed decode holds nothing."""
+        tokens, start = list(tokens), self.active_tokens
+        done = self.kv.claim_ahead(self.seq, start, tokens, whole=True) if tokens else 0
+        try:
+            if done < len(tokens):
+                self.rt.decode(tokens[done:], self.seq, start + done, logits_last=False)
+        except BaseException:
+            self.kv.drop(self.seq, start, -1)
+            raise
+        self.kv.hold_ahead(self.seq, start, tokens)
+        return len(tokens) - done
+
     def append(self, blocks: Sequence[Block], *, logits_last: bool = True, cancel=None) -> None:
         """Decode the tokens of new `blocks` at the tail in one call and add them to the table. A decode that
         fails (or is cancelled) leaves nothing behind: the cells decoded before it drop with it."""

@@ -42,6 +42,7 @@ from .recovery import backend as recovery_backend
 from .recovery_plan import RecoveryPlan, table_state
 from .scorer import Scorer, TaskFocus
 from .snapshot import Snapshot, SnapshotError
+from .snapshot_check import MAX_AHEAD
 
 
 @dataclass
@@ -435,6 +436,14 @@ class ConversationMemory:
     def question_of(self, turn: int) -> list[Block]:
         """The resident user block of `turn`'s input (its last), kept while that turn's reply is written."""
         return [b for b in self.table.resident if b.message_key() == (turn, "input") and b.role == "user"][-1:]
+
+    def decode_ahead(self, tokens: Sequence[int]) -> int:
+        """Decode the first tokens of the message being typed (at most `MAX_AHEAD`, what a KV file holds ahead) at
+        the tail ahead of it (`ResidentSequence.decode_ahead`): the turn that sends it decodes only the rest.
+        Returns the tokens decoded now; nothing out of a slot."""
+        if self.seq is None:
+            return 0
+        return self.sequence.decode_ahead(list(tokens)[:MAX_AHEAD])
 
     def open_reply(self, reply: Block, *, last_block: Block | None = None, current: Iterable[Block] = ()) -> None:
         """Room for the reply's opening (its tokens so far) and the message's `last_block` (not decoded yet, it goes

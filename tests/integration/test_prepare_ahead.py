@@ -1,6 +1,7 @@
-"""A turn prepared while its message was typed (`Engine.prepare_ahead`, issue 44): the input rendered and tokenized
-and its recovery decided and brought back before Enter; the turn that sends the same text then restores nothing
-more within the room, and its blocks, tokens and greedy reply are those of a turn that was not prepared."""
+"""A turn prepared while its message was typed (`Engine.prepare_ahead`, issue 44): the input rendered and tokenized,
+its recovery decided and brought back and its tokens decoded ahead before Enter; the turn that sends the same text
+then restores nothing more within the room and claims the decoded tokens, and its blocks, tokens and greedy reply
+are those of a turn that was not prepared."""
 
 from __future__ import annotations
 
@@ -36,7 +37,10 @@ def test_a_prepared_turn_restored_ahead_and_replies_as_an_unprepared_one(tmp_pat
         assert engine.prepare_ahead(typed.id, DRAFT, max_tokens=8).result() is True
         ahead = _recoveries(events, typed.id)
         assert ahead, "the draft's recovery came back before Enter"
+        kv = engine.diagnostics().kv
+        claimed = kv.ahead_claimed
         typed_reply = typed.submit(DRAFT, max_tokens=8, temperature=0).result()
+        assert kv.ahead_claimed - claimed >= len(engine.tokenize(DRAFT)) - 1    # its tokens decoded while typed
         plain_reply = plain.submit(DRAFT, max_tokens=8, temperature=0).result()
 
         assert _recoveries(events, typed.id) == ahead                      # the turn restored nothing more
