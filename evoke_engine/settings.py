@@ -115,12 +115,14 @@ class Settings:
                                               "saved blocks next to its best file matches in their files (a "
                                               "file's block whose header the question met, and the next one that "
                                               "holds the value).", group="Memory")
-    recovery_questions_last: bool = _setting(False, "When the message asks for a value, a wide recovery ranks the "
-                                             "user's earlier questions that only asked (what, which, how..., no "
-                                             "number in them) after every block that states something: an old "
-                                             "question shares the asking words, the fact's block holds the answer.",
+    recovery_questions_last: bool = _setting(True, "When the message asks for a value, a recovery wider than "
+                                             "recovery_top_k (a budget over recovery_width_tokens) ranks the user's "
+                                             "earlier questions that only asked (what, which, how..., no number in "
+                                             "them) after every block that states something: an old question "
+                                             "shares the asking words, the fact's block holds the answer.",
                                              group="Memory")
-    recovery_signal_tops: int = _setting(0, "A wide recovery also considers the best this many saved blocks of "
+    recovery_signal_tops: int = _setting(2, "A recovery wider than recovery_top_k (a budget over "
+                                         "recovery_width_tokens) also considers the best this many saved blocks of "
                                          "each recall signal alone (line vectors, BM25), past the fused ranking: "
                                          "a question in other words than the fact's line shares no term with it "
                                          "(0 off).", group="Memory", low=0, high=64)

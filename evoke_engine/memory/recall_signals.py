@@ -16,6 +16,7 @@ import sqlite3
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
+from functools import lru_cache
 
 import numpy as np
 
@@ -105,7 +106,14 @@ def message_asks(text: str) -> bool:
 def only_asks(block: Block) -> bool:
     """A user message that states nothing: it has lines and every one `asks_for_value` (`Quick one: how long does
     the proxy wait? Thanks!`). A file's or an assistant's block never only asks."""
-    return block.role == "user" and bool(block_lines(block.text)) and not fact_lines(block, skip_questions=True)
+    return block.role == "user" and _text_only_asks(block.text)
+
+
+@lru_cache(maxsize=1 << 14)
+def _text_only_asks(text: str) -> bool:
+    """`only_asks` of a user message's text, once per distinct text (a decision reads every candidate's)."""
+    lines = block_lines(text)
+    return bool(lines) and all(asks_for_value(line) for line in lines)
 
 
 def line_key(block: Block, file_names: bool = False, skip_questions: bool = False) -> str:

@@ -112,7 +112,7 @@ NEW_VALUES = {
     "budget_tokens": 640, "high_watermark": 0.9, "low_watermark": 0.6, "tail_fraction": 0.2, "block_tokens": 96,
     "recovery": "breadcrumb", "recovery_top_k": 2, "recovery_margin": 0.03, "recovery_overdraft_tokens": 128,
     "recovery_keep_used": False, "recovery_width_tokens": 2048, "recovery_file_neighbours": True,
-    "recovery_questions_last": True, "recovery_signal_tops": 3,
+    "recovery_questions_last": False, "recovery_signal_tops": 3,
     "recall_file_name_line": False, "recall_skip_questions": True,
     "chunk_reuse": False, "chunk_reuse_across_owners": True, "chunk_reuse_approximate": True,
     "chunk_reuse_repair_tokens": 8,

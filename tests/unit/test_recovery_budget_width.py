@@ -16,7 +16,8 @@ pytestmark = pytest.mark.unit
 
 
 def _memory(budget: int, **overrides) -> SimpleNamespace:
-    memory = SimpleNamespace(settings=Settings(home="/nonexistent-evoke-home", **overrides), budget_tokens=budget)
+    memory = SimpleNamespace(settings=Settings(home="/nonexistent-evoke-home", **overrides), budget_tokens=budget,
+                             _query_text="")
     memory.recovery_width = lambda: ConversationMemory.recovery_width(memory)
     return memory
 

@@ -94,7 +94,7 @@ def test_the_working_set_takes_each_signals_own_top_last_when_asked():
     saved = _ranked(40)
     rank = {b: i for i, b in enumerate(saved)}
     signal = SimpleNamespace(similarity=lambda b: -rank[b], own_tops=lambda blocks, n: [saved[30], saved[2]][:n])
-    plain = ConversationMemory._working_set(_memory(2048), saved, [], signal)
+    plain = ConversationMemory._working_set(_memory(2048, recovery_signal_tops=0), saved, [], signal)
     assert len(plain) == 16 and saved[30] not in plain
     tops = ConversationMemory._working_set(_memory(2048, recovery_signal_tops=2), saved, [], signal)
     assert tops[saved[30]] == 16 and len(tops) == 17       # b2 was in already: no repeat
@@ -108,10 +108,26 @@ def test_old_questions_rank_after_statements_only_when_the_message_asks():
     rank = {b: i for i, b in enumerate(pool)}
     signal = SimpleNamespace(similarity=lambda b: -rank[b])
     asked = "Sorry, I forgot: How many workers did the backup use?"
-    plain = ConversationMemory._working_set(_memory(2048, asked), pool, [], signal)
+    plain = ConversationMemory._working_set(_memory(2048, asked, recovery_questions_last=False), pool, [], signal)
     assert all(q in plain for q in questions)
     last = ConversationMemory._working_set(_memory(2048, asked, recovery_questions_last=True), pool, [], signal)
     assert not any(q in last for q in questions) and facts[15] in last
     told = ConversationMemory._working_set(_memory(2048, "The backup now uses 6 workers.",
                                                    recovery_questions_last=True), pool, [], signal)
     assert all(q in told for q in questions)          # a message that states asks nothing: the order is the signal's
+
+
+@pytest.mark.parametrize("budget", [256, 512, 1024])
+def test_budgets_up_to_the_width_unit_decide_as_before(budget):
+    questions = [_block(f"user#{i}", f"Remind me: What limit did we set for the {w} queue? Just the value.")
+                 for i, w in enumerate(["export", "import", "retry"])]
+    facts = _ranked(20)
+    pool = [*questions, *facts]
+    rank = {b: i for i, b in enumerate(pool)}
+    signal = SimpleNamespace(similarity=lambda b: -rank[b], own_tops=lambda blocks, n: [facts[-1]])
+    asked = "Sorry, I forgot: How many workers did the backup use?"
+    plain = ConversationMemory._working_set(_memory(budget, asked, recovery_questions_last=False,
+                                                    recovery_signal_tops=0), pool, [], signal)
+    levers = ConversationMemory._working_set(_memory(budget, asked, recovery_questions_last=True,
+                                                     recovery_signal_tops=2), pool, [], signal)
+    assert plain == levers and len(levers) == 8
