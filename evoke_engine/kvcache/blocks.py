@@ -105,7 +105,12 @@ class BlockTable:
 
     @property
     def active_tokens(self) -> int:
-        return sum(b.n_tokens for b in self.resident)
+        """Tokens in the context: the end of the last resident block (they are contiguous from 0, `check`); O(1),
+        read several times a token while a reply grows."""
+        if not self.resident:
+            return 0
+        last = self.resident[-1]
+        return last.pos + len(last.tokens)
 
     def by_name(self, name: str) -> Block | None:
         return next((b for b in self.blocks if b.name == name), None)
