@@ -553,7 +553,6 @@ class ConversationMemory:
             plan.done = list(self._recovered)
             plan.picks = plan.picks[len(fits):]
             plan.move_best = None                      # moved already
-            plan.working = dict(self._working)
             self._reset_turn_recovery()                # the turn sets them again from the plan
             plan.table_seen = table_state(self.table)
         self._ahead = plan
