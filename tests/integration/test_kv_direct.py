@@ -203,3 +203,48 @@ def test_direct_saves_are_written_into_the_host_arena_and_give_it_back(clean):
     assert isinstance(saved.data, memoryview) and kv.arena.used_bytes >= before + saved.nbytes
     del saved
     assert kv.arena.used_bytes == before
+
+
+def test_a_block_saved_while_a_k_shift_is_owed_is_anchored_where_its_rows_were_computed(clean):
+    """An eviction moves later cells (a K-shift owed until the next decode); a save of a moved block needs no flush
+    decode: its bytes are the ones saved before the move, anchored at the old positions, and it splices back as
+    the block that was never saved."""
+    rt, kv = clean
+    tokens, p0, p1 = _needle(rt)
+    n, e0, e1 = len(tokens), 8, 24                 # an earlier range evicted: the needle moves down by 16
+    k = e1 - e0
+    rt.decode(tokens[:-1], 1, 0, logits_last=False)
+    kv.evict(1, e0, e1)
+    kv.flush_pending_shifts()
+    rt.decode(tokens[-1:], 1, n - 1 - k)
+    reference_logits, reference = rt.logits(), greedy(rt, kv, 1, 6)
+
+    rt.decode(tokens[:-1], 0, 0, logits_last=False)
+    before = bytes(kv.save(0, p0, p1).data)
+    kv.evict(0, e0, e1)
+    flushes = kv.shift_flushes
+    saved = kv.save_deferred(0, p0 - k, p1 - k)
+    at_once = kv.save(0, p0 - k, p1 - k)
+    assert kv.shift_flushes == flushes             # no decode on the way
+    assert saved.origin_pos == at_once.origin_pos == p0
+    saved.wait()
+    assert bytes(saved.data) == bytes(at_once.data) == before
+    kv.evict(0, p0 - k, p1 - k, compact=False)
+    kv.restore(saved, 0, p0 - k)
+    rt.decode(tokens[-1:], 0, n - 1 - k)
+    assert np.abs(rt.logits() - reference_logits).max() < 1.0
+    assert greedy(rt, kv, 0, 6) == reference
+
+
+def test_a_range_whose_cells_owe_different_shifts_is_flushed_before_it_is_saved(clean):
+    rt, kv = clean
+    tokens, p0, p1 = _needle(rt)
+    rt.decode(tokens, 0, 0, logits_last=False)
+    kv.evict(0, 8, 24)                              # cells from 24 owe -16
+    kv.evict(0, 40, 48)                             # cells from 56 (now 48) owe -24, those before owe -16
+    flushes = kv.shift_flushes
+    with pytest.raises(kv_direct.DirectError, match="different pending K-shifts"):
+        kv._direct_for(0).range_shift(0, 36, 44)
+    saved = kv.save(0, 36, 44)
+    assert kv.shift_flushes == flushes + 1 and saved.origin_pos == 36
+    assert not kv._direct_for(0).shift_pending
