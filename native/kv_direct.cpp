@@ -70,7 +70,6 @@ enum Status : int64_t {
     kTaken = -4,          // the sequence already holds a target position
     kSmallBuffer = -5,
     kBadSeq = -6,
-    kMixedShift = -7,     // the range's cells owe different pending K-shifts
 };
 
 struct Rope {
@@ -346,23 +345,6 @@ int evoke_kvd_has_shift(void *handle) {
     return 0;
 }
 
-/* The K-shift every cell of [p0, p1) of seq owes (moved since the last decode, not yet rotated) into *shift:
- * a save of the range records each cell at pos - shift, where its K rows are anchored, so it needs no flush.
- * kMixedShift when the cells owe different shifts, kBadRange unless each position is held once. */
-int64_t evoke_kvd_range_shift(void *handle, int32_t seq, int32_t p0, int32_t p1, int32_t *shift) {
-    auto *h = static_cast<Handle *>(handle);
-    if (seq < 0 || (size_t) seq >= h->kv->seq_to_stream.size() || p1 <= p0) return kBadSeq;
-    const uint32_t strm = h->kv->seq_to_stream[seq];
-    if (!range_cells(h, seq, strm, p0, p1)) return kBadRange;
-    const auto &cells = h->kv->v_cells[strm];
-    const llama_pos first = cells.get_shift(h->cells.front());
-    for (uint32_t c : h->cells) {
-        if (cells.get_shift(c) != first) return kMixedShift;
-    }
-    *shift = first;
-    return kOk;
-}
-
 /* Bytes the state of [p0, p1) of seq takes, or a negative Status. */
 int64_t evoke_kvd_save_size(void *handle, int32_t seq, int32_t p0, int32_t p1) {
     auto *h = static_cast<Handle *>(handle);
@@ -404,8 +386,7 @@ void *evoke_kvd_save_plan(void *handle, int32_t seq, int32_t p0, int32_t p1, int
     w.put<uint32_t>(1);
     w.put<uint32_t>(plan->n);
     for (uint32_t c : h->cells) {
-        w.put<int32_t>(cells.pos_get(c) - cells.get_shift(c));   // where its K rows are anchored (a pending
-                                                                 // K-shift not yet applied)
+        w.put<int32_t>(cells.pos_get(c));
         w.put<uint32_t>(1);
         w.put<int32_t>(as_seq);
     }

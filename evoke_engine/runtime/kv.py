@@ -143,18 +143,17 @@ class KVCache:
         if p1 <= p0:
             raise ValueError(f"empty range [{p0}, {p1})")
         context = self.rt.context_of(seq)
+        self._flush_context(context)
         self.join_copies()
         direct = self._direct_for(context)
         if direct is not None:
             try:
-                anchored = p0 - self._owed_shift(direct, context, seq, p0, p1)
                 data = self._save_direct(direct, seq, p0, p1)
             except DirectError as exc:               # not each position once: llama.cpp writes what it holds
                 log.debug("serialised save: %s", exc)
             else:
                 self.direct_saves += 1
-                return SavedKV(data=data, origin_pos=anchored, n_tokens=p1 - p0)
-        self._flush_context(context)                 # llama.cpp's state records positions, not the owed shift
+                return SavedKV(data=data, origin_pos=p0, n_tokens=p1 - p0)
         self._seq_cp(seq, self.scratch, p0, p1, context)
         try:
             data = self._state_of(self.scratch, context)
@@ -172,8 +171,8 @@ class KVCache:
         direct = self._direct_for(context) if p1 > p0 else None
         if direct is None:
             return self.save(seq, p0, p1)
+        self._flush_context(context)
         try:
-            anchored = p0 - self._owed_shift(direct, context, seq, p0, p1)
             out = self._save_buffer(direct.save_size(seq, p0, p1))
             plan = direct.plan_save(out, seq, p0, p1, self.scratch)
         except DirectError as exc:
@@ -185,21 +184,7 @@ class KVCache:
         self._copying.append(future)
         self.direct_saves += 1
         self.deferred_saves += 1
-        return SavedKV(data=out, origin_pos=anchored, n_tokens=p1 - p0, pending=future)
-
-    def _owed_shift(self, direct: DirectKV, context: int, seq: int, p0: int, p1: int) -> int:
-        """The K-shift [p0, p1) of `seq` owes, which its saved bytes are anchored behind (a direct save records
-        each cell at pos - shift): no flush decode on a turn's path. Cells that owe different shifts (rare: a
-        range across two moves) are flushed first, and owe nothing then."""
-        if context not in self._shifted:
-            return 0
-        try:
-            return direct.range_shift(seq, p0, p1)
-        except DirectError as exc:
-            if exc.status != kv_direct.MIXED_SHIFT:
-                raise
-        self._flush_context(context)
-        return 0
+        return SavedKV(data=out, origin_pos=p0, n_tokens=p1 - p0, pending=future)
 
     def join_copies(self) -> None:
         """Wait for every deferred save's row copy (before anything writes cells)."""

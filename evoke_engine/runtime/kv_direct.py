@@ -28,14 +28,13 @@ log = logging.getLogger(__name__)
 _LIB_NAME = "libevoke_kvdirect.so"
 _u8p = ctypes.POINTER(ctypes.c_uint8)
 
-BAD_RANGE, UNFIT, NO_ROOM, TAKEN, SMALL_BUFFER, BAD_SEQ, MIXED_SHIFT = -1, -2, -3, -4, -5, -6, -7
+BAD_RANGE, UNFIT, NO_ROOM, TAKEN, SMALL_BUFFER, BAD_SEQ = -1, -2, -3, -4, -5, -6
 _REASONS = {BAD_RANGE: "the sequence does not hold each position of the range once",
             UNFIT: "the bytes are not a one-sequence state of this cache's shape",
             NO_ROOM: "not enough free cells in the context",
             TAKEN: "the sequence already holds positions the block would take",
             SMALL_BUFFER: "the output buffer is too small",
-            BAD_SEQ: "no such sequence",
-            MIXED_SHIFT: "the range's cells owe different pending K-shifts"}
+            BAD_SEQ: "no such sequence"}
 
 
 class DirectError(RuntimeError):
@@ -61,7 +60,6 @@ def _load() -> ctypes.CDLL | None:
         "evoke_kvd_on_host": ([vp], ctypes.c_int),
         "evoke_kvd_has_shift": ([vp], ctypes.c_int),
         "evoke_kvd_save_size": ([vp, i32, i32, i32], i64),
-        "evoke_kvd_range_shift": ([vp, i32, i32, i32, ctypes.POINTER(i32)], i64),
         "evoke_kvd_save": ([vp, i32, i32, i32, i32, vp, i64], i64),
         "evoke_kvd_save_plan": ([vp, i32, i32, i32, i32, vp, i64, ctypes.POINTER(i64)], vp),
         "evoke_kvd_save_rows": ([vp], i64),
@@ -122,16 +120,6 @@ class DirectKV:
     def shift_pending(self) -> bool:
         """Cells moved since the last decode: their K rows are not yet rotated for their positions."""
         return bool(_native.evoke_kvd_has_shift(self._handle))
-
-    def range_shift(self, seq: int, p0: int, p1: int) -> int:
-        """The pending K-shift every cell of [p0, p1) of `seq` owes (0 when none): a save records the cells where
-        their K rows are anchored, pos - shift, so it needs no flush first. DirectError (MIXED_SHIFT) when the cells
-        owe different shifts."""
-        shift = ctypes.c_int32(0)
-        status = _native.evoke_kvd_range_shift(self._handle, seq, p0, p1, ctypes.byref(shift))
-        if status < 0:
-            raise DirectError(status, f"shift of [{p0}, {p1}) of seq {seq}")
-        return shift.value
 
     def save_size(self, seq: int, p0: int, p1: int) -> int:
         size = _native.evoke_kvd_save_size(self._handle, seq, p0, p1)
