@@ -32,11 +32,11 @@ from .conversations.snapshot_fit import focus_from_history
 from .conversations.turn import Attachment
 from .conversations.turn_jobs import TurnJobs
 from .conversations.versions import undelete, versions_of
-from .errors import BudgetError, EvokeError
+from .errors import EvokeError
 from .events import EngineEvent, EventKind
 from .kvcache.prefixes import Prefix, system_prompt_of, tools_of
 from .memory.embedder import Embedder
-from .memory.memory import min_budget_tokens
+from .memory.memory import min_budget_tokens, require_budget
 from .memory.recovery import backend as recovery_backend
 from .runtime.backend import LLAMA_CPP, Backend
 from .runtime.runtime import ModelInfo
@@ -194,11 +194,7 @@ class Engine:
             sizing = ("budget_tokens", "block_tokens", "tail_fraction", "recovery")
             resized = any(getattr(adopted, n) != getattr(self.settings, n) for n in sizing)
             if resized and recovery_backend(adopted.recovery).evicts and self.model is not None:   # unloaded: later
-                smallest = self._min_budget(adopted)
-                if adopted.budget_tokens < smallest:
-                    raise BudgetError(f"a budget of {adopted.budget_tokens} tokens leaves too little room after the "
-                                      f"system prompt and tools for a reply: the smallest budget that works is "
-                                      f"{smallest} tokens")
+                require_budget(adopted.budget_tokens, self._tightest_prefix(adopted), adopted)
             self.settings_hub.apply(adopted)               # each consumer hears of the fields it uses
 
         self.thread.call(apply, priority=FOREGROUND, command=Command.LOAD)
@@ -210,13 +206,16 @@ class Engine:
         conversation). Loads the model if it was unloaded (ModelLoadError when it cannot)."""
         def run() -> int:
             self.ensure_model()
-            return self._min_budget(settings or self.settings)
+            settings_now = settings or self.settings
+            return min_budget_tokens(self._tightest_prefix(settings_now), settings_now)
         return self.thread.call(run, priority=FOREGROUND)
 
-    def _min_budget(self, settings: Settings) -> int:
+    def _tightest_prefix(self, settings: Settings) -> int:
+        """The shared prefix (a new conversation's under `settings`, or an open one's) whose `min_budget_tokens`
+        is the largest: the one a budget must hold."""
         prefix = self.model.prefixes.for_conversation(system_prompt_of(settings), tools_of(settings))
         prefixes = [len(prefix.tokens), *(s.memory.prefix_tokens for s in self.lifecycle.open_states())]
-        return max(min_budget_tokens(n, settings) for n in prefixes)
+        return max(prefixes, key=lambda n: min_budget_tokens(n, settings))
 
     def switch_embedder(self) -> None:
         """Vectors of the old embedder mean nothing to the new one: open conversations drop theirs (recomputed

@@ -135,6 +135,11 @@ class Settings:
                                            "blocks (`file docker api Dockerfile`), so a question about what the "
                                            "file is for (\"the image\", \"the workflow\") meets its code lines.",
                                            group="Memory")
+    recall_line_context: bool = _setting(False, "The line signal reads a structured line (a YAML or TOML key, a "
+                                         "module constant, a command line's flags) spelled out with its file's name "
+                                         "and parent keys (`pool_size: 20` under `database:` in deploy.yaml: "
+                                         "\"deploy yaml database pool size: 20\"), so a question in other words "
+                                         "meets it.", group="Memory")
     recall_skip_questions: bool = _setting(False, "A question the user asked earlier for a value (what, which, "
                                            "who, when, where or how, no number in it) holds no fact: the recall "
                                            "signals leave it out, so it no longer outranks the block that answers "

@@ -23,7 +23,7 @@ from ..events import EngineEvent, EventKind
 from ..kvcache.prefixes import Prefix, system_message
 from ..memory.chunk_files import KVFileChunks
 from ..memory.file_bits import pack_for_file, unpack_image
-from ..memory.memory import ConversationMemory, min_budget_tokens
+from ..memory.memory import ConversationMemory, require_budget
 from ..memory.recovery import backend as recovery_backend
 from ..memory.snapshot import SnapshotError, decode_payload, encode_payload
 from ..runtime.rpc import RemoteDeviceLost
@@ -175,11 +175,8 @@ class ConversationLifecycle:
         model = self._ensure_model()
         state = self.fresh_state(conversation_id, title, system_prompt, tools)
         prefix = model.prefixes.for_conversation(system_prompt, tools)
-        smallest = min_budget_tokens(len(prefix.tokens), model.settings)
-        if model.settings.budget_tokens < smallest and recovery_backend(model.settings.recovery).evicts:
-            raise BudgetError(f"the budget ({model.settings.budget_tokens} tokens) leaves too little room after the "
-                              f"system prompt and tools ({len(prefix.tokens)} tokens) for a reply: the smallest "
-                              f"budget that works is {smallest} tokens")
+        if recovery_backend(model.settings.recovery).evicts:
+            require_budget(model.settings.budget_tokens, len(prefix.tokens), model.settings)
         self.history.create_conversation(conversation_id, title, system_prompt,
                                         settings={"tools": tools, **({"source": source} if source else {})})
         self.adopt(state, prefix)

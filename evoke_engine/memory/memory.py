@@ -17,7 +17,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from ..kvcache.resident import ResidentSequence
 from ..runtime.kv import KVPrimitives
 from ..runtime.runtime import Runtime
 from ..settings import Settings
-from ..stats import ConversationStats
+from ..stats import ConversationStats, Counters
 from .attention_signal import AttentionSignal
 from .embedder import Embedder
 from .policy import RecoveryPick, choose_recoveries, choose_victims, file_neighbours, named_in, protected_blocks
@@ -45,20 +45,6 @@ from .snapshot import Snapshot, SnapshotError
 from .snapshot_check import MAX_AHEAD
 
 
-@dataclass
-class Counters:
-    evictions: int = 0
-    evicted_tokens: int = 0
-    recoveries: int = 0
-    recovered_tokens: int = 0
-    identity_hits: int = 0
-    breadcrumbs: int = 0
-    max_active_at_turn_end: int = 0
-    prefill_tokens: int = 0
-    reused_blocks: int = 0        # blocks spliced from another conversation's K/V (chunk index)
-    reused_tokens: int = 0
-
-
 def min_budget_tokens(prefix_tokens: int, settings: Settings) -> int:
     """The smallest budget in which a reply of any length grows without being cut: the shared prefix (the
     first block, the sink, when there is no prefix), the recent tail that is never evicted (`tail_fraction`
@@ -70,6 +56,20 @@ def min_budget_tokens(prefix_tokens: int, settings: Settings) -> int:
     while budget - int(budget * settings.tail_fraction) < fixed:
         budget += 1
     return budget
+
+
+def require_budget(budget: int, prefix_tokens: int, settings: Settings) -> None:
+    """The one refusal of a budget below `min_budget_tokens` (a new conversation, a settings change, a
+    conversation's own budget): BudgetError saying the smallest budget that works and what it must hold."""
+    smallest = min_budget_tokens(prefix_tokens, settings)
+    if budget >= smallest:
+        return
+    held = (f"the shared prefix (system prompt and tools, {prefix_tokens} tokens)" if prefix_tokens
+            else f"the first block (the sink, {settings.block_tokens} tokens)")
+    raise BudgetError(f"a budget of {budget} tokens is too small: the smallest budget that works is {smallest} "
+                      f"tokens, which holds {held} and the recent tail that is never evicted "
+                      f"({settings.tail_fraction:.0%} of the budget and one {settings.block_tokens}-token block), "
+                      "so that a reply of any length grows without being cut")
 
 
 class ConversationMemory:
@@ -266,7 +266,18 @@ class ConversationMemory:
         """Embed the recall signal's line vectors for `blocks` now, so a later recovery decision finds them cached."""
         prepare_lines(self.embedder, self.settings.recall_signal, blocks,
                       file_names=self.settings.recall_file_name_line,
-                      skip_questions=self.settings.recall_skip_questions)
+                      skip_questions=self.settings.recall_skip_questions,
+                      line_context=self.settings.recall_line_context, before=self._file_text_before)
+
+    def _file_text_before(self, block: Block) -> str:
+        """The text of `block`'s file ahead of it in the same message (its earlier blocks), for parent keys."""
+        ahead = []
+        for other in self.table.blocks:
+            if other is block:
+                return "".join(ahead)
+            if other.file_name == block.file_name and other.turn == block.turn and other.role == "file":
+                ahead.append(other.text)
+        return ""
 
     def _evict(self, victims: list[Block], because: str = "") -> None:
         """Evict `victims` the way the recovery backend keeps them (bytes to the pool, or dropped), with events."""
@@ -582,7 +593,8 @@ class ConversationMemory:
             "lexical" if warming else self.settings.recall_signal, query_text=self._query_text,
             query=None if warming else self.query, saved=saved, residents=residents, embedder=self.embedder,
             user_margin=self.settings.recall_user_margin, file_names=self.settings.recall_file_name_line,
-            skip_questions=self.settings.recall_skip_questions, embed_lines=False)
+            skip_questions=self.settings.recall_skip_questions, line_context=self.settings.recall_line_context,
+            embed_lines=False)
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
         plan.room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens
                         - reply_reserve)
@@ -744,8 +756,9 @@ class ConversationMemory:
     def adopt_settings(self, old: Settings, new: Settings) -> None:
         """The settings changed (a `SettingsHub` subscriber, engine thread): later decisions read `new`, and a
         new `budget_tokens` replaces this conversation's budget now, unless it has one of its own (`set_budget`)."""
-        self.settings = self.scorer.s = new
-        self.focus.ema, self.focus.snap_cosine = new.focus_ema, new.focus_snap_cosine
+        self.settings = new
+        self.scorer.use_settings(new)
+        self.focus.use_settings(new)
         if new.budget_tokens != old.budget_tokens and self.own_budget is None:
             self.set_budget(new.budget_tokens, own=False)
 
@@ -755,11 +768,7 @@ class ConversationMemory:
         the conversation keeps it through later changes of the settings' budget and in its KV file; None goes
         back to following the settings."""
         budget = self.settings.budget_tokens if tokens is None else tokens
-        smallest = self.min_budget_tokens()
-        if budget < smallest:
-            raise BudgetError(f"a budget of {budget} tokens leaves too little room after the shared prefix "
-                              f"({self.prefix_tokens} tokens) for a reply: the smallest budget that works is "
-                              f"{smallest} tokens")
+        require_budget(budget, self.prefix_tokens, self.settings)
         self.budget_tokens = budget
         if own:
             self.own_budget = tokens
@@ -864,14 +873,10 @@ class ConversationMemory:
             yield {**block.summary(), "attention": share}
 
     def stats(self) -> ConversationStats:
-        c = self.counters
         return ConversationStats(
             conversation_id=self.id, active_tokens=self.active_tokens, budget_tokens=self.budget_tokens,
-            cached_tokens=self.cached_tokens(), prefix_tokens=self.prefix_tokens, evictions=c.evictions,
-            recoveries=c.recoveries, evicted_tokens=c.evicted_tokens, recovered_tokens=c.recovered_tokens,
-            identity_hits=c.identity_hits, max_active_at_turn_end=c.max_active_at_turn_end,
-            prefill_tokens=c.prefill_tokens, reused_tokens=c.reused_tokens, turn=self.turn,
-            memory=self.memory_location(),
+            cached_tokens=self.cached_tokens(), prefix_tokens=self.prefix_tokens, **asdict(self.counters),
+            turn=self.turn, memory=self.memory_location(),
             recovery=self.settings.recovery, blocks=tuple(self._block_summaries()),
             events=tuple(e.as_dict() for e in list(self.events)[-50:]),
             recovery_decisions=tuple(self.decisions), reply_context=self.reply_context,

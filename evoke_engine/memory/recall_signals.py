@@ -3,8 +3,9 @@ FTS5, or the code-aware `lexical` module), their reciprocal-rank fusion, and the
 with `skip_questions`, a user's earlier question that asks for a value (`asks_for_value`) is no line of either.
 
 Invariants: pure ranking over plain blocks and one embedder (no llama.cpp); line vectors are cached per embedder
-by block content hash, file name where it is a line and whether questions are skipped (an embedder switch never
-mixes vectors), seeded from a KV file on a reopen (`seed_lines`) and exported into it (`export_lines`); the
+by block content hash, file name where it is a line, whether questions are skipped and the version of the spelled-out
+text of structured lines where that is on (an embedder switch never mixes vectors, nor a KV file's vectors of
+another text), seeded from a KV file on a reopen (`seed_lines`) and exported into it (`export_lines`); the
 engine's decisions never embed lines (`embed_lines=False`); mode "block" reproduces the one-vector-per-block
 cosine exactly; every score a decision used is returned by `explain`.
 """
@@ -15,7 +16,7 @@ import re
 import sqlite3
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 
 import numpy as np
@@ -24,9 +25,14 @@ from ..kvcache.blocks import Block
 from ..settings import RECALL_SIGNALS as SIGNALS
 from . import lexical as code_lexical
 from .embedder import Embedder
+from .line_context import spell_out
 
 RRF_K = 60                        # the usual reciprocal-rank-fusion constant (Cormack et al.)
 CACHE_BLOCKS = 4096               # line vectors kept per embedder (LRU by block content hash)
+# The version of the text a structured line is embedded as (`line_context.spell_out`). It is part of `line_key`, so a
+# KV file's vectors of another text are never taken for these (a file written before has none of this version: its
+# blocks' lines are embedded again at the next turn end). Bump it when `spell_out` changes what it writes.
+LINE_CONTEXT_VERSION = 1
 _MARKUP = re.compile(r"<\|[^|>]*\|>")
 _ROLE_LINE = re.compile(r"^(system|user|assistant|tool)$")
 _CASE_TURN = re.compile(r"[a-z][A-Z]")
@@ -89,10 +95,15 @@ def asks_for_value(line: str) -> bool:
     return bool(_ASKS.search(line)) and bool(_WH_WORD.search(line)) and not _DIGIT.search(line)
 
 
-def fact_lines(block: Block, skip_questions: bool = False) -> list[str]:
+def fact_lines(block: Block, skip_questions: bool = False, line_context: bool = False, before: str = "") -> list[str]:
     """The block's lines that may hold a fact: `block_lines`, less a user message's lines that `asks_for_value`
-    when `skip_questions` (an assistant's or a file's lines are never questions the user asked)."""
-    lines = block_lines(block.text)
+    when `skip_questions` (an assistant's or a file's lines are never questions the user asked); with
+    `line_context`, each structured line spelled out with its file's name and parent keys (`line_context.spell_out`;
+    `before`: the same file's text ahead of the block, read for parent keys)."""
+    text = block.text
+    if line_context:
+        text = spell_out(_MARKUP.sub("\n", text), block.file_name, _MARKUP.sub("\n", before))
+    lines = block_lines(text)
     if skip_questions and block.role == "user":
         lines = [line for line in lines if not asks_for_value(line)]
     return lines
@@ -116,11 +127,13 @@ def _text_only_asks(text: str) -> bool:
     return bool(lines) and all(asks_for_value(line) for line in lines)
 
 
-def line_key(block: Block, file_names: bool = False, skip_questions: bool = False) -> str:
-    """The cache key of a block's lines: its content hash, with its file's name where that is one of the lines, and
-    a mark where its questions are left out (a user message's, with `skip_questions`)."""
+def line_key(block: Block, file_names: bool = False, skip_questions: bool = False, line_context: bool = False) -> str:
+    """The cache key of a block's lines: its content hash, with its file's name where that is one of the lines, a
+    mark where its questions are left out (a user message's, with `skip_questions`), and the version of the spelled-
+    out text where structured lines are embedded with their context (`line_context`: `|c1`)."""
     key = f"{block.hash}|{block.file_name}" if file_names and block.file_name else block.hash
-    return f"{key}|q" if skip_questions and block.role == "user" else key
+    key = f"{key}|q" if skip_questions and block.role == "user" else key
+    return f"{key}|c{LINE_CONTEXT_VERSION}" if line_context else key
 
 
 def file_name_line(file_name: str) -> str:
@@ -130,20 +143,23 @@ def file_name_line(file_name: str) -> str:
 
 
 def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: bool = False,
-                 skip_questions: bool = False, compute: bool = True) -> dict[str, tuple[list[str], np.ndarray | None]]:
+                 skip_questions: bool = False, line_context: bool = False, before: Callable[[Block], str] | None = None,
+                 compute: bool = True) -> dict[str, tuple[list[str], np.ndarray | None]]:
     """Lines and their unit vectors for each block (by `line_key`), embedded in one batch where missing; with
     `file_names`, a file's block has its file's name as one more line; with `skip_questions`, a user message's
-    lines are its `fact_lines` (none, when all of it asks). Without `compute`, only what is cached already (a
-    decision on the critical path: a block without them falls back to its block vector)."""
+    lines are its `fact_lines` (none, when all of it asks); with `line_context`, structured lines are embedded
+    spelled out (`before(block)`: its file's text ahead of it, for parent keys). Without `compute`, only what is
+    cached already (a decision on the critical path: a block without them falls back to its block vector)."""
     cache = _line_cache.setdefault(embedder, OrderedDict())
     blocks = [b for b in blocks if b.text.strip()]
     missing: dict[str, list[str]] = {}
     for block in blocks:
-        key = line_key(block, file_names, skip_questions)
+        key = line_key(block, file_names, skip_questions, line_context)
         if key in cache:
             cache.move_to_end(key)
         elif compute and key not in missing:
-            lines = fact_lines(block, skip_questions)
+            ahead = before(block) if line_context and before is not None and block.file_name else ""
+            lines = fact_lines(block, skip_questions, line_context, ahead)
             named = file_names and bool(block.file_name)
             missing[key] = [*lines, file_name_line(block.file_name)] if named else lines
     if missing and compute:
@@ -155,7 +171,7 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: boo
             at += len(lines)
         while len(cache) > CACHE_BLOCKS:
             cache.popitem(last=False)
-    keys = {line_key(b, file_names, skip_questions) for b in blocks}
+    keys = {line_key(b, file_names, skip_questions, line_context) for b in blocks}
     return {key: cache[key] for key in keys if key in cache}
 
 
@@ -238,7 +254,8 @@ class RecallSignal:
 
     def __init__(self, mode: str, *, query_text: str, query: np.ndarray | None, saved: list[Block],
                  residents: list[Block], embedder: Embedder, user_margin: float = 0.0,
-                 file_names: bool = False, skip_questions: bool = False, embed_lines: bool = True) -> None:
+                 file_names: bool = False, skip_questions: bool = False, line_context: bool = False,
+                 embed_lines: bool = True) -> None:
         if mode not in SIGNALS:
             raise ValueError(f"recall signal {mode!r}: choose one of {', '.join(SIGNALS)}")
         self.mode = mode
@@ -250,9 +267,9 @@ class RecallSignal:
         pending: set[Block] = set()
         if dense_kind == "lines" and query is not None and embedder.enabled:
             vectors = line_vectors(embedder, pool, file_names=file_names, skip_questions=skip_questions,
-                                   compute=embed_lines)
+                                   line_context=line_context, compute=embed_lines)
             for block in pool:
-                key = line_key(block, file_names, skip_questions)
+                key = line_key(block, file_names, skip_questions, line_context)
                 if key not in vectors and block.text.strip():
                     pending.add(block)
                     continue
@@ -355,10 +372,12 @@ def _cos(a: np.ndarray | None, b: np.ndarray | None) -> float:
 
 
 def prepare(embedder: Embedder, mode: str, blocks: Iterable[Block], *, file_names: bool = False,
-            skip_questions: bool = False) -> None:
+            skip_questions: bool = False, line_context: bool = False,
+            before: Callable[[Block], str] | None = None) -> None:
     """Embed the lines of `blocks` now (turn end), so a later recovery finds them cached."""
     if MODES[mode][0] == "lines" and embedder.enabled:
-        line_vectors(embedder, blocks, file_names=file_names, skip_questions=skip_questions)
+        line_vectors(embedder, blocks, file_names=file_names, skip_questions=skip_questions,
+                     line_context=line_context, before=before)
 
 
 def export_lines(embedder: Embedder, blocks: Iterable[Block]) -> dict[str, tuple[list[str], np.ndarray]]:

@@ -2,7 +2,8 @@
 attention (when captured), floors, pins.
 
 Invariants: pure functions of plain values (no llama.cpp, no embedder calls); a pinned block
-scores 1.0; user and assistant blocks never score below their role floors.
+scores 1.0; user and assistant blocks never score below their role floors; new settings reach a scorer and a
+focus only through their `use_settings` (their owner's settings changed), never by assignment from outside.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ class TaskFocus:
     vector: np.ndarray | None = None
     snaps: int = 0
 
+    def use_settings(self, settings: Settings) -> None:
+        """The EMA weight and snap threshold of `settings` for every later update (the vector stays)."""
+        self.ema, self.snap_cosine = settings.focus_ema, settings.focus_snap_cosine
+
     def update(self, message_vector: np.ndarray | None) -> None:
         if message_vector is None:
             return
@@ -42,12 +47,18 @@ def cosine(a: np.ndarray | None, b: np.ndarray | None) -> float:
 
 
 class Scorer:
+    """Scores under the settings it was given last (`use_settings`: the owner's settings changed)."""
+
     def __init__(self, settings: Settings) -> None:
-        self.s = settings
+        self._settings = settings
+
+    def use_settings(self, settings: Settings) -> None:
+        """Weights, floors and the recency half-life of `settings` for every later score."""
+        self._settings = settings
 
     def recency(self, block: Block, current_turn: int) -> float:
         age = max(0, current_turn - block.turn)
-        return 0.5 ** (age / self.s.recency_half_life_turns)
+        return 0.5 ** (age / self._settings.recency_half_life_turns)
 
     def score(self, block: Block, *, query: np.ndarray | None, focus: np.ndarray | None,
               current_turn: int, attention: float | None = None) -> float:
@@ -55,7 +66,7 @@ class Scorer:
         None when not captured (the signal then takes no part, and scores are as without it)."""
         if block.pinned:
             return 1.0
-        s = self.s
+        s = self._settings
         signals = ((s.weight_similarity, max(0.0, cosine(block.embedding, query))),
                    (s.weight_focus, max(0.0, cosine(block.embedding, focus))),
                    (s.weight_recency, self.recency(block, current_turn)))
