@@ -7,6 +7,7 @@ than the room it is given.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -55,7 +56,13 @@ def named_in(message: str, block: Block) -> bool:
     if not block.file_name:
         return False
     base = block.file_name.rsplit("/", 1)[-1]
-    return re.search(rf"(?<![\w.-]){re.escape(base)}(?![\w-])", message) is not None
+    return base in message and _name_pattern(base).search(message) is not None     # the plain test first: cheap
+
+
+@functools.lru_cache(maxsize=1024)
+def _name_pattern(base: str) -> re.Pattern:
+    """`base` as a whole file name (not part of a longer name or path segment)."""
+    return re.compile(rf"(?<![\w.-]){re.escape(base)}(?![\w-])")
 
 
 def file_neighbours(hits: Sequence[Block], blocks: Sequence[Block], *, available: Callable[[Block], bool],

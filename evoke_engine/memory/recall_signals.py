@@ -60,6 +60,12 @@ _line_cache: weakref.WeakKeyDictionary[Embedder, OrderedDict[str, tuple[list[str
 def block_lines(text: str) -> list[str]:
     """The block's text as lines (long ones cut at sentence ends), template markup dropped; very short
     lines are joined to the next one so a heading or an 'OK' never stands as a fact of its own."""
+    return list(_block_lines(text))
+
+
+@lru_cache(maxsize=1 << 14)
+def _block_lines(text: str) -> tuple[str, ...]:
+    """`block_lines`, once per distinct text (a decision reads every candidate's lines each turn)."""
     text = _MARKUP.sub("\n", text)
     pieces: list[str] = []
     for raw in text.splitlines():
@@ -84,7 +90,7 @@ def block_lines(text: str) -> list[str]:
             merged[-1] = f"{merged[-1]} {carry}"
         else:
             merged.append(carry)
-    return merged
+    return tuple(merged)
 
 
 def asks_for_value(line: str) -> bool:
@@ -100,12 +106,18 @@ def fact_lines(block: Block, skip_questions: bool = False, line_context: bool = 
     when `skip_questions` (an assistant's or a file's lines are never questions the user asked); with
     `line_context`, each structured line spelled out with its file's name and parent keys (`line_context.spell_out`;
     `before`: the same file's text ahead of the block, read for parent keys)."""
-    text = block.text
     if line_context:
-        text = spell_out(_MARKUP.sub("\n", text), block.file_name, _MARKUP.sub("\n", before))
-    lines = block_lines(text)
-    if skip_questions and block.role == "user":
-        lines = [line for line in lines if not asks_for_value(line)]
+        text = spell_out(_MARKUP.sub("\n", block.text), block.file_name, _MARKUP.sub("\n", before))
+        return list(_fact_lines(text, block.role, skip_questions))
+    return list(_fact_lines(block.text, block.role, skip_questions))
+
+
+@lru_cache(maxsize=1 << 14)
+def _fact_lines(text: str, role: str, skip_questions: bool) -> tuple[str, ...]:
+    """`fact_lines` of a text in a role, once per distinct one."""
+    lines = _block_lines(text)
+    if skip_questions and role == "user":
+        return tuple(line for line in lines if not asks_for_value(line))
     return lines
 
 
@@ -190,8 +202,14 @@ def lexical_lines(block: Block, skip_questions: bool = False) -> list[str]:
     """The block's lines as the code-aware BM25 reads them: a file's lines carry its path (`lib/db.py`: `lib db py`),
     so a question that names the module ("the DB helper") meets every line of it, not only the framing line; with
     `skip_questions`, a user message's are its `fact_lines`."""
-    lines = fact_lines(block, skip_questions)
-    return [f"{line} {block.file_name}" for line in lines] if block.file_name else lines
+    return list(_lexical_lines(block.text, block.role, block.file_name, skip_questions))
+
+
+@lru_cache(maxsize=1 << 14)
+def _lexical_lines(text: str, role: str, file_name: str | None, skip_questions: bool) -> tuple[str, ...]:
+    """`lexical_lines` of a text in a role and file, once per distinct one."""
+    lines = _fact_lines(text, role, skip_questions)
+    return tuple(f"{line} {file_name}" for line in lines) if file_name else lines
 
 
 def reply_grounding(reply: str, message: str, blocks: Iterable[Block]) -> dict[Block, int]:
