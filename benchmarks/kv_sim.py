@@ -348,6 +348,10 @@ class FakeKVCache:
             self.cells.seq_add(seq, p1, -1, -(p1 - p0))
             self._shifted = True
 
+    def evict_ranges(self, seq: int, ranges: list[tuple[int, int]]) -> None:
+        for p0, p1 in sorted(ranges, reverse=True):
+            self.evict(seq, p0, p1)
+
     def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None:
         self.ahead.forget(seq)
         if self.reject_restores:

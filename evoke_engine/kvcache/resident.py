@@ -324,8 +324,8 @@ class ResidentSequence:
             if not keep_bytes:
                 self._moved(victims)
         order = sorted(victims, key=lambda b: b.pos, reverse=True)
+        self.kv.evict_ranges(self.seq, _runs(order))
         for block in order:
-            self.kv.evict(self.seq, block.pos, block.end)
             self.table.remove_resident(block, BlockState.DROPPED)
             if keep_bytes:
                 self._hold(block, saved[block])
@@ -492,3 +492,14 @@ class ResidentSequence:
         if self.kv.pos_max(self.seq) != self.active_tokens + ahead - 1:
             raise InvariantError(f"pos_max {self.kv.pos_max(self.seq)} != active {self.active_tokens} "
                                  f"+ {ahead} held ahead - 1")
+
+
+def _runs(blocks: Iterable[Block]) -> list[tuple[int, int]]:
+    """The position ranges `blocks` cover, adjacent ones merged (one range per run of neighbours)."""
+    runs: list[list[int]] = []
+    for block in sorted(blocks, key=lambda b: b.pos):
+        if runs and runs[-1][1] == block.pos:
+            runs[-1][1] = block.end
+        else:
+            runs.append([block.pos, block.end])
+    return [(p0, p1) for p0, p1 in runs]

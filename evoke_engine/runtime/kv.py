@@ -62,6 +62,7 @@ class KVPrimitives(Protocol):
     def save(self, seq: int, p0: int, p1: int) -> SavedKV: ...
     def save_deferred(self, seq: int, p0: int, p1: int) -> SavedKV: ...
     def evict(self, seq: int, p0: int, p1: int, *, compact: bool = True) -> None: ...
+    def evict_ranges(self, seq: int, ranges: list[tuple[int, int]]) -> None: ...
     def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None: ...
     def share(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
     def drop(self, seq: int, p0: int = -1, p1: int = -1) -> None: ...
@@ -216,6 +217,25 @@ class KVCache:
         if compact and self.pos_max(seq) >= p1:
             self._seq_add(seq, p1, -1, -(p1 - p0))
             self._shifted.add(self.rt.context_of(seq))
+
+    def evict_ranges(self, seq: int, ranges: list[tuple[int, int]]) -> None:
+        """`evict` of several disjoint ranges with compaction, as one: every later cell moves once, down by all
+        that left before it (evicting them one by one moves the cells after the first range once per range).
+        Positions and the K-shift each cell owes are the same either way."""
+        self.rt._check_thread()
+        ranges = sorted(ranges)
+        for p0, p1 in reversed(ranges):
+            self.ahead.evicted(seq, p0, p1, compact=True)
+            if not self._seq_rm(seq, p0, p1):
+                raise RuntimeError(f"llama_memory_seq_rm refused [{p0}, {p1}) of seq {seq}")
+        last = self.pos_max(seq)
+        removed = 0
+        for i, (p0, p1) in enumerate(ranges):
+            removed += p1 - p0
+            upto = ranges[i + 1][0] if i + 1 < len(ranges) else last + 1
+            if p1 < upto and p1 <= last:
+                self._seq_add(seq, p1, upto, -removed)
+                self._shifted.add(self.rt.context_of(seq))
 
     def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None:
         """Splice saved K/V into `seq` at positions at_pos.. (RoPE re-anchored, no forward pass)."""

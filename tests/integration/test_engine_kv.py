@@ -361,3 +361,22 @@ def test_a_block_mapped_from_a_file_is_rotated_in_a_copy_and_splices_alike(clean
     assert np.array_equal(logits[0], logits[1])
     view.release()
     mapped.close()
+
+
+def test_ranges_evicted_at_once_leave_the_cells_one_by_one_evictions_leave(clean):
+    """`evict_ranges` moves each later cell once, by all that left before it: the same positions and, after the
+    K-shift, the same K and V bytes as evicting the ranges one at a time, last first."""
+    rt, kv = clean
+    tokens = rt.tokenize(TEXT)[:400]
+    ranges = [(30, 62), (62, 90), (150, 180), (300, 332)]
+    rt.decode(tokens, 0, 0, logits_last=False)
+    for p0, p1 in reversed(ranges):
+        kv.evict(0, p0, p1)
+    kv.flush_pending_shifts()
+    one_by_one = bytes(kv._state_of(0))
+    kv.drop(0)
+    rt.decode(tokens, 0, 0, logits_last=False)
+    kv.evict_ranges(0, [(150, 180), (30, 62), (300, 332), (62, 90)])      # any order given
+    assert kv.shift_pending and kv.pos_max(0) == len(tokens) - 1 - sum(p1 - p0 for p0, p1 in ranges)
+    kv.flush_pending_shifts()
+    assert bytes(kv._state_of(0)) == one_by_one
