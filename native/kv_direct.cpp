@@ -7,7 +7,9 @@
  * On a host buffer (the CPU backend) the RoPE re-anchor is fused with the copy: K rows are rotated where they
  * land, with exactly the arithmetic of native/rope_reanchor.c (the engine calibrates that rotation against
  * llama.cpp's own K-shift). Elsewhere (a GPU) the rows are copied as saved and the cells carry the shift, which
- * llama.cpp's K-shift graph applies on the device at the next decode.
+ * llama.cpp's K-shift graph applies on the device at the next decode. On a host buffer the engine also applies an
+ * eviction's pending K-shift here (evoke_kvd_apply_shift): only the moved cells' K rows, where llama.cpp's K-shift
+ * graph rotates every cell of the cache.
  *
  * The host bytes are llama.cpp's one-sequence state format (llama_state_seq_get_data: magic, seq id, n_stream,
  * n_cells, 12-byte cell records in cell order, v_trans, n_layer, per layer K then V), byte for byte, so KV files,
@@ -343,6 +345,52 @@ int evoke_kvd_has_shift(void *handle) {
         if (cells.get_has_shift()) return 1;
     }
     return 0;
+}
+
+/* Apply every pending K-shift on host buffers, as llama.cpp's K-shift graph would at the next decode, but only
+ * over the cells that owe one: their K rows (f16) rotated in place by what they owe, with the arithmetic of the
+ * fused restore (the rope_* parameters as evoke_rope_shift_f16's), then every shift cleared. Returns the cells
+ * rotated, or kUnfit (nothing changed) where a K tensor is not f16 on a host buffer of that width. */
+int64_t evoke_kvd_apply_shift(void *handle, int32_t n_head_kv, int32_t head_dim, int32_t n_rot, int32_t mode,
+                              float freq_base, float freq_scale) {
+    auto *h = static_cast<Handle *>(handle);
+    llama_kv_cache *kv = h->kv;
+    for (const auto &layer : kv->layers) {
+        for (const ggml_tensor *k : layer.k_stream) {
+            if (k && (k->type != GGML_TYPE_F16 || !host(k) || k->ne[0] != (int64_t) n_head_kv * head_dim)) {
+                return kUnfit;
+            }
+        }
+    }
+    int64_t rotated = 0;
+    for (uint32_t strm = 0; strm < kv->v_cells.size(); ++strm) {
+        auto &cells = kv->v_cells[strm];
+        if (!cells.get_has_shift()) continue;
+        std::map<int32_t, std::vector<uint32_t>> owing;          // shift -> its cells, ascending
+        for (uint32_t i = 0; i < cells.size(); ++i) {
+            if (!cells.is_empty(i) && cells.get_shift(i) != 0) owing[cells.get_shift(i)].push_back(i);
+        }
+        for (const auto &[shift, list] : owing) {
+            Rope rope;
+            if (!rope.init(n_head_kv, head_dim, n_rot, mode, (float) shift, freq_base, freq_scale)) return kUnfit;
+            std::vector<Run> runs;
+            runs_of(list, runs);
+            const size_t row = (size_t) n_head_kv * head_dim * 2;
+            auto rotate = [&](size_t l0, size_t l1) {
+                for (size_t il = l0; il < l1; ++il) {
+                    ggml_tensor *k = kv->layers[il].k_stream[strm];
+                    for (const Run &run : runs) {
+                        auto *rows = (uint16_t *) ((uint8_t *) k->data + (size_t) run.cell * row);
+                        rope.apply(rows, rows, run.n);
+                    }
+                }
+            };
+            run_layers(kv->layers.size(), (int64_t) list.size() * row * kv->layers.size() >= kParallelBytes, rotate);
+            rotated += (int64_t) list.size();
+        }
+        cells.reset_shift();
+    }
+    return rotated;
 }
 
 /* Bytes the state of [p0, p1) of seq takes, or a negative Status. */

@@ -1,7 +1,9 @@
 """KV primitives composed from the stock llama.cpp API: save, evict, restore, share.
 
-Invariants: bytes are saved only from cells without a pending K-shift (a pending shift is
-applied first by a one-token decode in the scratch sequence of that context); the scratch sequence is
+Invariants: bytes are saved only from cells without a pending K-shift, and no decode starts with one: a pending
+shift is applied first, on the CPU by the native rotation of only the moved cells' K rows (`_shift_natively`,
+calibrated against llama.cpp's own shift; llama.cpp's K-shift graph rotates every cell of the cache, ~47 ms at 12K
+cells here), elsewhere by a one-token decode in the scratch sequence of that context; the scratch sequence is
 empty between calls; cells shared with a prefix sequence are never shifted or removed here; every
 sequence operation runs in the context of the sequence it serves (`Runtime.context_of`) and goes through
 `_seq_rm` / `_seq_add` / `_seq_cp`, which tell the `mirror` (the attention capture's K store, when there
@@ -78,6 +80,7 @@ class KVCache:
         self.scratch = runtime.scratch_seq
         self._shifted: set[int] = set()                         # contexts with a K-shift queued
         self.shift_flushes = 0
+        self.native_shifts = 0                                  # flushes done by the native rotation, no decode
         self.native_reanchors = 0
         self.geometry: reanchor.RopeGeometry | None = None
         self.reanchor_note = self._calibrate_native_reanchor()
@@ -195,8 +198,29 @@ class KVCache:
 
     def _join_then_decode(self, seq: int) -> None:
         self.join_copies()
+        for context in sorted(self._shifted):        # rotated here, not by llama.cpp's graph over every cell
+            self._shift_natively(context)
         if self._before_decode is not None:
             self._before_decode(seq)
+
+    def _shift_natively(self, context: int) -> bool:
+        """Apply `context`'s pending K-shift on the host (only the moved cells' K rows, no decode): True when done,
+        False where only llama.cpp's own K-shift applies (a device cache, the native rotation not calibrated)."""
+        if self.geometry is None:                   # not calibrated against llama.cpp's own K-shift (yet)
+            return False
+        direct = self._direct_for(context)
+        if direct is None or not direct.on_host:
+            return False
+        self.join_copies()                          # a deferred save may still read the rows rotated here
+        try:
+            direct.apply_shift(self.geometry)
+        except DirectError as exc:
+            log.debug("K-shift left to llama.cpp: %s", exc)
+            return False
+        self._shifted.discard(context)
+        self.shift_flushes += 1
+        self.native_shifts += 1
+        return True
 
     def _state_of(self, seq: int, context: int | None = None) -> bytearray:
         ctx = self.rt.ctx(self._context(seq, context))
@@ -407,7 +431,7 @@ class KVCache:
             self._flush_context(context, via_seq)
 
     def _flush_context(self, context: int, via_seq: int | None = None) -> None:
-        if context not in self._shifted:
+        if context not in self._shifted or self._shift_natively(context):
             return
         seq = self.scratch if via_seq is None else via_seq
         self.rt.decode([self._flush_token()], seq, 0, logits_last=False, context=context)

@@ -60,6 +60,7 @@ def _load() -> ctypes.CDLL | None:
         "evoke_kvd_on_host": ([vp], ctypes.c_int),
         "evoke_kvd_has_shift": ([vp], ctypes.c_int),
         "evoke_kvd_save_size": ([vp, i32, i32, i32], i64),
+        "evoke_kvd_apply_shift": ([vp, i32, i32, i32, i32, ctypes.c_float, ctypes.c_float], i64),
         "evoke_kvd_save": ([vp, i32, i32, i32, i32, vp, i64], i64),
         "evoke_kvd_save_plan": ([vp, i32, i32, i32, i32, vp, i64, ctypes.POINTER(i64)], vp),
         "evoke_kvd_save_rows": ([vp], i64),
@@ -120,6 +121,16 @@ class DirectKV:
     def shift_pending(self) -> bool:
         """Cells moved since the last decode: their K rows are not yet rotated for their positions."""
         return bool(_native.evoke_kvd_has_shift(self._handle))
+
+    def apply_shift(self, g: RopeGeometry) -> int:
+        """Every pending K-shift applied here (host buffers, f16 K): only the cells that owe one are rotated, as
+        llama.cpp's K-shift graph would rotate them at the next decode over the whole cache. Returns the cells
+        rotated; DirectError (nothing changed) where the cache's K is not f16 on the host."""
+        rotated = _native.evoke_kvd_apply_shift(self._handle, g.n_head_kv, g.head_dim, g.n_rot, g.mode,
+                                                g.freq_base, g.freq_scale)
+        if rotated < 0:
+            raise DirectError(rotated, "pending K-shift")
+        return rotated
 
     def save_size(self, seq: int, p0: int, p1: int) -> int:
         size = _native.evoke_kvd_save_size(self._handle, seq, p0, p1)

@@ -203,3 +203,41 @@ def test_direct_saves_are_written_into_the_host_arena_and_give_it_back(clean):
     assert isinstance(saved.data, memoryview) and kv.arena.used_bytes >= before + saved.nbytes
     del saved
     assert kv.arena.used_bytes == before
+
+
+def test_a_pending_k_shift_is_applied_to_the_moved_cells_without_a_decode(clean):
+    """On the CPU the engine rotates the cells an eviction moved itself (no flush decode, no K-shift graph over
+    every cell of the cache): the K rows llama.cpp's own shift gives, and the same continuation."""
+    rt, kv = clean
+    tokens, _, _ = _needle(rt)
+    n, k = len(tokens), 16
+    geometry, kv.geometry = kv.geometry, None              # the reference: llama.cpp's own K-shift
+    try:
+        rt.decode(tokens[:-1], 0, 0, logits_last=False)
+        kv.evict(0, 8, 8 + k)
+        native = kv.native_shifts
+        kv.flush_pending_shifts()
+        assert kv.native_shifts == native
+        theirs = np.frombuffer(serialised(kv, 0), dtype=np.float16).astype(np.float32)
+        rt.decode(tokens[-1:], 0, n - 1 - k)
+        reference_logits, reference = rt.logits(), greedy(rt, kv, 0, 6)
+    finally:
+        kv.geometry = geometry
+    kv.drop(0)
+    rt.decode(tokens[:-1], 0, 0, logits_last=False)
+    kv.evict(0, 8, 8 + k)
+    native = kv.native_shifts
+    kv.flush_pending_shifts()
+    assert kv.native_shifts == native + 1 and not kv._direct_for(0).shift_pending
+    ours = np.frombuffer(serialised(kv, 0), dtype=np.float16).astype(np.float32)
+    finite = np.isfinite(theirs)                         # header and cell records read as f16: compared as bits
+    assert np.array_equal(finite, np.isfinite(ours))
+    assert np.allclose(ours[finite], theirs[finite], rtol=1e-2, atol=1e-2)
+    rt.decode(tokens[-1:], 0, n - 1 - k)
+    assert np.abs(rt.logits() - reference_logits).max() < 1.0
+    assert greedy(rt, kv, 0, 6) == reference
+
+    kv.evict(0, 8, 8 + k)                                # before a decode, without a flush: the decode's hook
+    native = kv.native_shifts
+    rt.decode(tokens[-1:], 0, kv.pos_max(0) + 1)
+    assert kv.native_shifts == native + 1
