@@ -59,17 +59,31 @@ def comparator_llama(**kwargs):
 
 
 def first_token_s(conv, text: str) -> float:
+    return first_token(conv, text)[0]
+
+
+def first_token(conv, text: str) -> tuple[float, dict[str, float]]:
+    """Seconds from submitting `text` to its first token, and the turn's own account of them (the reply's
+    breakdown up to the first token, milliseconds per phase: decide, embed, restore, prompt_decode, python...)."""
     first: list[float] = []
     start = time.perf_counter()
-    conv.submit(text, on_token=lambda _: first or first.append(time.perf_counter()), max_tokens=2,
-                temperature=0).result()
-    return (first[0] if first else time.perf_counter()) - start
+    reply = conv.submit(text, on_token=lambda _: first or first.append(time.perf_counter()), max_tokens=2,
+                        temperature=0).result()
+    phases = (getattr(reply, "breakdown", None) or {}).get("first_token") or {}
+    return (first[0] if first else time.perf_counter()) - start, {
+        k.removesuffix("_s"): round(v * 1000, 2) for k, v in phases.items() if isinstance(v, float)}
+
+
+def median_phases(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Each phase's median over `rows` (milliseconds), for a bench's JSON."""
+    keys = sorted({k for row in rows for k in row})
+    return {k: round(statistics.median(row.get(k, 0.0) for row in rows), 2) for k in keys} if rows else {}
 
 
 REOPEN_CHILD = r"""
 import json, sys, time
 from evoke_engine import Engine, Settings
-from benchmarks.conversations import first_token_s, SHORT, SYSTEM
+from benchmarks.conversations import first_token, SHORT, SYSTEM
 home, cid, budget, n_ctx = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 what, trial = sys.argv[5].split(":")
 message = SHORT[int(trial) % len(SHORT)]
@@ -86,7 +100,9 @@ with Engine(settings, scheduler=False) as engine:
     opened = time.perf_counter() - start
     if what == "reopen_typed":                 # the window: the turn prepared while it is typed (untimed)
         engine.prepare_ahead(cid, message, max_tokens=2).result()
-    out = {what: [opened + first_token_s(conv, message)], **({"open_only": [opened]} if what == "reopen" else {})}
+    seconds, phases = first_token(conv, message)
+    out = {what: [opened + seconds], f"{what}_phases": [phases],
+           **({"open_only": [opened]} if what == "reopen" else {})}
     conv.truncate(n_saved)                                   # the chat as saved: the file still fits it
     engine.release_conversation(cid, persist=False)          # freed; its file stays as it was
     if what == "reprefill":
@@ -153,21 +169,26 @@ def run_reopen(tokens: int | None = None, trials: int = 3, server: str | None = 
     whole_home, whole_cid, whole_size, _ = _saved_conversation(tokens, whole_budget, n_ctx)
     slot_files = {suffix: _server_slot_file(server, history, n_ctx, extra)
                   for suffix, extra in SERVER_FLASH.items()} if server else {}
-    out: dict[str, list[float]] = {"reopen": [], "open_only": [], "reprefill": [], "reopen_whole": [],
-                                   "reopen_typed": []}
+    out: dict[str, list] = {"reopen": [], "open_only": [], "reprefill": [], "reopen_whole": [], "reopen_typed": []}
+    phases: dict[str, list[dict]] = {"reopen": [], "reopen_whole": [], "reopen_typed": []}
     servers: dict[str, list[float]] = {suffix: [] for suffix in slot_files}
     for trial in range(trials):              # the systems take turns, rotating who goes first
         turns = [("evoke", None), ("evoke_whole", None), ("evoke_typed", None),
                  *((suffix, extra) for suffix, extra in SERVER_FLASH.items() if server)]
         for label, extra in turns[trial % len(turns):] + turns[:trial % len(turns)]:
             if label == "evoke":
-                for key, values in _evoke_reopen(home, cid, budget, n_ctx, f"reopen:{trial}").items():
-                    out[key] += values
+                got = _evoke_reopen(home, cid, budget, n_ctx, f"reopen:{trial}")
+                out["reopen"] += got["reopen"]
+                out["open_only"] += got["open_only"]
+                phases["reopen"] += got["reopen_phases"]
             elif label == "evoke_typed":
-                out["reopen_typed"] += _evoke_reopen(home, cid, budget, n_ctx, f"reopen_typed:{trial}")["reopen_typed"]
+                got = _evoke_reopen(home, cid, budget, n_ctx, f"reopen_typed:{trial}")
+                out["reopen_typed"] += got["reopen_typed"]
+                phases["reopen_typed"] += got["reopen_typed_phases"]
             elif label == "evoke_whole":
-                out["reopen_whole"] += _evoke_reopen(whole_home, whole_cid, whole_budget, n_ctx,
-                                                     f"reopen:{trial}")["reopen"]
+                got = _evoke_reopen(whole_home, whole_cid, whole_budget, n_ctx, f"reopen:{trial}")
+                out["reopen_whole"] += got["reopen"]
+                phases["reopen_whole"] += got["reopen_phases"]
             else:
                 servers[label].append(_server_reopen(server, slot_files[label], history, n_ctx, extra,
                                                      SHORT[trial % len(SHORT)]))
@@ -196,7 +217,9 @@ def run_reopen(tokens: int | None = None, trials: int = 3, server: str | None = 
             # the window's way: the turn prepared while it was typed, after the open (Engine.prepare_ahead)
             "reopen_typed_ttft_s": [round(x, 4) for x in out["reopen_typed"]],
             "reopen_typed_median_s": round(statistics.median(out["reopen_typed"]), 4),
-            "reopen_typed_over_whole": round(statistics.median(out["reopen_typed"]) / whole, 2)}
+            "reopen_typed_over_whole": round(statistics.median(out["reopen_typed"]) / whole, 2),
+            # each first turn's own account of its first token (ms per phase, medians): where a reopen's time went
+            "first_token_phases_ms": {k: median_phases(v) for k, v in phases.items()}}
 
 
 def long_system_prompt(n_tokens: int) -> str:

@@ -25,7 +25,7 @@ from evoke_engine.runtime.runtime import Runtime
 from evoke_engine.runtime.template import ChatTemplate
 from evoke_engine.settings import Settings
 
-from .conversations import PAUSE_S, SHORT, SYSTEM, comparator_llama, document, first_token_s
+from .conversations import PAUSE_S, SHORT, SYSTEM, comparator_llama, document, first_token, median_phases
 from .isolated import IsolatedSystem
 from .llama_server import LlamaServer
 
@@ -44,6 +44,7 @@ class EvokeSystem:
                             rpc_layer_split=even_split(rpc_servers) if rpc_servers else "")
         self.engine = Engine(settings, scheduler=False)
         self.engine.wait_idle()
+        self.phases: list[dict[str, float]] = []
         self.convs = {}
         for name, doc in docs.items():
             self.convs[name] = self.engine.new_conversation(system_prompt=SYSTEM, tools=[])
@@ -65,7 +66,13 @@ class EvokeSystem:
     def ask(self, name: str, message: str) -> float:
         if self.typed_ahead:
             self.engine.prepare_ahead(self.convs[name].id, message, max_tokens=2).result()   # untimed: typing
-        return first_token_s(self.convs[name], message)
+        seconds, phases = first_token(self.convs[name], message)
+        self.phases.append(phases)
+        return seconds
+
+    def first_token_phases(self, skip: int) -> dict[str, float]:
+        """Medians of the turns' own accounts of their first tokens (ms per phase), after the first `skip`."""
+        return median_phases(self.phases[skip:])
 
     def close(self) -> None:
         self.engine.close()
@@ -194,6 +201,8 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
             for label in labels[i % len(labels):] + labels[:i % len(labels)]:
                 time.sleep(PAUSE_S)
                 times[label].append(systems[label].ask(name, message))
+        phases = {label: system.call("first_token_phases", len(WARM)) for label, system in systems.items()
+                  if label.startswith("evoke")}
     medians = {k: statistics.median(v) for k, v in times.items()}
     floor = medians["floor"]
     servers = {k: v for k, v in medians.items() if k.startswith("llama_server")}
@@ -207,7 +216,9 @@ def run(tokens: int | None = None, trials: int = 7, server: str | None = None, t
             "evoke_layout": layout,
             "server": server or "not given: llama-server rows skipped",
             "rows": {k: {"median_ttft_s": round(v, 4), "vs_floor": round(v / floor, 2),
-                         "ttft_s": [round(x, 4) for x in times[k]]} for k, v in medians.items()},
+                         "ttft_s": [round(x, 4) for x in times[k]],
+                         **({"first_token_phases_ms": phases[k]} if k in phases else {})}
+                     for k, v in medians.items()},
             "evoke_vs_floor": round(medians["evoke"] / floor, 2),
             "evoke_vs_best_llama_server": round(medians["evoke"] / best_server, 2) if servers else None,
             "best_llama_server": best_label,
