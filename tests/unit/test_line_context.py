@@ -6,12 +6,10 @@ off the turn)."""
 from __future__ import annotations
 
 import dataclasses
-import re
-import zlib
 
-import numpy as np
 import pytest
 from helpers.rig import Rig
+from helpers.word_embedder import CountingEmbedder
 
 from evoke_engine.kvcache.blocks import Block, BlockState
 from evoke_engine.memory.line_context import file_words, identifier_words, parents, spell_command, spell_out
@@ -30,30 +28,6 @@ pytestmark = pytest.mark.unit
 
 HISTORY = [{"role": "user", "content": "x", "evoke_turn": 1}]
 QUESTION = "which value does file_1.2.3 hold?"
-
-
-class CountingEmbedder:
-    """Hashed bag-of-words unit vectors (no model: the embedder is not llama.cpp); records every text embedded."""
-
-    enabled = True
-    identity = "words"
-    warming = False
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    def embed(self, texts):
-        self.texts.extend(texts)
-        rows = []
-        for text in texts:
-            v = np.zeros(64, dtype=np.float32)
-            for word in re.findall(r"[a-z0-9]+", text.lower()):
-                v[zlib.crc32(word.encode()) % 64] += 1.0
-            rows.append(v / (np.linalg.norm(v) or 1.0))
-        return np.stack(rows) if rows else None
-
-    def embed_one(self, text):
-        return self.embed([text])[0]
 
 
 YAML = "database:\n  enabled: true\n  pool_size: 20\nhttp:\n  bind: 0.0.0.0"

@@ -5,13 +5,12 @@ still opens (its lines come at the next turn end); an embedder warming up leaves
 from __future__ import annotations
 
 import json
-import re
 import struct
-import zlib
 
 import numpy as np
 import pytest
 from helpers.rig import Rig
+from helpers.word_embedder import CountingEmbedder
 
 from evoke_engine.kvcache.blocks import BlockState
 from evoke_engine.memory.memory import ConversationMemory
@@ -22,30 +21,6 @@ pytestmark = pytest.mark.unit
 
 HISTORY = [{"role": "user", "content": "x", "evoke_turn": 1}]
 QUESTION = "which value does file_1.2.3 hold?"
-
-
-class CountingEmbedder:
-    """Hashed bag-of-words unit vectors (no model: the embedder is not llama.cpp); records every text embedded."""
-
-    enabled = True
-    identity = "words"
-    warming = False
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    def _vector(self, text: str) -> np.ndarray:
-        v = np.zeros(64, dtype=np.float32)
-        for word in re.findall(r"[a-z0-9]+", text.lower()):
-            v[zlib.crc32(word.encode()) % 64] += 1.0
-        return v / (np.linalg.norm(v) or 1.0)
-
-    def embed(self, texts):
-        self.texts.extend(texts)
-        return np.stack([self._vector(t) for t in texts]) if texts else None
-
-    def embed_one(self, text):
-        return self.embed([text])[0]
 
 
 @pytest.fixture
