@@ -1,6 +1,7 @@
 """The budget never cuts a reply (issue 24 #1): a budget below the smallest that works is refused with a
-message naming it; at that smallest budget a long reply runs to max_tokens and every later turn replies in
-full, the reply's own older blocks leaving (saved, recoverable) like any other."""
+message naming it; at that smallest budget a long reply runs on past the room the budget leaves (to max_tokens or
+its own end, never cut) and every later turn replies in full, the reply's own older blocks leaving (saved,
+recoverable) like any other."""
 
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def test_at_the_smallest_budget_no_reply_is_cut(tmp_path):
             conv.set_budget(smallest - 1)
 
         reply = conv.submit(LONG, max_tokens=600, temperature=0).result()
-        assert (reply.n_tokens, reply.stopped) == (600, "max_tokens")
+        # never "budget": it runs past the room the budget leaves after the prefix, to max_tokens or its own end
+        assert reply.stopped in ("max_tokens", "eos") and reply.n_tokens > smallest - prefix, (reply.n_tokens,
+                                                                                               reply.stopped)
         stats = conv.stats()
         assert stats.active_tokens <= smallest
         saved = [b for b in stats.blocks if b["name"].startswith("assistant#1") and b["state"] in ("ram", "disk")]
