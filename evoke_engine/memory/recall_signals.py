@@ -129,14 +129,7 @@ def message_asks(text: str) -> bool:
 def only_asks(block: Block) -> bool:
     """A user message that states nothing: it has lines and every one `asks_for_value` (`Quick one: how long does
     the proxy wait? Thanks!`). A file's or an assistant's block never only asks."""
-    return block.role == "user" and _text_only_asks(block.text)
-
-
-@lru_cache(maxsize=1 << 14)
-def _text_only_asks(text: str) -> bool:
-    """`only_asks` of a user message's text, once per distinct text (a decision reads every candidate's)."""
-    lines = block_lines(text)
-    return bool(lines) and all(asks_for_value(line) for line in lines)
+    return block.role == "user" and bool(_block_lines(block.text)) and not _fact_lines(block.text, "user", True)
 
 
 def line_key(block: Block, file_names: bool = False, skip_questions: bool = False, line_context: bool = False) -> str:
