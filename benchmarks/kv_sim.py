@@ -274,7 +274,7 @@ class FakeKVCache:
         self.native_reanchors = 0
         self.geometry = None
         self.reanchor_note = "fake KV cache: no native re-anchor"
-        self.ahead = HeldAhead(lambda seq, p0: self.cells.seq_rm(seq, p0, -1))
+        self.ahead = HeldAhead(lambda seq, p0: self.cells.seq_rm(seq, p0, -1), move=self._move_up)
         self.saves = self.restores = self.evictions = 0
         self.reject_restores = 0                 # the next N restores fail as llama.cpp refusing them does
 
@@ -317,8 +317,15 @@ class FakeKVCache:
     def held_ahead(self, seq: int) -> list[int]:
         return self.ahead.tokens(seq)
 
-    def hold_ahead(self, seq: int, pos: int, tokens: list[int]) -> None:
-        self.ahead.hold(seq, pos, tokens)
+    def ahead_opening(self, seq: int) -> int:
+        return self.ahead.opening(seq)
+
+    def hold_ahead(self, seq: int, pos: int, tokens: list[int], *, opening: int = 0) -> None:
+        self.ahead.hold(seq, pos, tokens, opening=opening)
+
+    def _move_up(self, seq: int, p0: int, delta: int) -> None:
+        self.cells.seq_add(seq, p0, -1, delta)
+        self._shifted = True
 
     def claim_ahead(self, seq: int, pos: int, tokens: list[int], *, whole: bool = False) -> int:
         return self.ahead.claim(seq, pos, tokens, whole=whole)
@@ -353,7 +360,14 @@ class FakeKVCache:
             self.evict(seq, p0, p1)
 
     def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None:
-        self.ahead.forget(seq)
+        self.ahead.make_room(seq, at_pos, saved.n_tokens)    # KVCache's rule on a host cache: the opening moves
+        try:
+            self._restore_at(saved, seq, at_pos)
+        except BaseException:
+            self.ahead.forget(seq)
+            raise
+
+    def _restore_at(self, saved: SavedKV, seq: int, at_pos: int) -> None:
         if self.reject_restores:
             self.reject_restores -= 1
             raise RestoreError(f"llama.cpp rejected {saved.n_tokens} saved tokens (fake: told to refuse)")

@@ -146,7 +146,7 @@ class SharedPrefixes:
         at = len(prefix.tokens)
         self.kv.restore(SavedKV(data=bytearray(saved.data), origin_pos=saved.origin_pos, n_tokens=saved.n_tokens),
                         seq, at)
-        self.kv.hold_ahead(seq, at, prefix.opening)
+        self.kv.hold_ahead(seq, at, prefix.opening, opening=len(prefix.opening))
 
     def _free_seq(self) -> tuple[int, Prefix | None]:
         """A sequence for a new prefix, and the prefix it displaces (if any)."""

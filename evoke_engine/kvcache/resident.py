@@ -48,6 +48,7 @@ class ResidentSequence:
         self.seq: int | None = None              # the llama.cpp sequence (slot) while in one
         self.image: Block | None = None          # the slot's bytes while parked
         self.image_ahead: list[int] = []         # the opening held ahead, the image's last cells
+        self.image_opening = 0                   # how many of them are the template's role header
 
     # -- reading ----------------------------------------------------------------------------
     @property
@@ -215,7 +216,8 @@ class ResidentSequence:
             self.table.append(block)
 
     def load(self, blocks: list[Block], saved: dict[int, SavedBytes], image: SavedBytes | None, ahead: list[int],
-             turn: int, chunks: dict[int, tuple[str, int]] | None = None, exact: bool = False) -> None:
+             turn: int, chunks: dict[int, tuple[str, int]] | None = None, exact: bool = False,
+             opening: int = 0) -> None:
         """Adopt a snapshot's blocks (birth order) out of a slot: saved bytes (by block index) go to the pool,
         blocks out of the context without any are DROPPED; `image` is parked for `unpark`; `chunks` (the
         snapshot's exact blocks, `chunk_records`) go back into the index where they still check out, and the
@@ -238,7 +240,7 @@ class ResidentSequence:
             data, origin, n_tokens = image
             self.image = Block(name="slot-image", role="image", turn=turn, tokens=[], text="")
             self._hold(self.image, SavedKV(_writable(data), origin, n_tokens))
-            self.image_ahead = list(ahead)
+            self.image_ahead, self.image_opening = list(ahead), opening
         self.exact = self._adopt_records(chunks or {}) and exact
 
     # -- decoding at the tail ----------------------------------------------------------------
@@ -254,7 +256,7 @@ class ResidentSequence:
         done = self.kv.claim_ahead(self.seq, start, tokens, whole=not logits_last)
         self.rt.decode([*tokens[done:], *ahead], self.seq, start + done, logits_last=logits_last, cancel=cancel)
         if ahead:
-            self.kv.hold_ahead(self.seq, start + len(tokens), list(ahead))
+            self.kv.hold_ahead(self.seq, start + len(tokens), list(ahead), opening=len(ahead))
 
     def decode_ahead(self, tokens: Sequence[int]) -> int:
         """Decode `tokens`, the start of a message not sent yet (a draft the user paused on), at the tail and hold
@@ -262,6 +264,7 @@ class ResidentSequence:
         claims them (`_decode_at_tail`), any other operation drops them. A held run that `tokens` extend is kept
         (typing on decodes only what was added). Returns the tokens decoded now; a failed decode holds nothing."""
         tokens, start = list(tokens), self.active_tokens
+        opening = self.kv.ahead_opening(self.seq)
         done = self.kv.claim_ahead(self.seq, start, tokens, whole=True) if tokens else 0
         try:
             if done < len(tokens):
@@ -269,7 +272,7 @@ class ResidentSequence:
         except BaseException:
             self.kv.drop(self.seq, start, -1)
             raise
-        self.kv.hold_ahead(self.seq, start, tokens)
+        self.kv.hold_ahead(self.seq, start, tokens, opening=min(opening, done))  # the draft's words are no opening
         return len(tokens) - done
 
     def append(self, blocks: Sequence[Block], *, logits_last: bool = True, cancel=None) -> None:
@@ -400,6 +403,7 @@ class ResidentSequence:
             image = Block(name="slot-image", role="image", turn=turn,
                           tokens=[t for b in self.table.resident if not b.shared for t in b.tokens], text="")
             self.image, self.image_ahead = image, ahead
+            self.image_opening = self.kv.ahead_opening(self.seq)
             self._hold(image, self.kv.save(self.seq, start, self.active_tokens + len(ahead)))
         self.kv.drop(self.seq)
         self.seq = None
@@ -415,7 +419,7 @@ class ResidentSequence:
             image, self.image = self.image, None
             ahead, self.image_ahead = self.image_ahead, []
             self.kv.restore(self.pool.take(image), seq, self.prefix_tokens)
-            self.kv.hold_ahead(seq, self.active_tokens, ahead)
+            self.kv.hold_ahead(seq, self.active_tokens, ahead, opening=self.image_opening)
 
     def enter_slot(self, seq: int, prefixes: SharedPrefixes, prefix: Prefix) -> None:
         """Everything that puts this conversation into slot `seq`, in one place: the slot emptied, the prefix's
@@ -459,6 +463,10 @@ class ResidentSequence:
             return self.pool.peek_bytes(self.image), self.image_ahead
         return None, []
 
+    def ahead_opening(self) -> int:
+        """How many tokens held ahead (in the slot, or after the parked image) are the template's role header."""
+        return self.kv.ahead_opening(self.seq) if self.seq is not None else self.image_opening
+
     def saved_bytes(self) -> dict[int, SavedBytes]:
         """The pool's bytes of the table's saved blocks, by block index (birth order), as the pool stores them
         (8- and 4-bit ones packed: a KV file holds them at the pool's size)."""
@@ -476,7 +484,7 @@ class ResidentSequence:
                 self.table.mark_bytes(block, BlockState.DROPPED)
         if self.image is not None:
             self.pool.discard(self.image)
-        self.image, self.image_ahead = None, []
+        self.image, self.image_ahead, self.image_opening = None, [], 0
 
     def check(self) -> None:
         """The table is well formed, saved states follow the pool, and the slot holds exactly the table."""

@@ -804,7 +804,8 @@ class ConversationMemory:
                         budget_tokens=self.budget_tokens, own_budget=self.own_budget, history=history,
                         blocks=self.table.blocks,
                         image=image, saved=self.sequence.saved_bytes(), counters=asdict(self.counters), focus=focus,
-                        embedder=self.embedder.identity, ahead=ahead, chunks=self.sequence.chunk_records(),
+                        embedder=self.embedder.identity, ahead=ahead,
+                        ahead_opening=self.sequence.ahead_opening(), chunks=self.sequence.chunk_records(),
                         exact=self.sequence.exact,
                         lines=export_lines(self.embedder, [b for b in self.table.blocks if not b.shared]))
 
@@ -822,7 +823,7 @@ class ConversationMemory:
         if mismatch or (snapshot.image and snapshot.image[1] != prefix_tokens):
             raise SnapshotError("snapshot image does not match its block table")
         self.sequence.load(snapshot.blocks, snapshot.saved, snapshot.image, snapshot.ahead, snapshot.turn,
-                           chunks=snapshot.chunks, exact=snapshot.exact)
+                           chunks=snapshot.chunks, exact=snapshot.exact, opening=snapshot.ahead_opening)
         self.turn = snapshot.turn
         self.own_budget = snapshot.own_budget          # a budget of its own stays; else today's settings' budget
         self.budget_tokens = max(snapshot.own_budget or self.settings.budget_tokens,

@@ -46,6 +46,7 @@ class Snapshot:
     focus: list[float] | None = None
     embedder: str | None = None          # identity of the embedder that computed the vectors (None: unknown)
     ahead: list[int] = field(default_factory=list)   # the next message's opening: the image's last cells
+    ahead_opening: int = 0       # how many of `ahead` are the template's role header (0 in older files: none moves)
     chunks: dict[int, tuple[str, int]] = field(default_factory=dict)   # block index -> (chain key, origin): exact
     exact: bool = False          # every resident cell was what a fresh decode of the resident tokens gives
     lines: dict[str, tuple[list[str], np.ndarray]] = field(default_factory=dict)  # line_key -> lines, vectors
@@ -78,6 +79,7 @@ def encode_payload(snapshot: Snapshot) -> bytes:
             "history": snapshot.history,
             "blocks": [_block_head(b) for b in snapshot.blocks], "spans": spans, "counters": snapshot.counters,
             "focus": snapshot.focus, "embedder": snapshot.embedder, "ahead": snapshot.ahead,
+            "ahead_opening": snapshot.ahead_opening,
             "chunks": {str(index): [key, origin] for index, (key, origin) in sorted(snapshot.chunks.items())},
             "exact": snapshot.exact,
             "line_vectors": {key: [lines, base64.b64encode(np.ascontiguousarray(vectors, dtype=np.float16)
@@ -126,5 +128,6 @@ def decode_payload(payload: Buffer) -> Snapshot:
                     budget_tokens=head["budget_tokens"], history=head["history"], blocks=blocks,
                     image=blob("image"), saved=saved, counters=dict(head.get("counters", {})),
                     focus=None if focus is None else [float(x) for x in focus], embedder=head.get("embedder"),
-                    ahead=list(head["ahead"]), chunks=chunks_of(head), exact=head.get("exact", False),
+                    ahead=list(head["ahead"]), ahead_opening=int(head.get("ahead_opening", 0)),
+                    chunks=chunks_of(head), exact=head.get("exact", False),
                     lines=line_vectors_of(head), own_budget=own_budget_of(head))

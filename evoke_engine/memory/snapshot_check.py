@@ -202,6 +202,8 @@ def check_head(head: dict, body_len: int) -> None:
     need(isinstance(ahead, list) and len(ahead) <= MAX_AHEAD and all(is_int(t) and t >= 0 for t in ahead),
          f"ahead is not a list of at most {MAX_AHEAD} token ids")
     need(own > 0 or not ahead, "tokens held ahead of a conversation with no tokens of its own")
+    opening = head.get("ahead_opening", 0)
+    need(is_int(opening) and 0 <= opening <= len(ahead), "ahead_opening is not a count of the tokens held ahead")
     _check_spans(head.get("spans"), rows, body_len, shared, own, len(ahead))
     if "chunks" in head:
         _check_chunks(head["chunks"], rows, head["spans"])

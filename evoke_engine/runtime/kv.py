@@ -9,8 +9,9 @@ sequence operation runs in the context of the sequence it serves (`Runtime.conte
 `_seq_rm` / `_seq_add` / `_seq_cp`, which tell the `mirror` (the attention capture's K store, when there
 is one) after llama.cpp did it. Sharing between two contexts copies the bytes (save, then restore).
 Tokens held ahead of a sequence (`hold_ahead`) live only until the next operation on it: any but a
-compaction below them drops them, and `claim_ahead` hands them to the decode that was going to decode
-them anyway.
+compaction below them drops them, a block restored at their start moves their opening up past it where the
+K-shift that costs is cheap (the rest drops), and `claim_ahead` hands them to the decode that was going to
+decode them anyway.
 
 Bytes move by the direct path (`kv_direct`: the cells copied between the cache's tensors and host bytes, the
 re-anchor fused with the copy on the CPU, llama.cpp's device K-shift elsewhere) where the native helper covers the
@@ -59,7 +60,8 @@ class KVPrimitives(Protocol):
     def pos_max(self, seq: int) -> int: ...
     def ahead_tokens(self, seq: int) -> int: ...
     def held_ahead(self, seq: int) -> list[int]: ...
-    def hold_ahead(self, seq: int, pos: int, tokens: list[int]) -> None: ...
+    def ahead_opening(self, seq: int) -> int: ...
+    def hold_ahead(self, seq: int, pos: int, tokens: list[int], *, opening: int = 0) -> None: ...
     def claim_ahead(self, seq: int, pos: int, tokens: list[int], *, whole: bool = False) -> int: ...
     def save(self, seq: int, p0: int, p1: int) -> SavedKV: ...
     def save_deferred(self, seq: int, p0: int, p1: int) -> SavedKV: ...
@@ -84,7 +86,7 @@ class KVCache:
         self.native_reanchors = 0
         self.geometry: reanchor.RopeGeometry | None = None
         self.reanchor_note = self._calibrate_native_reanchor()
-        self.ahead = HeldAhead(lambda seq, p0: self._seq_rm(seq, p0, -1))
+        self.ahead = HeldAhead(lambda seq, p0: self._seq_rm(seq, p0, -1), move=self._move_up)
         self._rotation_buffer = bytearray()                     # reused: its pages are already the process's
         settings = runtime.settings
         self.use_direct = settings.kv_direct                   # False: always the serialised path
@@ -131,10 +133,28 @@ class KVCache:
     def held_ahead(self, seq: int) -> list[int]:
         return self.ahead.tokens(seq)
 
-    def hold_ahead(self, seq: int, pos: int, tokens: list[int]) -> None:
+    def ahead_opening(self, seq: int) -> int:
+        """How many leading held tokens of `seq` are the template's opening (`HeldAhead.opening`)."""
+        return self.ahead.opening(seq)
+
+    def hold_ahead(self, seq: int, pos: int, tokens: list[int], *, opening: int = 0) -> None:
         """Note that `tokens` were decoded at pos.. of `seq` (the cells after every block), before the
-        message they open exists: the next decode at `pos` that starts with them skips them."""
-        self.ahead.hold(seq, pos, tokens)
+        message they open exists: the next decode at `pos` that starts with them skips them. The first
+        `opening` of them are the template's role header: a restore at `pos` moves them past the block."""
+        self.ahead.hold(seq, pos, tokens, opening=opening)
+
+    def _move_up(self, seq: int, p0: int, delta: int) -> None:
+        """`seq`'s cells from p0 on move up by `delta` (a held opening making room for a restored block)."""
+        self._seq_add(seq, p0, -1, delta)
+        self._shifted.add(self.rt.context_of(seq))
+
+    def _shift_is_cheap(self, context: int, delta: int) -> bool:
+        """Whether moving a few cells costs only their own rotation: the native K-shift applies (a host cache,
+        calibrated), or a direct restore by `delta` leaves a device K-shift pending anyway."""
+        direct = self._direct_for(context)
+        if direct is None:
+            return False
+        return (self.geometry is not None and direct.on_host) or (bool(delta) and not direct.on_host)
 
     def claim_ahead(self, seq: int, pos: int, tokens: list[int], *, whole: bool = False) -> int:
         """`HeldAhead.claim`: how many leading `tokens` are already decoded at pos.. of `seq`."""
@@ -266,8 +286,18 @@ class KVCache:
         self.rt._check_thread()
         self.join_copies()
         saved.wait()
-        self.ahead.forget(seq)
         context = self.rt.context_of(seq)
+        if self._shift_is_cheap(context, at_pos - saved.origin_pos):
+            self.ahead.make_room(seq, at_pos, saved.n_tokens)  # a held opening moves past the block, not decoded again
+        else:
+            self.ahead.forget(seq)
+        try:
+            self._restore_at(saved, seq, context, at_pos)
+        except BaseException:
+            self.ahead.forget(seq)                  # a moved opening would sit past a gap
+            raise
+
+    def _restore_at(self, saved: SavedKV, seq: int, context: int, at_pos: int) -> None:
         delta, data = at_pos - saved.origin_pos, saved.data
         if self._restore_direct(saved, seq, context, delta):
             return
