@@ -208,6 +208,40 @@ def test_tokens_held_ahead_are_claimed_by_the_decode_that_starts_with_them(clean
     assert "7431" in rt.detokenize(greedy(rt, kv, 0, 6)).replace(" ", "")
 
 
+def test_a_held_opening_moves_past_a_block_restored_at_its_start_and_the_answer_is_the_same(clean):
+    """A block brought back at the tail lands where the next message's opening was held: the opening (the role
+    header) moves up past it instead of being decoded again, the words after it are dropped, and the greedy
+    answer equals the one where the whole question is decoded after the block."""
+    rt, kv = clean
+    tokens, p0, p1 = _needle(rt)
+    question = rt.tokenize("\nWhat is the passkey?<|im_end|>\n<|im_start|>assistant\nThe passkey is")
+    body = tokens[:len(tokens) - len(question)]
+    head, draft = question[:3], question[3:6]
+
+    def needle_evicted() -> tuple[SavedKV, int]:
+        kv.drop(0)
+        rt.decode(body, 0, 0, logits_last=False)
+        saved = kv.save(0, p0, p1)
+        kv.evict(0, p0, p1)
+        return saved, kv.pos_max(0) + 1
+
+    saved, at = needle_evicted()                  # the reference: the block back, then the whole question
+    kv.restore(saved, 0, at)
+    rt.decode(question, 0, at + (p1 - p0))
+    reference = greedy(rt, kv, 0, 6)
+    assert "7431" in rt.detokenize(reference).replace(" ", "")
+
+    saved, at = needle_evicted()
+    rt.decode([*head, *draft], 0, at, logits_last=False)
+    kv.hold_ahead(0, at, [*head, *draft], opening=len(head))
+    kv.restore(saved, 0, at)
+    moved_to = at + (p1 - p0)
+    assert kv.held_ahead(0) == head and kv.pos_max(0) == moved_to + len(head) - 1
+    assert kv.claim_ahead(0, moved_to, question) == len(head)
+    rt.decode(question[len(head):], 0, moved_to + len(head))
+    assert greedy(rt, kv, 0, 6) == reference
+
+
 @pytest.mark.parametrize("operation", ["restore", "drop", "share", "evict_in_place", "mismatch"])
 def test_any_other_operation_drops_the_tokens_held_ahead(clean, operation):
     rt, kv = clean

@@ -61,3 +61,24 @@ def test_sharing_over_the_run_drops_it_and_the_destination_loses_its_own(held):
     held.forget(6)
     held.hold(6, 5, [])
     assert held.tokens(6) == [] and held.removed[-1] == (6, 5)
+
+
+def test_a_block_spliced_in_at_the_run_moves_its_opening_up_and_drops_the_words_after_it():
+    removed, moved = [], []
+    held = HeldAhead(lambda seq, p0: removed.append((seq, p0)), move=lambda seq, p0, d: moved.append((seq, p0, d)))
+    held.hold(0, 100, [1, 2, 3, 40, 41], opening=3)          # the role header, then two words of a draft
+    assert held.make_room(0, 100, 25)
+    assert removed == [(0, 103)] and moved == [(0, 100, 25)] and held.moved == 1
+    assert held.tokens(0) == [1, 2, 3] and held.opening(0) == 3
+    assert held.claim(0, 125, [1, 2, 3, 40]) == 3, "the decode after the block claims the moved opening"
+
+
+def test_a_run_without_an_opening_or_elsewhere_or_without_a_move_is_forgotten_by_a_splice(held):
+    held.hold(0, 100, [40, 41])                               # a draft alone: its words never saw the block
+    assert not held.make_room(0, 100, 25) and held.removed == [(0, 100)]
+    held.hold(0, 100, [1, 2, 3], opening=3)
+    assert not held.make_room(0, 90, 5), "a splice below the run, not at it"
+    assert held.removed[-1] == (0, 100) and held.tokens(0) == []
+    held.hold(0, 100, [1, 2, 3], opening=3)                   # `held` has no `move`: nothing can move
+    assert not held.make_room(0, 100, 5) and held.tokens(0) == []
+    assert not held.make_room(7, 0, 5), "nothing held: nothing to do"
