@@ -171,6 +171,21 @@ def test_a_head_whose_chunk_records_do_not_fit_its_table_is_refused(chunks, reas
         decode_payload(struct.pack("<I", len(raw)) + raw + payload[4 + length:])
 
 
+@pytest.mark.parametrize("opening", [1, -1, "2", None])
+def test_a_head_whose_held_opening_is_not_a_count_of_its_tokens_held_ahead_is_refused(opening):
+    payload = bytearray(encode_payload(snapshot()[0]))
+    (length,) = struct.unpack_from("<I", payload)
+    head = json.loads(payload[4:4 + length])
+    assert head["ahead"] == [] and head["ahead_opening"] == 0
+    head["ahead_opening"] = opening
+    raw = json.dumps(head).encode()
+    with pytest.raises(SnapshotError, match="ahead_opening"):
+        decode_payload(struct.pack("<I", len(raw)) + raw + payload[4 + length:])
+    del head["ahead_opening"]                                      # written before openings moved: none moves
+    raw = json.dumps(head).encode()
+    assert decode_payload(struct.pack("<I", len(raw)) + raw + payload[4 + length:]).ahead_opening == 0
+
+
 def test_a_head_without_chunk_records_reads_as_none():
     payload = bytearray(encode_payload(snapshot()[0]))
     (length,) = struct.unpack_from("<I", payload)

@@ -213,6 +213,36 @@ def test_a_fork_holds_its_own_blocks_and_both_follow_the_pool(rig):
     holds_exactly_its_table(rig, parent)
 
 
+def test_the_opening_held_ahead_keeps_its_kind_through_a_park_and_a_kv_file(rig):
+    """The next message's opening held ahead stays an opening (`ahead_opening`) parked, in the file and back in a
+    slot, so a block brought back at the tail moves it instead of dropping it; a draft's words held ahead never do."""
+    memory = rig.memory()
+    blocks = [rig.add(memory, "file", 16, priority=p) for p in (0.1, 0.9, 0.9)]
+    memory.evict_to(memory.active_tokens - 10)
+    assert blocks[0].state is BlockState.RAM
+    opening = rig.tokens_for(2, "opening")
+    memory.sequence.extend_tail(blocks[-1], [], ahead=opening, logits_last=False)
+    memory.sequence.decode_ahead([*opening, *rig.tokens_for(3, "draft")])        # typing on: the words are no opening
+    assert rig.kv.ahead_opening(memory.seq) == 2 and rig.kv.ahead_tokens(memory.seq) == 5
+    memory.park()
+    payload = encode_payload(memory.snapshot("prefix", [{"role": "user", "content": "x", "evoke_turn": 1}]))
+    memory.release()
+    snapshot = decode_payload(payload)
+    assert snapshot.ahead_opening == 2 and len(snapshot.ahead) == 5
+    loaded = ConversationMemory("c2", settings=rig.settings, runtime=rig.rt, kv=rig.kv, pool=rig.pool,
+                                embedder=rig.embedder, emit=rig.events.append)
+    loaded.load_snapshot(snapshot, rig.prefix_tokens)
+    rig.enter_slot(loaded, 1)
+    assert rig.kv.ahead_opening(1) == 2
+    tail = loaded.active_tokens
+    loaded.restore_block(loaded.table.by_name(blocks[0].name))
+    assert rig.kv.held_ahead(1) == opening, "the opening moved past the block; the draft's words were dropped"
+    assert loaded.active_tokens == tail + blocks[0].n_tokens
+    loaded.check()
+    held = [(loaded.active_tokens + i, t) for i, t in enumerate(opening)]
+    assert rig.kv.layout(1) == [*rig.expected_layout(loaded), *held]
+
+
 def test_a_snapshot_loads_into_a_fresh_sequence_with_states_from_the_pool(rig):
     memory = rig.memory()
     blocks = [rig.add(memory, "file", 16, priority=p) for p in (0.1, 0.1, 0.9, 0.9, 0.9)]
