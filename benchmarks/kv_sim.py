@@ -359,8 +359,11 @@ class FakeKVCache:
         for p0, p1 in sorted(ranges, reverse=True):
             self.evict(seq, p0, p1)
 
-    def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None:
-        self.ahead.make_room(seq, at_pos, saved.n_tokens)    # KVCache's rule on a host cache: the opening moves
+    def restore(self, saved: SavedKV, seq: int, at_pos: int, *, before_opening: bool = False) -> None:
+        if before_opening:                                   # KVCache's rule on a host cache: the opening moves
+            self.ahead.make_room(seq, at_pos, saved.n_tokens)
+        else:
+            self.ahead.forget(seq)
         try:
             self._restore_at(saved, seq, at_pos)
         except BaseException:

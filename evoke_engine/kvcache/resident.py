@@ -386,7 +386,7 @@ class ResidentSequence:
             self.table.mark_bytes(block, BlockState.DROPPED)
             raise
         try:
-            self.kv.restore(saved, self.seq, self.active_tokens)
+            self.kv.restore(saved, self.seq, self.active_tokens, before_opening=True)
         except RestoreError:
             self._hold(block, saved)                      # still saved; nothing is lost
             raise

@@ -9,8 +9,8 @@ sequence operation runs in the context of the sequence it serves (`Runtime.conte
 `_seq_rm` / `_seq_add` / `_seq_cp`, which tell the `mirror` (the attention capture's K store, when there
 is one) after llama.cpp did it. Sharing between two contexts copies the bytes (save, then restore).
 Tokens held ahead of a sequence (`hold_ahead`) live only until the next operation on it: any but a
-compaction below them drops them, a block restored at their start moves their opening up past it where the
-K-shift that costs is cheap (the rest drops), and `claim_ahead` hands them to the decode that was going to
+compaction below them drops them, an older block brought back at their start (`before_opening`) moves
+their opening up past it where the K-shift that costs is cheap (the rest drops), and `claim_ahead` hands them to the decode that was going to
 decode them anyway.
 
 Bytes move by the direct path (`kv_direct`: the cells copied between the cache's tensors and host bytes, the
@@ -67,7 +67,7 @@ class KVPrimitives(Protocol):
     def save_deferred(self, seq: int, p0: int, p1: int) -> SavedKV: ...
     def evict(self, seq: int, p0: int, p1: int, *, compact: bool = True) -> None: ...
     def evict_ranges(self, seq: int, ranges: list[tuple[int, int]]) -> None: ...
-    def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None: ...
+    def restore(self, saved: SavedKV, seq: int, at_pos: int, *, before_opening: bool = False) -> None: ...
     def share(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
     def drop(self, seq: int, p0: int = -1, p1: int = -1) -> None: ...
     def flush_pending_shifts(self, via_seq: int | None = None) -> None: ...
@@ -281,14 +281,16 @@ class KVCache:
                 self._seq_add(seq, p1, upto, -removed)
                 self._shifted.add(self.rt.context_of(seq))
 
-    def restore(self, saved: SavedKV, seq: int, at_pos: int) -> None:
-        """Splice saved K/V into `seq` at positions at_pos.. (RoPE re-anchored, no forward pass)."""
+    def restore(self, saved: SavedKV, seq: int, at_pos: int, *, before_opening: bool = False) -> None:
+        """Splice saved K/V into `seq` at positions at_pos.. (RoPE re-anchored, no forward pass). Tokens held
+        ahead are dropped, unless the block goes `before_opening` (an older block brought back ahead of the message
+        the held opening opens): then a held opening at at_pos moves up past it where that is cheap."""
         self.rt._check_thread()
         self.join_copies()
         saved.wait()
         context = self.rt.context_of(seq)
-        if self._shift_is_cheap(context, at_pos - saved.origin_pos):
-            self.ahead.make_room(seq, at_pos, saved.n_tokens)  # a held opening moves past the block, not decoded again
+        if before_opening and self._shift_is_cheap(context, at_pos - saved.origin_pos):
+            self.ahead.make_room(seq, at_pos, saved.n_tokens)  # the opening moves past the block, not decoded again
         else:
             self.ahead.forget(seq)
         try:

@@ -234,7 +234,7 @@ def test_a_held_opening_moves_past_a_block_restored_at_its_start_and_the_answer_
     saved, at = needle_evicted()
     rt.decode([*head, *draft], 0, at, logits_last=False)
     kv.hold_ahead(0, at, [*head, *draft], opening=len(head))
-    kv.restore(saved, 0, at)
+    kv.restore(saved, 0, at, before_opening=True)
     moved_to = at + (p1 - p0)
     assert kv.held_ahead(0) == head and kv.pos_max(0) == moved_to + len(head) - 1
     assert kv.claim_ahead(0, moved_to, question) == len(head)

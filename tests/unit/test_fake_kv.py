@@ -102,7 +102,7 @@ def test_claim_ahead_follows_the_kvcache_rules():
     assert kv.claim_ahead(0, 2, [9, 9, 9]) == 0 and kv.layout(0) == [(0, 1), (1, 2)]   # a miss drops them
 
 
-def test_a_restore_at_a_held_opening_moves_it_past_the_block_as_kvcache_does():
+def test_an_older_block_restored_at_a_held_opening_moves_it_past_the_block_as_kvcache_does():
     rt, kv = _kv()
     rt.decode([1, 2, 3, 4, 5, 6], 0, 0)
     saved = kv.save(0, 0, 2)
@@ -110,7 +110,7 @@ def test_a_restore_at_a_held_opening_moves_it_past_the_block_as_kvcache_does():
     kv.flush_pending_shifts()
     rt.decode([90, 91, 40], 0, 4, logits_last=False)         # the role header, then a word of a draft
     kv.hold_ahead(0, 4, [90, 91, 40], opening=2)
-    kv.restore(saved, 0, 4)
+    kv.restore(saved, 0, 4, before_opening=True)
     assert kv.layout(0) == [(0, 3), (1, 4), (2, 5), (3, 6), (4, 1), (5, 2), (6, 90), (7, 91)]
     assert kv.held_ahead(0) == [90, 91] and kv.shift_pending
     assert kv.claim_ahead(0, 6, [90, 91, 7]) == 2
@@ -118,8 +118,12 @@ def test_a_restore_at_a_held_opening_moves_it_past_the_block_as_kvcache_does():
     rt.decode([92], 0, 8, logits_last=False)
     kv.hold_ahead(0, 8, [92], opening=1)
     with pytest.raises(RestoreError):
-        kv.restore(saved, 0, 8)
+        kv.restore(saved, 0, 8, before_opening=True)
     assert kv.ahead_tokens(0) == 0 and kv.pos_max(0) == 7, "a refused restore leaves no opening past a gap"
+    rt.decode([93], 0, 8, logits_last=False)
+    kv.hold_ahead(0, 8, [93], opening=1)
+    kv.restore(saved, 0, 8)                                        # the message's own block (a reuse): dropped
+    assert kv.ahead_tokens(0) == 0 and kv.layout(0)[-2:] == [(8, 1), (9, 2)]
 
 
 def test_the_tier_loads_no_model(tmp_path, monkeypatch):
