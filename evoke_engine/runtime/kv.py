@@ -10,8 +10,8 @@ sequence operation runs in the context of the sequence it serves (`Runtime.conte
 is one) after llama.cpp did it. Sharing between two contexts copies the bytes (save, then restore).
 Tokens held ahead of a sequence (`hold_ahead`) live only until the next operation on it: any but a
 compaction below them drops them, an older block brought back at their start (`before_opening`) moves
-their opening up past it where the K-shift that costs is cheap (the rest drops), and `claim_ahead` hands them to the decode that was going to
-decode them anyway.
+their opening up past it where the K-shift that costs is cheap (the rest drops), and `claim_ahead` hands
+them to the decode that was going to decode them anyway.
 
 Bytes move by the direct path (`kv_direct`: the cells copied between the cache's tensors and host bytes, the
 re-anchor fused with the copy on the CPU, llama.cpp's device K-shift elsewhere) where the native helper covers the
