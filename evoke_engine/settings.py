@@ -140,6 +140,12 @@ class Settings:
                                          "and parent keys (`pool_size: 20` under `database:` in deploy.yaml: "
                                          "\"deploy yaml database pool size: 20\"), so a question in other words "
                                          "meets it.", group="Memory")
+    recall_value_lines: bool = _setting(True, "When the message asks for a value (what, which, how..., no number "
+                                        "in it) and the budget is over recovery_width_tokens, only lines that hold "
+                                        "one (a number, a quoted literal, key: value, a flag with its argument, a "
+                                        "table row, a decision) set a block's line similarity; a block with none "
+                                        "(docstrings, prose, imports) ranks after one whose value line matches as "
+                                        "well.", group="Memory")
     recall_skip_questions: bool = _setting(False, "A question the user asked earlier for a value (what, which, "
                                            "who, when, where or how, no number in it) holds no fact: the recall "
                                            "signals leave it out, so it no longer outranks the block that answers "

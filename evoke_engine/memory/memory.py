@@ -594,7 +594,7 @@ class ConversationMemory:
             query=None if warming else self.query, saved=saved, residents=residents, embedder=self.embedder,
             user_margin=self.settings.recall_user_margin, file_names=self.settings.recall_file_name_line,
             skip_questions=self.settings.recall_skip_questions, line_context=self.settings.recall_line_context,
-            embed_lines=False)
+            value_lines=self._value_lines_apply(), embed_lines=False)
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
         plan.room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens
                         - reply_reserve)
@@ -653,6 +653,13 @@ class ConversationMemory:
                 or best.end > self.active_tokens - tail or best.n_tokens > room_tokens):
             return None
         return best
+
+    def _value_lines_apply(self) -> bool:
+        """Whether only value lines set the dense score this turn (`recall_value_lines`): the message asks for a
+        value and the working set has grown past `recovery_top_k` (a budget over `recovery_width_tokens`; smaller
+        ones decide as before, where the rule cost the short recall suite an identifier fact)."""
+        return (self.settings.recall_value_lines and self.recovery_width() > self.settings.recovery_top_k
+                and message_asks(self._query_text))
 
     def recovery_width(self) -> int:
         """Blocks one recovery decision may consider: `recovery_top_k` for each `recovery_width_tokens` of the

@@ -1,6 +1,7 @@
 """Recovery signals that see facts, not block averages: line-level dense max-similarity, BM25 over lines (SQLite
 FTS5, or the code-aware `lexical` module), their reciprocal-rank fusion, and the margin rule for user messages;
-with `skip_questions`, a user's earlier question that asks for a value (`asks_for_value`) is no line of either.
+with `skip_questions`, a user's earlier question that asks for a value (`asks_for_value`) is no line of either;
+with `value_lines`, only lines that hold a value set a block's dense score (`value_lines.py`).
 
 Invariants: pure ranking over plain blocks and one embedder (no llama.cpp); line vectors are cached per embedder
 by block content hash, file name where it is a line, whether questions are skipped and the version of the spelled-out
@@ -26,6 +27,7 @@ from ..settings import RECALL_SIGNALS as SIGNALS
 from . import lexical as code_lexical
 from .embedder import Embedder
 from .line_context import spell_out
+from .value_lines import holds_value, value_line_scores
 
 RRF_K = 60                        # the usual reciprocal-rank-fusion constant (Cormack et al.)
 CACHE_BLOCKS = 4096               # line vectors kept per embedder (LRU by block content hash)
@@ -261,12 +263,15 @@ def _ranks(values: dict[Block, float]) -> dict[Block, int]:
 class RecallSignal:
     """Scores for one recovery decision over saved candidates and resident blocks (the gate). With
     `embed_lines=False` (the engine's turns) it embeds nothing: a block whose line vectors are not cached yet is
-    ranked by its block vector and its detail says `lines_pending`."""
+    ranked by its block vector and its detail says `lines_pending`. With `value_lines` (the caller passes it when
+    the message asks for a value), only a block's lines that hold a value set its dense score, and a block with
+    none ranks after one whose value line matches as well (`value_lines.value_line_scores`; the embedded text and
+    the line keys do not change)."""
 
     def __init__(self, mode: str, *, query_text: str, query: np.ndarray | None, saved: list[Block],
                  residents: list[Block], embedder: Embedder, user_margin: float = 0.0,
                  file_names: bool = False, skip_questions: bool = False, line_context: bool = False,
-                 embed_lines: bool = True) -> None:
+                 value_lines: bool = False, embed_lines: bool = True) -> None:
         if mode not in SIGNALS:
             raise ValueError(f"recall signal {mode!r}: choose one of {', '.join(SIGNALS)}")
         self.mode = mode
@@ -291,6 +296,8 @@ class RecallSignal:
                     sims = matrix @ query
                     dense[block] = float(sims.max())
                     best_line[block] = (lines, sims)
+        # the message asks for a value: only lines that hold one set a block's dense score (`value_lines`)
+        self._value_margin = value_line_scores(best_line, dense) if value_lines and best_line else None
         lexical: dict[Block, float] = {}
         if lexical_kind is not None:
             if lexical_kind == "fts5":
@@ -364,7 +371,12 @@ class RecallSignal:
         detail = {"signal": self.mode, "block_cosine": round(self._block_cos[block], 3)}
         if block in self._best_line:
             lines, sims = self._best_line[block]
-            detail.update(line_cosine=round(self._dense[block], 3), best_line=lines[int(np.argmax(sims))][:100])
+            at = int(np.argmax(sims))
+            if self._value_margin is not None:
+                held = [i for i, line in enumerate(lines) if holds_value(line)]
+                at = max(held, key=lambda i: sims[i]) if held else at
+                detail["value_line"] = bool(held) or f"none: best line less {self._value_margin:.3f}"
+            detail.update(line_cosine=round(self._dense[block], 3), best_line=lines[at][:100])
         elif block in self._pending:
             detail["lines_pending"] = True
         if lexical_kind is not None:
