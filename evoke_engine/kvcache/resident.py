@@ -417,9 +417,9 @@ class ResidentSequence:
         self.seq = seq
         if self.image is not None:
             image, self.image = self.image, None
-            ahead, self.image_ahead = self.image_ahead, []
+            (ahead, opening), self.image_ahead, self.image_opening = (self.image_ahead, self.image_opening), [], 0
             self.kv.restore(self.pool.take(image), seq, self.prefix_tokens)
-            self.kv.hold_ahead(seq, self.active_tokens, ahead, opening=self.image_opening)
+            self.kv.hold_ahead(seq, self.active_tokens, ahead, opening=opening)
 
     def enter_slot(self, seq: int, prefixes: SharedPrefixes, prefix: Prefix) -> None:
         """Everything that puts this conversation into slot `seq`, in one place: the slot emptied, the prefix's
@@ -465,7 +465,9 @@ class ResidentSequence:
 
     def ahead_opening(self) -> int:
         """How many tokens held ahead (in the slot, or after the parked image) are the template's role header."""
-        return self.kv.ahead_opening(self.seq) if self.seq is not None else self.image_opening
+        if self.seq is not None:
+            return self.kv.ahead_opening(self.seq)
+        return self.image_opening if self.image is not None else 0
 
     def saved_bytes(self) -> dict[int, SavedBytes]:
         """The pool's bytes of the table's saved blocks, by block index (birth order), as the pool stores them
