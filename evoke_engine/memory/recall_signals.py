@@ -27,7 +27,7 @@ from ..settings import RECALL_SIGNALS as SIGNALS
 from . import lexical as code_lexical
 from .embedder import Embedder
 from .line_context import spell_out
-from .value_lines import holds_value, value_line_scores
+from .value_lines import value_line_scores, value_mask
 
 RRF_K = 60                        # the usual reciprocal-rank-fusion constant (Cormack et al.)
 CACHE_BLOCKS = 4096               # line vectors kept per embedder (LRU by block content hash)
@@ -373,9 +373,9 @@ class RecallSignal:
             lines, sims = self._best_line[block]
             at = int(np.argmax(sims))
             if self._value_margin is not None:
-                held = [i for i, line in enumerate(lines) if holds_value(line)]
-                at = max(held, key=lambda i: sims[i]) if held else at
-                detail["value_line"] = bool(held) or f"none: best line less {self._value_margin:.3f}"
+                held = np.flatnonzero(value_mask(lines))             # the lines that set the score
+                at = int(held[np.argmax(sims[held])]) if held.size else at
+                detail["value_line"] = bool(held.size) or f"none: best line less {self._value_margin:.3f}"
             detail.update(line_cosine=round(self._dense[block], 3), best_line=lines[at][:100])
         elif block in self._pending:
             detail["lines_pending"] = True

@@ -19,13 +19,14 @@ class CountingEmbedder:
     identity = "words"
     warming = False
 
-    def __init__(self) -> None:
+    def __init__(self, dims: int = 64) -> None:
         self.texts: list[str] = []
+        self.dims = dims
 
     def _vector(self, text: str) -> np.ndarray:
-        v = np.zeros(64, dtype=np.float32)
+        v = np.zeros(self.dims, dtype=np.float32)
         for word in re.findall(r"[a-z0-9]+", text.lower()):
-            v[zlib.crc32(word.encode()) % 64] += 1.0
+            v[zlib.crc32(word.encode()) % self.dims] += 1.0
         return v / (np.linalg.norm(v) or 1.0)
 
     def embed(self, texts):

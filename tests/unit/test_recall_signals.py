@@ -3,11 +3,10 @@ explanations. The embedder here is a bag-of-words stand-in (no model): these tes
 
 from __future__ import annotations
 
-import re
 import zlib
 
-import numpy as np
 import pytest
+from helpers.word_embedder import CountingEmbedder
 
 from evoke_engine.kvcache.blocks import Block, BlockState
 from evoke_engine.memory.policy import choose_recoveries
@@ -24,24 +23,17 @@ from evoke_engine.memory.recall_signals import (
 pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
 
-class WordsEmbedder:
-    """Unit bag-of-words vectors (hashed): cosine is word overlap; counts every text it embeds."""
-
-    enabled = True
-    identity = "words"
+class WordsEmbedder(CountingEmbedder):
+    """`CountingEmbedder` over 256 dimensions (cosine is word overlap); `embedded` counts the texts embedded in
+    batches (line vectors), not the message's own vector."""
 
     def __init__(self) -> None:
+        super().__init__(dims=256)
         self.embedded = 0
-
-    def _vector(self, text: str) -> np.ndarray:
-        v = np.zeros(256, dtype=np.float32)
-        for word in re.findall(r"[a-z0-9]+", text.lower()):
-            v[zlib.crc32(word.encode()) % 256] += 1.0
-        return v / (np.linalg.norm(v) or 1.0)
 
     def embed(self, texts):
         self.embedded += len(texts)
-        return np.stack([self._vector(t) for t in texts]) if texts else None
+        return super().embed(texts)
 
     def embed_one(self, text):
         return self._vector(text)
