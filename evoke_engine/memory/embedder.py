@@ -1,4 +1,5 @@
-"""Sentence embeddings for the scorer: the bundled MiniLM by default, any local model as a setting.
+"""Sentence embeddings for the scorer: the bundled MiniLM by default, any local model as a setting, run on ONNX
+Runtime where the model exports to it with the same vectors (`onnx_encoder`), else on sentence-transformers.
 
 Invariants: loaded lazily on first use, offline (HF_HUB_OFFLINE); vectors are float32 and
 L2-normalised, so a dot product is a cosine. 'off' disables similarity (every vector is None). `warming` is
@@ -14,12 +15,37 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 
+from . import onnx_encoder
+
 log = logging.getLogger(__name__)
 BUNDLED = "bundled:all-MiniLM-L6-v2"
+BACKEND_ENV = "EVOKE_EMBEDDER_BACKEND"   # "sentence-transformers" keeps torch; anything else tries ONNX first
 RECENT_TEXTS = 16             # single texts whose vectors `embed_one` keeps (drafts, the last messages)
+
+
+def default_cache_dir() -> Path:
+    """Where exported embedders are kept: the user's cache (a model's export is a function of its files alone,
+    so every profile and test home shares it)."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("evoke-desk")) / "embedders"
+
+
+class SentenceTransformerEncoder:
+    """A loaded SentenceTransformer behind the encoder interface: `encode(texts)` unit vectors, `dimension`."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        size = getattr(model, "get_embedding_dimension", model.get_sentence_embedding_dimension)()
+        self.dimension = int(size) if size else int(self.encode(["dimension"]).shape[1])
+
+    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        return self.model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                                 show_progress_bar=False)
 
 
 def bundled_model_path() -> str:
@@ -29,8 +55,10 @@ def bundled_model_path() -> str:
 
 
 class Embedder:
-    def __init__(self, name: str = "") -> None:
+    def __init__(self, name: str = "", cache_dir: str | Path | None = None) -> None:
         self.name = name
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.backend = os.environ.get(BACKEND_ENV, "onnx")
         self.enabled = name != "off"
         self._model = None
         self._lock = threading.Lock()
@@ -56,22 +84,31 @@ class Embedder:
                 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
                 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
                 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-                from sentence_transformers import SentenceTransformer
-                from transformers.utils import logging as transformers_logging
-
-                transformers_logging.disable_progress_bar()
-
                 path = self.name or bundled_model_path()
-                log.info("loading embedder %s", path)
-                self._model = SentenceTransformer(path, device="cpu")
+                onnx = self.backend == "onnx"
+                self._model = (onnx and onnx_encoder.open_exported(path, self.cache_dir)) or None
+                if self._model is None:
+                    model = self._sentence_transformer(path)
+                    self._model = (onnx and onnx_encoder.export(model, path, self.cache_dir)) or \
+                        SentenceTransformerEncoder(model)
+                log.info("embedder %s runs on %s", path, type(self._model).__name__)
         return self._model
+
+    @staticmethod
+    def _sentence_transformer(path: str):
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+        log.info("loading embedder %s", path)
+        return SentenceTransformer(path, device="cpu")
 
     def warm(self) -> None:
         """Load the model now (the engine does this in the background after the LLM loads)."""
         if self.enabled:
             self._warming = True
             try:
-                self._load().encode(["warm up"], show_progress_bar=False)     # first inference allocates
+                self._load().encode(["warm up"])     # first inference allocates
             finally:
                 self._warming = False
 
@@ -79,9 +116,7 @@ class Embedder:
         """Length of this embedder's vectors (loads the model); None when similarity is off."""
         if not self.enabled:
             return None
-        model = self._load()
-        size = getattr(model, "get_embedding_dimension", model.get_sentence_embedding_dimension)()
-        return int(size) if size else int(self.embed(["dimension"]).shape[1])
+        return int(self._load().dimension)
 
     def embed(self, texts: list[str]) -> np.ndarray | None:
         """(len(texts), dim) unit vectors, or None when similarity is off."""
@@ -89,8 +124,7 @@ class Embedder:
             return None
         started = time.perf_counter()
         model = self._load()
-        vectors = model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True,
-                               show_progress_bar=False)
+        vectors = model.encode(texts, batch_size=32)
         self.embed_s += time.perf_counter() - started
         return np.asarray(vectors, dtype=np.float32)
 

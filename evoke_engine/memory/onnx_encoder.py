@@ -1,0 +1,171 @@
+"""A sentence-transformers model of the usual shape (a BERT-style encoder, mean pooling, unit length) run with ONNX
+Runtime: exported once per model from its own weights, checked against sentence-transformers, kept in a cache.
+
+Invariants: an exported model is used only after it gave the vectors sentence-transformers gives (max |diff| <=
+MATCH_TOLERANCE on probe texts: a padded batch, code, a text past the model's length); its file is named by the
+model folder's content (a changed model is exported again) and written whole (a temporary name, then a rename)
+under a file lock; any failure (onnx or onnxruntime missing, another pipeline, an unwritable cache, a damaged
+file) makes `open_exported` / `export` return None with the reason logged, and the caller keeps
+sentence-transformers. Loading an exported model imports neither torch nor sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+MATCH_TOLERANCE = 1e-4         # per component of a unit vector: float32 noise is ~1e-7, a wrong graph is ~1e-1
+FORMAT = 1                     # bump when what `export` writes changes: older files are exported again
+MAX_THREADS = 4                # a short message gains nothing past this; llama.cpp keeps the other cores
+PROBES = ["fn main() { let pool_size = 71; }", "Where is the retry budget set?",
+          "def flush(self):\n    \"\"\"Write the queue.\"\"\"\n    return self._queue.drain(timeout=2.5)",
+          "ünïcödé → ok", "", " ".join(f"word{i}" for i in range(400))]
+
+
+def fingerprint(model_dir: str | Path) -> str:
+    """A name for the model folder's content: every file's relative path and bytes (xxh3, ~10 GB/s)."""
+    import xxhash
+
+    root = Path(model_dir)
+    digest = xxhash.xxh3_128()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+    return f"{FORMAT}-{digest.hexdigest()}"
+
+
+class OnnxSentenceEncoder:
+    """`encode(texts)`: (len(texts), dimension) float32 unit vectors, batch by batch, as sentence-transformers
+    would give them for this model."""
+
+    def __init__(self, model_dir: str | Path, onnx_path: Path, max_length: int, dimension: int) -> None:
+        import onnxruntime as ort
+        from transformers import AutoTokenizer
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = max(1, min(MAX_THREADS, os.cpu_count() or 1))
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")   # idle threads leave the cores
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.max_length = max_length
+        self.dimension = dimension
+
+    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        out = np.empty((len(texts), self.dimension), dtype=np.float32)
+        for start in range(0, len(texts), batch_size):
+            batch = texts[start:start + batch_size]
+            feed = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length,
+                                  return_tensors="np")
+            hidden = self.session.run(None, {name: np.asarray(feed[name], dtype=np.int64) for name in self.inputs})[0]
+            mask = np.asarray(feed["attention_mask"], dtype=np.float32)[:, :, None]
+            pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+            norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+            out[start:start + len(batch)] = pooled / norms
+        return out
+
+
+def _paths(cache_dir: Path, model_dir: str | Path) -> tuple[Path, Path]:
+    name = fingerprint(model_dir)
+    return cache_dir / f"{name}.onnx", cache_dir / f"{name}.json"
+
+
+def open_exported(model_dir: str | Path, cache_dir: str | Path) -> OnnxSentenceEncoder | None:
+    """The model's checked export from `cache_dir`, or None when there is none (or it cannot be opened)."""
+    try:
+        onnx_path, record_path = _paths(Path(cache_dir), model_dir)
+        if not record_path.exists() or not onnx_path.exists():
+            return None
+        record = json.loads(record_path.read_text())
+        return OnnxSentenceEncoder(model_dir, onnx_path, int(record["max_length"]), int(record["dimension"]))
+    except Exception as exc:                       # a damaged file or record, a missing runtime: not used
+        log.warning("embedder: the ONNX export of %s in %s is not usable (%s); exporting it again",
+                    model_dir, cache_dir, exc)
+        return None
+
+
+def supported(model) -> bool:
+    """True for a sentence-transformers model this module runs alike: encoder, mean pooling, normalize."""
+    names = [type(module).__name__ for module in model]
+    if names != ["Transformer", "Pooling", "Normalize"]:
+        return False
+    pooling = model[1].get_config_dict()
+    mean = pooling.get("pooling_mode") == "mean" or pooling.get("pooling_mode_mean_tokens") is True
+    return mean and pooling.get("include_prompt", True) is not False
+
+
+def export(model, model_dir: str | Path, cache_dir: str | Path) -> OnnxSentenceEncoder | None:
+    """Export `model` (a loaded SentenceTransformer from `model_dir`) to `cache_dir`, check it against the model
+    itself, and return it; None (reason logged) when it is not this shape or the export or the check fails."""
+    if not supported(model):
+        log.info("embedder: %s is not an encoder with mean pooling; kept on sentence-transformers", model_dir)
+        return None
+    cache = Path(cache_dir)
+    try:
+        import torch
+        from filelock import FileLock
+
+        cache.mkdir(parents=True, exist_ok=True)
+        onnx_path, record_path = _paths(cache, model_dir)
+        with FileLock(str(onnx_path) + ".lock", timeout=120):
+            if (ready := open_exported(model_dir, cache)) is not None:    # another process exported it meanwhile
+                return ready
+            encoder = model[0].auto_model.eval()
+            names = [n for n in model.tokenizer.model_input_names if n in ("input_ids", "attention_mask",
+                                                                            "token_type_ids")]
+            sample = model.tokenizer(["an example"], return_tensors="pt")
+
+            class Hidden(torch.nn.Module):
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.encoder = encoder
+
+                def forward(self, *inputs):
+                    return self.encoder(**dict(zip(names, inputs, strict=True))).last_hidden_state
+
+            axes = {n: {0: "batch", 1: "tokens"} for n in [*names, "hidden"]}
+            fd, tmp = tempfile.mkstemp(dir=cache, suffix=".onnx.part")
+            os.close(fd)
+            try:
+                with torch.inference_mode(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")          # the tracer's notes; the check below is what counts
+                    torch.onnx.export(Hidden(), tuple(sample[n] for n in names), tmp, input_names=names,
+                                      output_names=["hidden"], dynamic_axes=axes, opset_version=17, dynamo=False)
+                dimension = int(model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension")
+                                else model.get_sentence_embedding_dimension())
+                candidate = OnnxSentenceEncoder(model_dir, Path(tmp), int(model.max_seq_length), dimension)
+                diff = _max_difference(model, candidate)
+                if diff > MATCH_TOLERANCE:
+                    log.warning("embedder: the ONNX export of %s differs by %.2e; kept on sentence-transformers",
+                                model_dir, diff)
+                    return None
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, onnx_path)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+            record_path.write_text(json.dumps({"max_length": int(model.max_seq_length), "dimension": dimension,
+                                               "max_difference": diff, "model": str(model_dir)}))
+            log.info("embedder: %s exported to ONNX (max difference %.1e)", model_dir, diff)
+            return OnnxSentenceEncoder(model_dir, onnx_path, int(model.max_seq_length), dimension)
+    except Exception as exc:                       # onnx missing, a read-only cache, an unexportable graph
+        log.warning("embedder: no ONNX export of %s (%s); kept on sentence-transformers", model_dir, exc)
+        return None
+
+
+def _max_difference(model, candidate: OnnxSentenceEncoder) -> float:
+    """Largest component difference between the two on the probes, one at a time and as one padded batch."""
+    expected = model.encode(PROBES, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+    alone = np.stack([candidate.encode([text])[0] for text in PROBES])
+    batched = candidate.encode(PROBES)
+    return float(max(np.abs(expected - alone).max(), np.abs(expected - batched).max()))
