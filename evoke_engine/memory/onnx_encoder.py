@@ -22,7 +22,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 MATCH_TOLERANCE = 1e-4         # per component of a unit vector: float32 noise is ~1e-7, a wrong graph is ~1e-1
-FORMAT = 1                     # bump when what `export` writes changes: older files are exported again
+FORMAT = 2                     # bump when what `export` writes changes: older files are exported again
 MAX_THREADS = 4                # a short message gains nothing past this; llama.cpp keeps the other cores
 PROBES = ["fn main() { let pool_size = 71; }", "Where is the retry budget set?",
           "def flush(self):\n    \"\"\"Write the queue.\"\"\"\n    return self._queue.drain(timeout=2.5)",
@@ -47,9 +47,9 @@ class OnnxSentenceEncoder:
     """`encode(texts)`: (len(texts), dimension) float32 unit vectors, batch by batch, as sentence-transformers
     would give them for this model."""
 
-    def __init__(self, model_dir: str | Path, onnx_path: Path, max_length: int, dimension: int) -> None:
+    def __init__(self, onnx_path: Path, tokenizer_path: Path, max_length: int, dimension: int) -> None:
         import onnxruntime as ort
-        from transformers import AutoTokenizer
+        from tokenizers import Tokenizer
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = max(1, min(MAX_THREADS, os.cpu_count() or 1))
@@ -57,38 +57,42 @@ class OnnxSentenceEncoder:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")   # idle threads leave the cores
         options.log_severity_level = 3
         self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.inputs = [i.name for i in self.session.get_inputs()]
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))       # the model's fast tokenizer, as saved
+        self.tokenizer.enable_truncation(max_length)
+        self.tokenizer.enable_padding()                                 # to the batch's longest, with its pad id
         self.max_length = max_length
         self.dimension = dimension
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
         for start in range(0, len(texts), batch_size):
-            batch = texts[start:start + batch_size]
-            feed = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length,
-                                  return_tensors="np")
-            hidden = self.session.run(None, {name: np.asarray(feed[name], dtype=np.int64) for name in self.inputs})[0]
-            mask = np.asarray(feed["attention_mask"], dtype=np.float32)[:, :, None]
+            batch = self.tokenizer.encode_batch(texts[start:start + batch_size])
+            feed = {"input_ids": np.array([e.ids for e in batch], dtype=np.int64),
+                    "attention_mask": np.array([e.attention_mask for e in batch], dtype=np.int64),
+                    "token_type_ids": np.array([e.type_ids for e in batch], dtype=np.int64)}
+            hidden = self.session.run(None, {name: feed[name] for name in self.inputs})[0]
+            mask = feed["attention_mask"].astype(np.float32)[:, :, None]
             pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
             norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
             out[start:start + len(batch)] = pooled / norms
         return out
 
 
-def _paths(cache_dir: Path, model_dir: str | Path) -> tuple[Path, Path]:
+def _paths(cache_dir: Path, model_dir: str | Path) -> tuple[Path, Path, Path]:
+    """The export's graph, its tokenizer and its record (written last: the export is whole when it is there)."""
     name = fingerprint(model_dir)
-    return cache_dir / f"{name}.onnx", cache_dir / f"{name}.json"
+    return cache_dir / f"{name}.onnx", cache_dir / f"{name}.tokenizer.json", cache_dir / f"{name}.json"
 
 
 def open_exported(model_dir: str | Path, cache_dir: str | Path) -> OnnxSentenceEncoder | None:
     """The model's checked export from `cache_dir`, or None when there is none (or it cannot be opened)."""
     try:
-        onnx_path, record_path = _paths(Path(cache_dir), model_dir)
-        if not record_path.exists() or not onnx_path.exists():
+        onnx_path, tokenizer_path, record_path = _paths(Path(cache_dir), model_dir)
+        if not record_path.exists():
             return None
         record = json.loads(record_path.read_text())
-        return OnnxSentenceEncoder(model_dir, onnx_path, int(record["max_length"]), int(record["dimension"]))
+        return OnnxSentenceEncoder(onnx_path, tokenizer_path, int(record["max_length"]), int(record["dimension"]))
     except Exception as exc:                       # a damaged file or record, a missing runtime: not used
         log.warning("embedder: the ONNX export of %s in %s is not usable (%s); exporting it again",
                     model_dir, cache_dir, exc)
@@ -108,59 +112,79 @@ def supported(model) -> bool:
 def export(model, model_dir: str | Path, cache_dir: str | Path) -> OnnxSentenceEncoder | None:
     """Export `model` (a loaded SentenceTransformer from `model_dir`) to `cache_dir`, check it against the model
     itself, and return it; None (reason logged) when it is not this shape or the export or the check fails."""
-    if not supported(model):
-        log.info("embedder: %s is not an encoder with mean pooling; kept on sentence-transformers", model_dir)
+    if not supported(model) or not getattr(model.tokenizer, "is_fast", False):
+        log.info("embedder: %s is not an encoder with mean pooling and a fast tokenizer; kept on "
+                 "sentence-transformers", model_dir)
         return None
     cache = Path(cache_dir)
     try:
-        import torch
         from filelock import FileLock
 
         cache.mkdir(parents=True, exist_ok=True)
-        onnx_path, record_path = _paths(cache, model_dir)
+        onnx_path, tokenizer_path, record_path = _paths(cache, model_dir)
         with FileLock(str(onnx_path) + ".lock", timeout=120):
             if (ready := open_exported(model_dir, cache)) is not None:    # another process exported it meanwhile
                 return ready
-            encoder = model[0].auto_model.eval()
-            names = [n for n in model.tokenizer.model_input_names if n in ("input_ids", "attention_mask",
-                                                                            "token_type_ids")]
-            sample = model.tokenizer(["an example"], return_tensors="pt")
-
-            class Hidden(torch.nn.Module):
-                def __init__(self) -> None:
-                    super().__init__()
-                    self.encoder = encoder
-
-                def forward(self, *inputs):
-                    return self.encoder(**dict(zip(names, inputs, strict=True))).last_hidden_state
-
-            axes = {n: {0: "batch", 1: "tokens"} for n in [*names, "hidden"]}
-            fd, tmp = tempfile.mkstemp(dir=cache, suffix=".onnx.part")
-            os.close(fd)
-            try:
-                with torch.inference_mode(), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")          # the tracer's notes; the check below is what counts
-                    torch.onnx.export(Hidden(), tuple(sample[n] for n in names), tmp, input_names=names,
-                                      output_names=["hidden"], dynamic_axes=axes, opset_version=17, dynamo=False)
-                dimension = int(model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension")
-                                else model.get_sentence_embedding_dimension())
-                candidate = OnnxSentenceEncoder(model_dir, Path(tmp), int(model.max_seq_length), dimension)
-                diff = _max_difference(model, candidate)
-                if diff > MATCH_TOLERANCE:
-                    log.warning("embedder: the ONNX export of %s differs by %.2e; kept on sentence-transformers",
-                                model_dir, diff)
-                    return None
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, onnx_path)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
-            record_path.write_text(json.dumps({"max_length": int(model.max_seq_length), "dimension": dimension,
-                                               "max_difference": diff, "model": str(model_dir)}))
+            record_path.unlink(missing_ok=True)                           # whatever is there is not whole
+            _write_graph(model, onnx_path)
+            model.tokenizer.backend_tokenizer.save(str(tokenizer_path))
+            dimension = int(model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension")
+                            else model.get_sentence_embedding_dimension())
+            record = {"max_length": int(model.max_seq_length), "dimension": dimension, "model": str(model_dir)}
+            encoder = OnnxSentenceEncoder(onnx_path, tokenizer_path, record["max_length"], dimension)
+            record["max_difference"] = diff = _max_difference(model, encoder)
+            if diff > MATCH_TOLERANCE:
+                log.warning("embedder: the ONNX export of %s differs by %.2e; kept on sentence-transformers",
+                            model_dir, diff)
+                return None
+            _write_whole(record_path, json.dumps(record).encode())
             log.info("embedder: %s exported to ONNX (max difference %.1e)", model_dir, diff)
-            return OnnxSentenceEncoder(model_dir, onnx_path, int(model.max_seq_length), dimension)
+            return encoder
     except Exception as exc:                       # onnx missing, a read-only cache, an unexportable graph
         log.warning("embedder: no ONNX export of %s (%s); kept on sentence-transformers", model_dir, exc)
         return None
+
+
+def _write_graph(model, onnx_path: Path) -> None:
+    """The encoder's last hidden state as an ONNX graph over the tokenizer's inputs (batch and length dynamic)."""
+    import torch
+
+    encoder = model[0].auto_model.eval()
+    names = [n for n in model.tokenizer.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids")]
+    sample = model.tokenizer(["an example"], return_tensors="pt")
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, *inputs):
+            return self.encoder(**dict(zip(names, inputs, strict=True))).last_hidden_state
+
+    fd, tmp = tempfile.mkstemp(dir=onnx_path.parent, suffix=".part")
+    os.close(fd)
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")              # the tracer's notes; the check after it is what counts
+            torch.onnx.export(Hidden(), tuple(sample[n] for n in names), tmp, input_names=names,
+                              output_names=["hidden"], dynamic_axes={n: {0: "batch", 1: "tokens"}
+                                                                     for n in [*names, "hidden"]},
+                              opset_version=17, dynamo=False)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, onnx_path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def _max_difference(model, candidate: OnnxSentenceEncoder) -> float:

@@ -79,3 +79,16 @@ def test_the_backend_setting_keeps_sentence_transformers(tmp_path, monkeypatch):
     monkeypatch.setenv(BACKEND_ENV, "sentence-transformers")
     embedder = Embedder(cache_dir=tmp_path)
     assert isinstance(embedder._load(), SentenceTransformerEncoder) and not list(tmp_path.glob("*.onnx"))
+
+
+def test_an_exported_embedder_starts_without_torch(exported):
+    """The app's start: opening the export imports neither torch nor sentence-transformers."""
+    import subprocess
+    import sys
+
+    _, cache = exported
+    script = ("import sys; from evoke_engine.memory.embedder import Embedder; "
+              f"e = Embedder(cache_dir={str(cache)!r}); e.warm(); "
+              "print(type(e._load()).__name__, 'torch' in sys.modules, 'sentence_transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["OnnxSentenceEncoder", "False", "False"]
