@@ -211,6 +211,8 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     """Run one turn; `history` (template messages after `system`) gains the input message and the reply.
     `prepared` (`prepare_ahead`) is used when it fits this turn, else the input is prepared here."""
     started = time.perf_counter()
+    if text.strip():
+        memory.expect_query(text)                 # embedded beside the input's rendering and the lexical signal
     turn = memory.begin_turn()
     block_tokens = memory.settings.block_tokens
     if prepared is None or not prepared.fits(history, text, attachments, turn, system=system, role=role,

@@ -5,7 +5,8 @@ Invariants: loaded lazily on first use, offline (HF_HUB_OFFLINE); vectors are fl
 L2-normalised, so a dot product is a cosine. 'off' disables similarity (every vector is None). `warming` is
 true only while `warm` runs (a turn then decides without it); `embed_s` only grows. `embed_one` keeps the last
 `RECENT_TEXTS` single texts' vectors, so a message embedded while it was typed (`Engine.embed_ahead`) costs its turn
-nothing; a kept vector is the one embedding the text again gives (the same call on the same text).
+nothing; a kept vector is the one embedding the text again gives (the same call on the same text). `embed_soon`
+starts one text on the embedder's own thread; `embed_one` takes it from there (`embed_s` counts the wait).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +68,8 @@ class Embedder:
         self.embed_s = 0.0            # seconds spent in `embed` so far (a turn's breakdown reads the difference)
         self._recent: OrderedDict[str, np.ndarray] = OrderedDict()
         self._recent_lock = threading.Lock()
+        self._soon: dict[str, Future] = {}         # texts `embed_soon` started, until `embed_one` takes them
+        self._worker: ThreadPoolExecutor | None = None
 
     @property
     def warming(self) -> bool:
@@ -123,19 +127,45 @@ class Embedder:
         if not self.enabled or not texts:
             return None
         started = time.perf_counter()
-        model = self._load()
-        vectors = model.encode(texts, batch_size=32)
+        vectors = self._encode(texts)
         self.embed_s += time.perf_counter() - started
-        return np.asarray(vectors, dtype=np.float32)
+        return vectors
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        return np.asarray(self._load().encode(texts, batch_size=32), dtype=np.float32)
+
+    def embed_soon(self, text: str) -> None:
+        """Start embedding `text` on the embedder's own thread, so that `embed_one(text)` then waits for it rather
+        than starting over (a turn sent cold renders and tokenizes its input meanwhile). Nothing when the text is
+        kept or on its way, similarity is off, or the model is not loaded (a load is never started here)."""
+        if not self.enabled or self._model is None or self._warming or not text.strip():
+            return
+        with self._recent_lock:
+            if text in self._recent or text in self._soon:
+                return
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evoke-embedder")
+            self._soon[text] = self._worker.submit(self._encode, [text])
+            while len(self._soon) > RECENT_TEXTS:         # started for turns that never asked: forgotten
+                self._soon.pop(next(iter(self._soon)))
 
     def embed_one(self, text: str) -> np.ndarray | None:
-        """`text`'s unit vector (None when similarity is off), from the recent texts' when it is one of them."""
+        """`text`'s unit vector (None when similarity is off), from the recent texts' when it is one of them, or
+        from `embed_soon`'s (waited for; the wait is what `embed_s` counts)."""
         with self._recent_lock:
             kept = self._recent.get(text)
             if kept is not None:
                 self._recent.move_to_end(text)
                 return kept
-        vectors = self.embed([text])
+            soon = self._soon.pop(text, None)
+        started = time.perf_counter()
+        try:
+            vectors = soon.result() if soon is not None else None
+        except Exception:                          # noqa: BLE001 - embedded again below, where it raises plainly
+            vectors = None
+        self.embed_s += time.perf_counter() - started
+        if vectors is None:
+            vectors = self.embed([text])
         if vectors is None:
             return None
         vector = vectors[0]

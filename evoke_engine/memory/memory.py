@@ -155,6 +155,13 @@ class ConversationMemory:
     def set_query(self, text: str) -> None:
         self._query_text, self._query, self._query_ready = text, None, False
 
+    def expect_query(self, text: str) -> None:
+        """The coming turn's query will be `text`: its embedding starts now, beside the turn's other work before
+        the decision (`Embedder.embed_soon`), so a message sent cold waits for less of it."""
+        soon = getattr(self.embedder, "embed_soon", None)
+        if soon is not None:
+            soon(text)
+
     @property
     def query(self) -> np.ndarray | None:
         if not self._query_ready:
@@ -591,7 +598,7 @@ class ConversationMemory:
             self.ensure_embeddings(residents)
         plan.signal = signal = RecallSignal(
             "lexical" if warming else self.settings.recall_signal, query_text=self._query_text,
-            query=None if warming else self.query, saved=saved, residents=residents, embedder=self.embedder,
+            query=None if warming else (lambda: self.query), saved=saved, residents=residents, embedder=self.embedder,
             user_margin=self.settings.recall_user_margin, file_names=self.settings.recall_file_name_line,
             skip_questions=self.settings.recall_skip_questions, line_context=self.settings.recall_line_context,
             value_lines=self._value_lines_apply(), embed_lines=False)

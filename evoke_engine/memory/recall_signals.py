@@ -268,8 +268,8 @@ class RecallSignal:
     none ranks after one whose value line matches as well (`value_lines.value_line_scores`; the embedded text and
     the line keys do not change)."""
 
-    def __init__(self, mode: str, *, query_text: str, query: np.ndarray | None, saved: list[Block],
-                 residents: list[Block], embedder: Embedder, user_margin: float = 0.0,
+    def __init__(self, mode: str, *, query_text: str, query: np.ndarray | Callable[[], np.ndarray | None] | None,
+                 saved: list[Block], residents: list[Block], embedder: Embedder, user_margin: float = 0.0,
                  file_names: bool = False, skip_questions: bool = False, line_context: bool = False,
                  value_lines: bool = False, embed_lines: bool = True) -> None:
         if mode not in SIGNALS:
@@ -277,13 +277,24 @@ class RecallSignal:
         self.mode = mode
         dense_kind, lexical_kind = MODES[mode]
         pool = [*saved, *residents]
+        lexical: dict[Block, float] = {}
+        if lexical_kind is not None:
+            if lexical_kind == "fts5":
+                by_hash = bm25_by_block({b.hash: fact_lines(b, skip_questions) for b in pool}, query_text)
+            else:
+                by_hash = code_lexical.bm25_lines({b.hash: lexical_lines(b, skip_questions) for b in pool},
+                                                  query_text)
+            lexical = {b: by_hash[b.hash] for b in pool if b.hash in by_hash}
+        by_lines = dense_kind == "lines" and query is not None and embedder.enabled
+        vectors = line_vectors(embedder, pool, file_names=file_names, skip_questions=skip_questions,
+                               line_context=line_context, compute=embed_lines) if by_lines else {}
+        if callable(query):              # a message's vector made meanwhile (`Embedder.embed_soon`): needed from here
+            query = query()
         block_cos = {b: _cos(b.embedding, query) for b in pool}
         dense = dict(block_cos)
         best_line: dict[Block, tuple[list[str], np.ndarray]] = {}     # its lines and their similarities
         pending: set[Block] = set()
-        if dense_kind == "lines" and query is not None and embedder.enabled:
-            vectors = line_vectors(embedder, pool, file_names=file_names, skip_questions=skip_questions,
-                                   line_context=line_context, compute=embed_lines)
+        if by_lines and query is not None:
             for block in pool:
                 key = line_key(block, file_names, skip_questions, line_context)
                 if key not in vectors and block.text.strip():
@@ -298,14 +309,6 @@ class RecallSignal:
                     best_line[block] = (lines, sims)
         # the message asks for a value: only lines that hold one set a block's dense score (`value_lines`)
         self._value_margin = value_line_scores(best_line, dense) if value_lines and best_line else None
-        lexical: dict[Block, float] = {}
-        if lexical_kind is not None:
-            if lexical_kind == "fts5":
-                by_hash = bm25_by_block({b.hash: fact_lines(b, skip_questions) for b in pool}, query_text)
-            else:
-                by_hash = code_lexical.bm25_lines({b.hash: lexical_lines(b, skip_questions) for b in pool},
-                                                  query_text)
-            lexical = {b: by_hash[b.hash] for b in pool if b.hash in by_hash}
         dense_rank = _ranks(dense)
         if dense_kind is None:                         # lexical alone: BM25, no hit scores 0
             lexical_rank = code_lexical.ranks(lexical, pool)

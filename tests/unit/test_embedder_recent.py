@@ -39,3 +39,50 @@ def test_the_oldest_text_leaves_past_the_limit(embedder):
 
 def test_off_keeps_nothing():
     assert Embedder("off").embed_one("anything") is None
+
+
+class _Gated:
+    """An encoder that waits for `gate` and counts its calls (the embedder's model, for `embed_soon`)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.gate = threading.Event()
+        self.calls: list[list[str]] = []
+
+    def encode(self, texts, batch_size=32):
+        self.gate.wait(5)
+        self.calls.append(list(texts))
+        return np.asarray([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
+
+
+def _loaded(model) -> Embedder:
+    made = Embedder("gated")
+    made._model = model
+    return made
+
+
+def test_a_text_started_soon_is_embedded_once_and_waited_for():
+    model = _Gated()
+    embedder = _loaded(model)
+    embedder.embed_soon("why does the flush wait?")
+    embedder.embed_soon("why does the flush wait?")              # already on its way: not started again
+    model.gate.set()
+    vector = embedder.embed_one("why does the flush wait?")
+    assert model.calls == [["why does the flush wait?"]] and vector.tolist() == [24.0, 1.0]
+    assert embedder.embed_one("why does the flush wait?") is vector      # kept like any recent text
+
+
+def test_soon_starts_nothing_before_the_model_is_loaded():
+    embedder = Embedder("not loaded")
+    embedder.embed_soon("anything")                       # a load would block the engine: never started here
+    assert embedder._soon == {} and embedder._worker is None
+
+
+def test_texts_started_but_never_asked_for_are_forgotten():
+    model = _Gated()
+    model.gate.set()
+    embedder = _loaded(model)
+    for i in range(RECENT_TEXTS + 3):
+        embedder.embed_soon(f"draft {i}")
+    assert len(embedder._soon) == RECENT_TEXTS and "draft 0" not in embedder._soon

@@ -214,3 +214,23 @@ def test_line_vectors_key_a_user_message_apart_when_its_questions_are_skipped():
     assert plain.keys() != skipped.keys()
     assert [lines for lines, _ in skipped.values()] == [["The deploy window is Tuesday now."]]
     assert len(next(iter(plain.values()))[0]) == 2
+
+
+def test_a_query_made_meanwhile_scores_as_the_vector_itself():
+    """The engine passes the message's vector as a callable (`Embedder.embed_soon` made it beside the lexical
+    signal): asked for once, after the lexical part, and every score and explanation as with the vector."""
+    emb = WordsEmbedder()
+    fact = block("file:cfg#2", "\n".join([*FILLER, "compression = zstd    # codec used for the event archive"]),
+                 embedder=emb)
+    other = block("file:cfg#0", "\n".join(FILLER[::-1]), embedder=emb)
+    message = "Which codec squeezes the stored event history?"
+    asked: list[str] = []
+
+    def later():
+        asked.append(message)
+        return emb.embed_one(message)
+    kw = {"query_text": message, "saved": [fact, other], "residents": [], "embedder": emb}
+    eager = RecallSignal("lines+lexical", query=emb.embed_one(message), **kw)
+    lazy = RecallSignal("lines+lexical", query=later, **kw)
+    assert asked == [message]
+    assert lazy.score_of == eager.score_of and lazy.explain(fact) == eager.explain(fact)
