@@ -38,7 +38,10 @@ def default_cache_dir() -> Path:
 
 
 class SentenceTransformerEncoder:
-    """A loaded SentenceTransformer behind the encoder interface: `encode(texts)` unit vectors, `dimension`."""
+    """A loaded SentenceTransformer behind the encoder interface: `encode(texts)` unit vectors, `dimension`,
+    `spins` (torch's threads spin-wait between ops: run beside the engine's Python, it slows both, measured 2.5x)."""
+
+    spins = True
 
     def __init__(self, model) -> None:
         self.model = model
@@ -137,8 +140,9 @@ class Embedder:
     def embed_soon(self, text: str) -> None:
         """Start embedding `text` on the embedder's own thread, so that `embed_one(text)` then waits for it rather
         than starting over (a turn sent cold renders and tokenizes its input meanwhile). Nothing when the text is
-        kept or on its way, similarity is off, or the model is not loaded (a load is never started here)."""
-        if not self.enabled or self._model is None or self._warming or not text.strip():
+        kept or on its way, similarity is off, the model is not loaded (a load is never started here) or its threads
+        spin (torch's: beside the turn's Python it is slower than after it)."""
+        if not self.enabled or self._model is None or self._model.spins or self._warming or not text.strip():
             return
         with self._recent_lock:
             if text in self._recent or text in self._soon:

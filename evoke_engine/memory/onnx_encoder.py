@@ -45,7 +45,9 @@ def fingerprint(model_dir: str | Path) -> str:
 
 class OnnxSentenceEncoder:
     """`encode(texts)`: (len(texts), dimension) float32 unit vectors, batch by batch, as sentence-transformers
-    would give them for this model."""
+    would give them for this model; its idle threads sleep (`spins` False), so it may run beside other work."""
+
+    spins = False
 
     def __init__(self, onnx_path: Path, tokenizer_path: Path, max_length: int, dimension: int) -> None:
         import onnxruntime as ort

@@ -44,6 +44,8 @@ def test_off_keeps_nothing():
 class _Gated:
     """An encoder that waits for `gate` and counts its calls (the embedder's model, for `embed_soon`)."""
 
+    spins = False
+
     def __init__(self) -> None:
         import threading
 
@@ -76,6 +78,14 @@ def test_a_text_started_soon_is_embedded_once_and_waited_for():
 def test_soon_starts_nothing_before_the_model_is_loaded():
     embedder = Embedder("not loaded")
     embedder.embed_soon("anything")                       # a load would block the engine: never started here
+    assert embedder._soon == {} and embedder._worker is None
+
+
+def test_soon_starts_nothing_on_an_encoder_whose_threads_spin():
+    model = _Gated()
+    model.spins = True                                    # torch: beside the turn's Python it slows both
+    embedder = _loaded(model)
+    embedder.embed_soon("anything")
     assert embedder._soon == {} and embedder._worker is None
 
 
