@@ -25,7 +25,7 @@ from . import onnx_encoder
 
 log = logging.getLogger(__name__)
 BUNDLED = "bundled:all-MiniLM-L6-v2"
-BACKEND_ENV = "EVOKE_EMBEDDER_BACKEND"   # "sentence-transformers" keeps torch; anything else tries ONNX first
+BACKEND_ENV = "EVOKE_EMBEDDER_BACKEND"   # "sentence-transformers" keeps torch; unset or else: ONNX where it exports
 RECENT_TEXTS = 16             # single texts whose vectors `embed_one` keeps (drafts, the last messages)
 
 
@@ -68,7 +68,7 @@ class Embedder:
         self._model = None
         self._lock = threading.Lock()
         self._warming = False
-        self.embed_s = 0.0            # seconds spent in `embed` so far (a turn's breakdown reads the difference)
+        self.embed_s = 0.0            # seconds callers waited for vectors (a turn's breakdown reads the difference)
         self._recent: OrderedDict[str, np.ndarray] = OrderedDict()
         self._recent_lock = threading.Lock()
         self._soon: dict[str, Future] = {}         # texts `embed_soon` started, until `embed_one` takes them
@@ -92,12 +92,13 @@ class Embedder:
                 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
                 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
                 path = self.name or bundled_model_path()
-                onnx = self.backend == "onnx"
-                self._model = (onnx and onnx_encoder.open_exported(path, self.cache_dir)) or None
-                if self._model is None:
+                onnx = self.backend != "sentence-transformers"
+                encoder = onnx_encoder.open_exported(path, self.cache_dir) if onnx else None
+                if encoder is None:
                     model = self._sentence_transformer(path)
-                    self._model = (onnx and onnx_encoder.export(model, path, self.cache_dir)) or \
+                    encoder = (onnx_encoder.export(model, path, self.cache_dir) if onnx else None) or \
                         SentenceTransformerEncoder(model)
+                self._model = encoder
                 log.info("embedder %s runs on %s", path, type(self._model).__name__)
         return self._model
 

@@ -156,10 +156,12 @@ class ConversationMemory:
         self._query_text, self._query, self._query_ready = text, None, False
 
     def expect_query(self, text: str) -> None:
-        """The coming turn's query will be `text`: its embedding starts now, beside the turn's other work before
-        the decision (`Embedder.embed_soon`), so a message sent cold waits for less of it."""
+        """The coming turn's query will be `text`: where a recovery decision will read it (saved blocks to rank),
+        its embedding starts now, beside the turn's other work before the decision (`Embedder.embed_soon`), so a
+        message sent cold waits for less of it. Elsewhere nothing starts: the vector is made after the reply (the
+        task focus), not beside the message's decode."""
         soon = getattr(self.embedder, "embed_soon", None)
-        if soon is not None:
+        if soon is not None and self.settings.recovery_top_k != 0 and self.candidates():
             soon(text)
 
     @property

@@ -22,7 +22,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 MATCH_TOLERANCE = 1e-4         # per component of a unit vector: float32 noise is ~1e-7, a wrong graph is ~1e-1
-FORMAT = 2                     # bump when what `export` writes changes: older files are exported again
+FORMAT = 3                     # bump when what `export` writes changes: older files are exported again
 MAX_THREADS = 4                # a short message gains nothing past this; llama.cpp keeps the other cores
 PROBES = ["fn main() { let pool_size = 71; }", "Where is the retry budget set?",
           "def flush(self):\n    \"\"\"Write the queue.\"\"\"\n    return self._queue.drain(timeout=2.5)",
@@ -49,7 +49,8 @@ class OnnxSentenceEncoder:
 
     spins = False
 
-    def __init__(self, onnx_path: Path, tokenizer_path: Path, max_length: int, dimension: int) -> None:
+    def __init__(self, onnx_path: Path, tokenizer_path: Path, max_length: int, dimension: int,
+                 pad_id: int = 0, pad_token: str = "[PAD]") -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -62,7 +63,7 @@ class OnnxSentenceEncoder:
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))       # the model's fast tokenizer, as saved
         self.tokenizer.enable_truncation(max_length)
-        self.tokenizer.enable_padding()                                 # to the batch's longest, with its pad id
+        self.tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)     # to the batch's longest
         self.max_length = max_length
         self.dimension = dimension
 
@@ -94,7 +95,8 @@ def open_exported(model_dir: str | Path, cache_dir: str | Path) -> OnnxSentenceE
         if not record_path.exists():
             return None
         record = json.loads(record_path.read_text())
-        return OnnxSentenceEncoder(onnx_path, tokenizer_path, int(record["max_length"]), int(record["dimension"]))
+        return OnnxSentenceEncoder(onnx_path, tokenizer_path, int(record["max_length"]), int(record["dimension"]),
+                                   int(record["pad_id"]), str(record["pad_token"]))
     except Exception as exc:                       # a damaged file or record, a missing runtime: not used
         log.warning("embedder: the ONNX export of %s in %s is not usable (%s); exporting it again",
                     model_dir, cache_dir, exc)
@@ -132,8 +134,10 @@ def export(model, model_dir: str | Path, cache_dir: str | Path) -> OnnxSentenceE
             model.tokenizer.backend_tokenizer.save(str(tokenizer_path))
             dimension = int(model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension")
                             else model.get_sentence_embedding_dimension())
-            record = {"max_length": int(model.max_seq_length), "dimension": dimension, "model": str(model_dir)}
-            encoder = OnnxSentenceEncoder(onnx_path, tokenizer_path, record["max_length"], dimension)
+            record = {"max_length": int(model.max_seq_length), "dimension": dimension, "model": str(model_dir),
+                      "pad_id": int(model.tokenizer.pad_token_id or 0), "pad_token": str(model.tokenizer.pad_token)}
+            encoder = OnnxSentenceEncoder(onnx_path, tokenizer_path, record["max_length"], dimension,
+                                          record["pad_id"], record["pad_token"])
             record["max_difference"] = diff = _max_difference(model, encoder)
             if diff > MATCH_TOLERANCE:
                 log.warning("embedder: the ONNX export of %s differs by %.2e; kept on sentence-transformers",

@@ -115,3 +115,18 @@ def test_a_plan_is_used_once(rig):
     memory.begin_turn()
     memory.recover(MESSAGE, message_tokens=120, reply_reserve=16)
     assert decided == [MESSAGE, MESSAGE]
+
+
+def test_a_cold_message_is_embedded_early_only_where_a_decision_will_read_it(rig):
+    """`expect_query`: the message's embedding starts at the turn's start when saved blocks are to be ranked; with
+    nothing saved it is left for after the reply, where it would otherwise run beside the message's decode."""
+    started: list[str] = []
+    memory, saved = _conversation(rig)
+    memory.embedder.embed_soon = started.append
+    memory.expect_query(MESSAGE)
+    assert started == [MESSAGE]
+    fresh = rig.memory()
+    rig.add(fresh, "file", 16)
+    fresh.embedder = memory.embedder
+    fresh.expect_query(MESSAGE)
+    assert started == [MESSAGE]                          # nothing saved: nothing started
