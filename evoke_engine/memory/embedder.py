@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -72,7 +72,6 @@ class Embedder:
         self._recent: OrderedDict[str, np.ndarray] = OrderedDict()
         self._recent_lock = threading.Lock()
         self._soon: dict[str, Future] = {}         # texts `embed_soon` started, until `embed_one` takes them
-        self._worker: ThreadPoolExecutor | None = None
 
     @property
     def warming(self) -> bool:
@@ -148,11 +147,16 @@ class Embedder:
         with self._recent_lock:
             if text in self._recent or text in self._soon:
                 return
-            if self._worker is None:
-                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evoke-embedder")
-            self._soon[text] = self._worker.submit(self._encode, [text])
+            self._soon[text] = soon = Future()
             while len(self._soon) > RECENT_TEXTS:         # started for turns that never asked: forgotten
                 self._soon.pop(next(iter(self._soon)))
+
+        def run() -> None:
+            try:
+                soon.set_result(self._encode([text]))
+            except BaseException as exc:                  # noqa: BLE001 - `embed_one` embeds again, and raises
+                soon.set_exception(exc)
+        threading.Thread(target=run, name="evoke-embed-soon", daemon=True).start()   # a thread a text: none idles
 
     def embed_one(self, text: str) -> np.ndarray | None:
         """`text`'s unit vector (None when similarity is off), from the recent texts' when it is one of them, or

@@ -78,7 +78,7 @@ def test_a_text_started_soon_is_embedded_once_and_waited_for():
 def test_soon_starts_nothing_before_the_model_is_loaded():
     embedder = Embedder("not loaded")
     embedder.embed_soon("anything")                       # a load would block the engine: never started here
-    assert embedder._soon == {} and embedder._worker is None
+    assert embedder._soon == {}
 
 
 def test_soon_starts_nothing_on_an_encoder_whose_threads_spin():
@@ -86,7 +86,7 @@ def test_soon_starts_nothing_on_an_encoder_whose_threads_spin():
     model.spins = True                                    # torch: beside the turn's Python it slows both
     embedder = _loaded(model)
     embedder.embed_soon("anything")
-    assert embedder._soon == {} and embedder._worker is None
+    assert embedder._soon == {}
 
 
 def test_texts_started_but_never_asked_for_are_forgotten():
