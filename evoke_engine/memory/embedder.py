@@ -45,8 +45,7 @@ class SentenceTransformerEncoder:
 
     def __init__(self, model) -> None:
         self.model = model
-        size = getattr(model, "get_embedding_dimension", model.get_sentence_embedding_dimension)()
-        self.dimension = int(size) if size else int(self.encode(["dimension"]).shape[1])
+        self.dimension = onnx_encoder.dimension_of(model)
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         return self.model.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
@@ -91,24 +90,21 @@ class Embedder:
                 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
                 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
                 path = self.name or bundled_model_path()
-                onnx = self.backend != "sentence-transformers"
-                encoder = onnx_encoder.open_exported(path, self.cache_dir) if onnx else None
-                if encoder is None:
-                    model = self._sentence_transformer(path)
-                    encoder = (onnx_encoder.export(model, path, self.cache_dir) if onnx else None) or \
-                        SentenceTransformerEncoder(model)
-                self._model = encoder
+                encoder, model = (None, None)
+                if self.backend != "sentence-transformers":
+                    encoder, model = onnx_encoder.load(path, self.cache_dir, self._sentence_transformer)
+                self._model = encoder or SentenceTransformerEncoder(model or self._sentence_transformer(path))
                 log.info("embedder %s runs on %s", path, type(self._model).__name__)
         return self._model
 
     @staticmethod
-    def _sentence_transformer(path: str):
+    def _sentence_transformer(path: str | Path):
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
         log.info("loading embedder %s", path)
-        return SentenceTransformer(path, device="cpu")
+        return SentenceTransformer(str(path), device="cpu")
 
     def warm(self) -> None:
         """Load the model now (the engine does this in the background after the LLM loads)."""
@@ -158,6 +154,17 @@ class Embedder:
                 soon.set_exception(exc)
         threading.Thread(target=run, name="evoke-embed-soon", daemon=True).start()   # a thread a text: none idles
 
+    def _wait(self, soon: Future) -> np.ndarray | None:
+        """`embed_soon`'s vectors, waited for (counted in `embed_s`); None when it failed (the caller embeds
+        again, where the failure raises plainly)."""
+        started = time.perf_counter()
+        try:
+            return soon.result()
+        except Exception:                          # noqa: BLE001 - see above
+            return None
+        finally:
+            self.embed_s += time.perf_counter() - started
+
     def embed_one(self, text: str) -> np.ndarray | None:
         """`text`'s unit vector (None when similarity is off), from the recent texts' when it is one of them, or
         from `embed_soon`'s (waited for; the wait is what `embed_s` counts)."""
@@ -167,12 +174,7 @@ class Embedder:
                 self._recent.move_to_end(text)
                 return kept
             soon = self._soon.pop(text, None)
-        started = time.perf_counter()
-        try:
-            vectors = soon.result() if soon is not None else None
-        except Exception:                          # noqa: BLE001 - embedded again below, where it raises plainly
-            vectors = None
-        self.embed_s += time.perf_counter() - started
+        vectors = self._wait(soon) if soon is not None else None
         if vectors is None:
             vectors = self.embed([text])
         if vectors is None:

@@ -5,7 +5,7 @@ Invariants: an exported model is used only after it gave the vectors sentence-tr
 MATCH_TOLERANCE on probe texts: a padded batch, code, a text past the model's length); its file is named by the
 model folder's content (a changed model is exported again) and written whole (a temporary name, then a rename)
 under a file lock; any failure (onnx or onnxruntime missing, another pipeline, an unwritable cache, a damaged
-file) makes `open_exported` / `export` return None with the reason logged, and the caller keeps
+file) makes `load` give no encoder, with the reason logged, and the caller keeps
 sentence-transformers. Loading an exported model imports neither torch nor sentence-transformers.
 """
 
@@ -16,7 +16,9 @@ import logging
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -82,24 +84,43 @@ class OnnxSentenceEncoder:
         return out
 
 
-def _paths(cache_dir: Path, model_dir: str | Path) -> tuple[Path, Path, Path]:
-    """The export's graph, its tokenizer and its record (written last: the export is whole when it is there)."""
-    name = fingerprint(model_dir)
-    return cache_dir / f"{name}.onnx", cache_dir / f"{name}.tokenizer.json", cache_dir / f"{name}.json"
+class _Files(NamedTuple):
+    """One model's export in the cache: its graph, its tokenizer and its record (written last: whole when there)."""
 
+    graph: Path
+    tokenizer: Path
+    record: Path
 
-def open_exported(model_dir: str | Path, cache_dir: str | Path) -> OnnxSentenceEncoder | None:
-    """The model's checked export from `cache_dir`, or None when there is none (or it cannot be opened)."""
-    try:
-        onnx_path, tokenizer_path, record_path = _paths(Path(cache_dir), model_dir)
-        if not record_path.exists():
-            return None
-        record = json.loads(record_path.read_text())
-        return OnnxSentenceEncoder(onnx_path, tokenizer_path, int(record["max_length"]), int(record["dimension"]),
+    @classmethod
+    def of(cls, model_dir: str | Path, cache_dir: Path) -> _Files:
+        name = fingerprint(model_dir)
+        return cls(cache_dir / f"{name}.onnx", cache_dir / f"{name}.tokenizer.json", cache_dir / f"{name}.json")
+
+    def encoder(self, record: dict) -> OnnxSentenceEncoder:
+        return OnnxSentenceEncoder(self.graph, self.tokenizer, int(record["max_length"]), int(record["dimension"]),
                                    int(record["pad_id"]), str(record["pad_token"]))
+
+
+def load(model_dir: str | Path, cache_dir: str | Path,
+         sentence_transformer: Callable[[str | Path], Any]) -> tuple[OnnxSentenceEncoder | None, Any]:
+    """The model's checked export from `cache_dir`, made now when there is none from the model that
+    `sentence_transformer(model_dir)` loads: (the encoder, the loaded model or None), or (None, the loaded model)
+    when it cannot run here (the reason logged; the caller keeps sentence-transformers)."""
+    cache = Path(cache_dir)
+    files = _Files.of(model_dir, cache)
+    if (ready := _open(files, model_dir)) is not None:
+        return ready, None
+    model = sentence_transformer(model_dir)
+    return _export(model, model_dir, cache, files), model
+
+
+def _open(files: _Files, model_dir: str | Path) -> OnnxSentenceEncoder | None:
+    """The export in `files`, or None when there is none (or it cannot be opened)."""
+    try:
+        return files.encoder(json.loads(files.record.read_text())) if files.record.exists() else None
     except Exception as exc:                       # a damaged file or record, a missing runtime: not used
-        log.warning("embedder: the ONNX export of %s in %s is not usable (%s); exporting it again",
-                    model_dir, cache_dir, exc)
+        log.warning("embedder: the ONNX export of %s (%s) is not usable (%s); exporting it again",
+                    model_dir, files.graph, exc)
         return None
 
 
@@ -113,37 +134,39 @@ def supported(model) -> bool:
     return mean and pooling.get("include_prompt", True) is not False
 
 
-def export(model, model_dir: str | Path, cache_dir: str | Path) -> OnnxSentenceEncoder | None:
-    """Export `model` (a loaded SentenceTransformer from `model_dir`) to `cache_dir`, check it against the model
+def dimension_of(model) -> int:
+    """A loaded SentenceTransformer's vector length (the method's name changed across its versions)."""
+    size = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    return int(size() or model.encode(["dimension"]).shape[1])
+
+
+def _export(model, model_dir: str | Path, cache: Path, files: _Files) -> OnnxSentenceEncoder | None:
+    """Export `model` (a loaded SentenceTransformer from `model_dir`) into `files`, check it against the model
     itself, and return it; None (reason logged) when it is not this shape or the export or the check fails."""
     if not supported(model) or not getattr(model.tokenizer, "is_fast", False):
         log.info("embedder: %s is not an encoder with mean pooling and a fast tokenizer; kept on "
                  "sentence-transformers", model_dir)
         return None
-    cache = Path(cache_dir)
     try:
         from filelock import FileLock
 
         cache.mkdir(parents=True, exist_ok=True)
-        onnx_path, tokenizer_path, record_path = _paths(cache, model_dir)
-        with FileLock(str(onnx_path) + ".lock", timeout=120):
-            if (ready := open_exported(model_dir, cache)) is not None:    # another process exported it meanwhile
+        with FileLock(str(files.graph) + ".lock", timeout=120):
+            if (ready := _open(files, model_dir)) is not None:         # another process exported it meanwhile
                 return ready
-            record_path.unlink(missing_ok=True)                           # whatever is there is not whole
-            _write_graph(model, onnx_path)
-            model.tokenizer.backend_tokenizer.save(str(tokenizer_path))
-            dimension = int(model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension")
-                            else model.get_sentence_embedding_dimension())
-            record = {"max_length": int(model.max_seq_length), "dimension": dimension, "model": str(model_dir),
-                      "pad_id": int(model.tokenizer.pad_token_id or 0), "pad_token": str(model.tokenizer.pad_token)}
-            encoder = OnnxSentenceEncoder(onnx_path, tokenizer_path, record["max_length"], dimension,
-                                          record["pad_id"], record["pad_token"])
+            files.record.unlink(missing_ok=True)                        # whatever is there is not whole
+            _write_graph(model, files.graph)
+            model.tokenizer.backend_tokenizer.save(str(files.tokenizer))
+            record = {"max_length": int(model.max_seq_length), "dimension": dimension_of(model),
+                      "model": str(model_dir), "pad_id": int(model.tokenizer.pad_token_id or 0),
+                      "pad_token": str(model.tokenizer.pad_token)}
+            encoder = files.encoder(record)
             record["max_difference"] = diff = _max_difference(model, encoder)
             if diff > MATCH_TOLERANCE:
                 log.warning("embedder: the ONNX export of %s differs by %.2e; kept on sentence-transformers",
                             model_dir, diff)
                 return None
-            _write_whole(record_path, json.dumps(record).encode())
+            _write_whole(files.record, json.dumps(record).encode())
             log.info("embedder: %s exported to ONNX (max difference %.1e)", model_dir, diff)
             return encoder
     except Exception as exc:                       # onnx missing, a read-only cache, an unexportable graph
