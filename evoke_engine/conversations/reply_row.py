@@ -1,10 +1,12 @@
 """The SQLite row of a reply while it streams, so a crash (kill -9) loses at most the last second of it.
 
 Invariants: the row is created at the reply's first piece, flagged `interrupted` (`store.history.INTERRUPTED`),
-and rewritten at most once per `interval_s` with the text so far; when a piece is handed on, the row holds
-every piece handed on more than `interval_s` earlier. Writes while streaming are best effort (a failure is
-reported once and the reply goes on); `finish` writes the final text unflagged and raises when it cannot, with
-the reply's speed under `extra["metrics"]` (`reply_metrics`), so its footer is shown again after a restart. A
+and rewritten at most once per `interval_s` with the text so far; those writes run on the reply's own writer thread
+(a commit's fsync never stalls the token stream), the newest text replacing one not yet written, and `flush` waits
+for them: once flushed, the row holds every piece handed on more than `interval_s` earlier. Writes while streaming
+are best effort (a failure is reported once, on the streaming thread, and the reply goes on); `finish` flushes,
+writes the final text unflagged and raises when it cannot, with the reply's speed under `extra["metrics"]`
+(`reply_metrics`), so its footer is shown again after a restart. `row_id` is read settled (it flushes first). A
 continued reply (`row_id` and `text` given) grows its own row: the same message, never a new one.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,43 +58,97 @@ class StreamedReply:
         self.on_error = on_error
         self.clock = clock
         self.interval_s = interval_s
-        self.row_id: int | None = row_id        # given: a continued reply's own row
+        self._row_id: int | None = row_id        # given: a continued reply's own row
         self.text = text
         self.writes = 0
         self._written_at: float | None = None
-        self._failed = False
+        self._failed: Exception | None = None     # the first failed write while streaming, until it is reported
+        self._reported = False
+        self._pending: str | None = None          # the newest text handed to the writer, not yet written
+        self._busy = False
+        self._cond = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._finished = False
+
+    @property
+    def row_id(self) -> int | None:
+        """The reply's message id once written (None before its first write, or when that failed)."""
+        self.flush()
+        return self._row_id
 
     def on_token(self, piece: str) -> None:
         self.text += piece
         now = self.clock()
         if self._written_at is None or now - self._written_at >= self.interval_s:
             self._written_at = now                   # a failed write is retried at the same bounded rate
-            self._write(self.text, {INTERRUPTED: True}, best_effort=True)
+            self._hand_over(self.text)
+        self._report_failure()
         if self.forward is not None:
             self.forward(piece)
+
+    def flush(self) -> None:
+        """Wait until every text handed to the writer is written (or has failed)."""
+        with self._cond:
+            while self._pending is not None or self._busy:
+                self._cond.wait()
+        self._report_failure()
 
     def finish(self, text: str, extra: dict[str, Any] | None = None) -> None:
         """Write the reply's final text, no longer flagged, with `extra` (its metrics) (`row_id` names it);
         ReplySaveError when it fails."""
+        self.flush()
+        with self._cond:                             # the writer thread, if any, ends now
+            self._finished = True
+            self._cond.notify_all()
         try:
-            self._write(text, dict(extra or {}), best_effort=False)
+            self._write(text, dict(extra or {}))
         except WRITE_ERRORS as exc:
             raise ReplySaveError(f"the reply could not be saved ({exc}); the turn was rolled back: "
                                  "its message is not in the history, send it again") from exc
 
-    def _write(self, text: str, extra: dict, *, best_effort: bool) -> None:
-        try:
-            if self.row_id is None:
-                self.row_id = self.history.add_message(self.conversation_id, "assistant", text,
-                                                       previous_id=self.previous_id, extra=extra)
-            else:
-                self.history.update_message(self.conversation_id, self.row_id, text, extra=extra)
-            self.writes += 1
-        except WRITE_ERRORS as exc:
-            if not best_effort:
-                raise
-            if not self._failed:
-                self._failed = True
-                log.warning("reply of %s not saved while streaming: %s", self.conversation_id, exc)
-                if self.on_error is not None:
-                    self.on_error(exc)
+    def _hand_over(self, text: str) -> None:
+        with self._cond:
+            self._pending = text
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(target=self._write_pending, name="evoke-reply-row", daemon=True)
+                self._writer.start()
+            self._cond.notify_all()
+
+    def _write_pending(self) -> None:
+        """The writer thread: write the newest handed-over text, flagged interrupted, until none waits; it ends
+        at `finish`, or after two `interval_s` with nothing handed over (the next write starts another)."""
+        while True:
+            with self._cond:
+                if self._pending is None and not self._finished:
+                    self._cond.wait(timeout=max(self.interval_s, 0.05) * 2)
+                if self._pending is None:
+                    self._writer = None
+                    return
+                text, self._pending, self._busy = self._pending, None, True
+            try:
+                self._write(text, {INTERRUPTED: True})
+            except WRITE_ERRORS as exc:
+                if self._failed is None:
+                    self._failed = exc
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _report_failure(self) -> None:
+        """A failed write while streaming, reported once, on the thread that streams."""
+        exc = self._failed
+        if exc is None or self._reported:
+            return
+        self._reported = True
+        log.warning("reply of %s not saved while streaming: %s", self.conversation_id, exc)
+        if self.on_error is not None:
+            self.on_error(exc)
+
+    def _write(self, text: str, extra: dict) -> None:
+        if self._row_id is None:
+            self._row_id = self.history.add_message(self.conversation_id, "assistant", text,
+                                                    previous_id=self.previous_id, extra=extra)
+        else:
+            self.history.update_message(self.conversation_id, self._row_id, text, extra=extra)
+        self.writes += 1

@@ -6,7 +6,8 @@ L2-normalised, so a dot product is a cosine. 'off' disables similarity (every ve
 true only while `warm` runs (a turn then decides without it); `embed_s` only grows. `embed_one` keeps the last
 `RECENT_TEXTS` single texts' vectors, so a message embedded while it was typed (`Engine.embed_ahead`) costs its turn
 nothing; a kept vector is the one embedding the text again gives (the same call on the same text). `embed_soon`
-starts one text on the embedder's own thread; `embed_one` takes it from there (`embed_s` counts the wait).
+starts one text on the embedder's own thread (its tokenizer on the caller's: `feed`, then `run` there, which holds
+no GIL); `embed_one` takes it from there (`embed_s` counts the wait).
 """
 
 from __future__ import annotations
@@ -147,10 +148,17 @@ class Embedder:
             while len(self._soon) > RECENT_TEXTS:         # started for turns that never asked: forgotten
                 self._soon.pop(next(iter(self._soon)))
 
+        model = self._model
+        try:                        # the tokenizer here: the thread then holds the GIL only to start and hand back
+            feed = model.feed([text])
+        except Exception as exc:                          # noqa: BLE001 - `embed_one` embeds again, and raises
+            soon.set_exception(exc)
+            return
+
         def run() -> None:
             try:
-                soon.set_result(self._encode([text]))
-            except BaseException as exc:                  # noqa: BLE001 - `embed_one` embeds again, and raises
+                soon.set_result(np.asarray(model.run(feed), dtype=np.float32))
+            except BaseException as exc:                  # noqa: BLE001 - see above
                 soon.set_exception(exc)
         threading.Thread(target=run, name="evoke-embed-soon", daemon=True).start()   # a thread a text: none idles
 

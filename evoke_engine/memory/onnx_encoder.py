@@ -72,16 +72,25 @@ class OnnxSentenceEncoder:
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
         for start in range(0, len(texts), batch_size):
-            batch = self.tokenizer.encode_batch(texts[start:start + batch_size])
-            feed = {"input_ids": np.array([e.ids for e in batch], dtype=np.int64),
-                    "attention_mask": np.array([e.attention_mask for e in batch], dtype=np.int64),
-                    "token_type_ids": np.array([e.type_ids for e in batch], dtype=np.int64)}
-            hidden = self.session.run(None, {name: feed[name] for name in self.inputs})[0]
-            mask = feed["attention_mask"].astype(np.float32)[:, :, None]
-            pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
-            norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-            out[start:start + len(batch)] = pooled / norms
+            batch = texts[start:start + batch_size]
+            out[start:start + len(batch)] = self.run(self.feed(batch))
         return out
+
+    def feed(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """One batch's model inputs: the tokenizer's ids, padded to the batch's longest (the interpreter's work of
+        an embedding: `Embedder.embed_soon` does it on the caller's thread, so its own thread never waits for
+        the GIL while the caller's Python runs)."""
+        batch = self.tokenizer.encode_batch(texts)
+        return {"input_ids": np.array([e.ids for e in batch], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in batch], dtype=np.int64),
+                "token_type_ids": np.array([e.type_ids for e in batch], dtype=np.int64)}
+
+    def run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        """The batch's unit vectors: the graph (which runs without the GIL), then mean pooling and unit length."""
+        hidden = self.session.run(None, {name: feed[name] for name in self.inputs})[0]
+        mask = feed["attention_mask"].astype(np.float32)[:, :, None]
+        pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
 
 
 class _Files(NamedTuple):

@@ -4,6 +4,9 @@ Invariant: the text of message k is render(messages[:k+1]) minus render(messages
 the concatenation of all message segments is exactly what the template renders; when a
 template does not render prefix-stably, the longest common prefix is used and it is logged.
 Keys starting with `evoke_` (the engine's bookkeeping, e.g. `evoke_turn`) never reach the template.
+A template that renders each message from the message alone (`local`: checked once, on probe conversations, against
+whole renders) renders a segment or a frame after the history's head and its last few messages only (`window`), so
+a turn's renders cost the same at message 10 and at message 400; any other template renders the whole history.
 A `Segment` marks which characters are the message's own content: only the template's markup around
 it may become special tokens (`<|im_start|>` typed by a user or found in a file stays text).
 """
@@ -27,6 +30,10 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\
 _SENTINEL = "\x00EVOKE-REPLY\x00"
 _PROBE = "\x00evoke-next-message\x00"
 _CONTENT = "\x00evoke-message-content\x00"
+WINDOW_MESSAGES = 4          # at least the messages a segment renders after, from a user message on (`window`)
+# Probe conversations `ChatTemplate.local` renders whole and windowed: contents of several shapes, a system message
+# or none, a reply between each two user messages.
+_LOCAL_PROBES = ("short", "two\nlines", "  padded  ", "a longer message with `code` and {braces} in it", "ünïcödé", "")
 
 
 def _raise(message: str) -> None:
@@ -72,6 +79,7 @@ class ChatTemplate:
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         self._template = env.from_string(self.source)
         self._bos, self._eos = bos_token, eos_token
+        self._local: bool | None = None
 
     def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = False,
                tools: list[dict] | None = None) -> str:
@@ -79,8 +87,56 @@ class ChatTemplate:
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      tools=tools or None, bos_token=self._bos, eos_token=self._eos)
 
+    @property
+    def local(self) -> bool:
+        """Whether this template renders a message's segment and the reply's frame alike after a whole history and
+        after its `window` (checked once, on probe conversations with and without a system message: a template that
+        numbers messages, counts turns or looks back at earlier ones is not local, nor one that refuses a probe)."""
+        if self._local is None:
+            self._local = self._renders_locally()
+            if not self._local:
+                log.info("chat template renders messages from their history: every turn renders it whole")
+        return self._local
+
+    def _renders_locally(self) -> bool:
+        try:
+            for head in ([{"role": "system", "content": "probe system"}], []):
+                history = list(head)
+                for i, text in enumerate(_LOCAL_PROBES * 2):
+                    for message in ({"role": "user", "content": f"{text} {i}"},
+                                    {"role": "assistant", "content": f"reply {i}: {text}"}):
+                        short = self._window(history, always=True)
+                        if len(short) < len(history) and (
+                                self._segment(history, message) != self._segment(short, message)
+                                or self._frame(history) != self._frame(short)):
+                            return False
+                        history.append(message)
+        except Exception:  # noqa: BLE001 - a template that refuses a probe renders whole
+            return False
+        return True
+
+    def window(self, history: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
+        """What a segment or frame after `history` is rendered after: for a `local` template, its system message
+        (if first) and its messages from the last user message at or before its last `WINDOW_MESSAGES` on (a
+        turn's tool calls and results stay together); the whole history otherwise."""
+        return self._window(history, always=False)
+
+    def _window(self, history: Sequence[dict[str, Any]], *, always: bool) -> Sequence[dict[str, Any]]:
+        head = 1 if history and history[0].get("role") == "system" else 0
+        if len(history) - head <= WINDOW_MESSAGES or not (always or self.local):
+            return history
+        start = len(history) - WINDOW_MESSAGES
+        while start > head and history[start].get("role") != "user":
+            start -= 1
+        if start <= head:
+            return history
+        return [*history[:head], *history[start:]]
+
     def segment(self, history: Sequence[dict[str, Any]], message: dict[str, Any]) -> str:
         """The text the template adds for `message` after `history`."""
+        return self._segment(self.window(history), message)
+
+    def _segment(self, history: Sequence[dict[str, Any]], message: dict[str, Any]) -> str:
         before = self.render(history) if history else ""
         after = self.render([*history, message])
         return _diff(before, after)
@@ -114,6 +170,9 @@ class ChatTemplate:
 
     def assistant_frame(self, history: Sequence[dict[str, Any]]) -> AssistantFrame:
         """Generation prompt and closing text around an assistant reply after `history`."""
+        return self._frame(self.window(history))
+
+    def _frame(self, history: Sequence[dict[str, Any]]) -> AssistantFrame:
         plain = self.render(history)
         prompted = self.render(history, add_generation_prompt=True)
         opening = _diff(plain, prompted)

@@ -48,6 +48,7 @@ def test_a_streamed_reply_is_written_at_most_once_a_second_and_finalized(tmp_pat
         row = StreamedReply(history, "c", clock=clock, forward=lambda piece: handed.append((clock.now, piece)))
         for i in range(50):                          # 5 s of pieces, one every 0.1 s
             row.on_token(f"w{i} ")
+            row.flush()                              # written on the reply's writer thread
             (saved,) = history.messages("c")
             assert saved.interrupted and saved.role == "assistant"
             # every piece handed on at least a second ago is in the row already
@@ -57,6 +58,35 @@ def test_a_streamed_reply_is_written_at_most_once_a_second_and_finalized(tmp_pat
         row.finish(row.text + "end")
         (saved,) = history.messages("c")
         assert not saved.interrupted and saved.text.endswith("w49 end") and saved.id == row.row_id
+
+
+def test_a_slow_write_never_holds_up_the_stream_and_the_newest_text_is_written(tmp_path):
+    with HistoryDB(tmp_path / "h.sqlite3") as history:
+        history.create_conversation("c", "t", "")
+        gate, entered, streamed_on = threading.Event(), threading.Event(), []
+        real_add = history.add_message
+
+        def slow_add(*args, **kwargs):            # a commit waiting on the disk
+            entered.set()
+            gate.wait(10)
+            return real_add(*args, **kwargs)
+
+        history.add_message = slow_add
+        clock = FakeClock(0.0)
+        row = StreamedReply(history, "c", clock=clock, forward=streamed_on.append)
+        row.on_token("first ")                    # its row's write starts on the writer thread ...
+        assert entered.wait(5)
+        for i in range(5):                        # ... and the stream goes on while it waits
+            clock.now += 1.0
+            row.on_token(f"w{i} ")
+        assert len(streamed_on) == 6 and history.messages("c") == []
+        gate.set()
+        row.flush()
+        (saved,) = history.messages("c")
+        assert saved.text == "first w0 w1 w2 w3 w4 " and saved.interrupted
+        assert row.writes == 2                    # the first text, then only the newest of the five
+        row.finish(row.text + "end")
+        assert [m.text for m in history.messages("c")] == ["first w0 w1 w2 w3 w4 end"]
 
 
 def test_a_failed_write_while_streaming_is_reported_once_and_the_reply_goes_on(tmp_path):

@@ -58,6 +58,7 @@ def test_a_reply_rewritten_while_it_streams_is_found_once_by_its_final_text(hist
     row = StreamedReply(history, "c1", clock=lambda: float(next(clock)), interval_s=1.0)
     for piece in ["Draft ", "about ", "kangaroos ", "and more"]:
         row.on_token(piece)
+    row.flush()                                                                  # the writer thread's last write
     assert texts(history.search("kangaroos")) == ["Draft about kangaroos and more"]   # searchable while streaming
     row.finish("Final answer about wombats.")
     assert history.search("kangaroos") == []

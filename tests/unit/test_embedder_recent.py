@@ -42,7 +42,8 @@ def test_off_keeps_nothing():
 
 
 class _Gated:
-    """An encoder that waits for `gate` and counts its calls (the embedder's model, for `embed_soon`)."""
+    """An encoder that waits for `gate` and counts its calls (the embedder's model, for `embed_soon`: `feed` on the
+    caller's thread, `run` on its own)."""
 
     spins = False
 
@@ -52,10 +53,16 @@ class _Gated:
         self.gate = threading.Event()
         self.calls: list[list[str]] = []
 
-    def encode(self, texts, batch_size=32):
+    def feed(self, texts):                  # the interpreter's part, on the caller's thread
+        return list(texts)
+
+    def run(self, feed):                    # the graph's part, on the embedder's own thread
         self.gate.wait(5)
-        self.calls.append(list(texts))
-        return np.asarray([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
+        self.calls.append(feed)
+        return np.asarray([[float(len(t)), 1.0] for t in feed], dtype=np.float32)
+
+    def encode(self, texts, batch_size=32):
+        return self.run(self.feed(texts))
 
 
 def _loaded(model) -> Embedder:
