@@ -10,7 +10,9 @@ their thin Python wrappers (see breakdown.py), so it is a lower bound of the eng
 reply (`turn_end_s`) is reported apart, in neither. With `typed_ahead`, every other timed turn's message is handed
 to `Engine.prepare_ahead` during the pause before it (as the window does when typing pauses: the input rendered, the
 recovery decided and brought back where it fits) and those turns are reported apart (`typed_ahead`), side by side
-with the others in the same conversation.
+with the others in the same conversation. With `history`, that many short exchanges (a question, a 4-token reply)
+come after the document and before the warm-up: the timed turns then follow a day's worth of messages, as a long
+conversation's do (what grows with the history, not the blocks, shows there).
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def _figures(rows: list[dict]) -> dict:
             _percentile([r["outside_llama_s"] for r in rows], 0.5) <= 0.002}
 
 
-def _one_count(n_blocks: int, turns: int, threads: int, max_tokens: int, typed_ahead: bool = False) -> dict:
+def _one_count(n_blocks: int, turns: int, threads: int, max_tokens: int, typed_ahead: bool = False,
+               history: int = 0) -> dict:
     budget = max(1024, n_blocks * BLOCK_TOKENS // 4)
     settings = Settings(home=tempfile.mkdtemp(prefix="evoke-overhead-"), budget_tokens=budget, n_ctx=4 * budget,
                         slots=1, n_threads=threads, recovery="kv_restore", block_tokens=BLOCK_TOKENS,
@@ -70,6 +73,8 @@ def _one_count(n_blocks: int, turns: int, threads: int, max_tokens: int, typed_a
         conv = engine.new_conversation(system_prompt=SYSTEM, tools=[])
         doc = document("svc", int(n_blocks * BLOCK_TOKENS * TOKENS_PER_HINT))
         conv.send("Read this file and reply OK.", [("svc.txt", doc)], max_tokens=2, temperature=0)
+        for i in range(history):                                    # never timed
+            conv.send(f"Note {i}: {SHORT[i % len(SHORT)]}", max_tokens=4, temperature=0)
         blocks = [b for b in conv.stats().blocks if not b.get("shared")]
         rows: list[dict] = []
         typed: list[dict] = []
@@ -84,12 +89,13 @@ def _one_count(n_blocks: int, turns: int, threads: int, max_tokens: int, typed_a
                 (typed if ahead else rows).append(reply.breakdown)
         stats = conv.stats()
     log.info("overhead at %d blocks: %d turns", len(blocks), len(rows) + len(typed))
-    return {"blocks_asked": n_blocks, "blocks": len(blocks),
+    return {"blocks_asked": n_blocks, "blocks": len(blocks), "messages_before": 2 + 2 * history,
             "saved_blocks": sum(b.get("state") != "resident" for b in stats.blocks),
             "budget_tokens": budget, **_figures(rows), **({"typed_ahead": _figures(typed)} if typed_ahead else {})}
 
 
 def run(*, blocks: tuple[int, ...] = (50, 300), turns: int = 20, threads: int = 0, max_tokens: int = 8,
-        typed_ahead: bool = False) -> dict:
+        typed_ahead: bool = False, history: int = 0) -> dict:
     return {"bench": "overhead", "block_tokens": BLOCK_TOKENS, "max_tokens": max_tokens, "typed_ahead": typed_ahead,
-            "counts": {str(n): _one_count(n, turns, threads, max_tokens, typed_ahead) for n in blocks}}
+            "history": history,
+            "counts": {str(n): _one_count(n, turns, threads, max_tokens, typed_ahead, history) for n in blocks}}
