@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 
 K1, B = 1.2, 0.75                    # the usual BM25 constants (Robertson et al.)
@@ -54,29 +54,44 @@ def terms(text: str) -> list[str]:
     return out
 
 
-def bm25_lines(lines: Mapping[str, list[str]], query: str) -> dict[str, float]:
+def bm25_lines(lines: Mapping[str, Sequence[str]], query: str) -> dict[str, float]:
     """Best-line BM25 of each key's lines for the query's distinct terms; keys without a matching line are
-    absent. Document frequencies and lengths are those of all the given lines."""
+    absent. Document frequencies and lengths are those of all the given lines (summed from each key's own, which
+    are kept per distinct set of lines: a decision reads the same blocks' lines turn after turn)."""
     wanted = list(dict.fromkeys(terms(query)))
     if not wanted:
         return {}
-    docs = [(key, bag) for key, key_lines in lines.items() for line in key_lines if (bag := line_bag(line))[1]]
-    if not docs:
+    keyed = [(key, _lines_summary(tuple(key_lines))) for key, key_lines in lines.items()]
+    n = sum(len(docs) for _, (docs, _, _) in keyed)
+    if not n:
         return {}
-    n = len(docs)
-    avg = sum(length for _, (_, length) in docs) / n
+    avg = sum(length for _, (_, _, length) in keyed) / n
     wanted_set = set(wanted)
-    df = Counter(t for _, (bag, _) in docs for t in wanted_set.intersection(bag))
+    df: Counter = Counter()
+    for _, (_, key_df, _) in keyed:
+        for t in wanted_set.intersection(key_df):
+            df[t] += key_df[t]
     idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in wanted if df[t]}
     best: dict[str, float] = {}
-    for key, (bag, length) in docs:
-        if bag.keys().isdisjoint(idf):
+    for key, (docs, key_df, _) in keyed:
+        if key_df.keys().isdisjoint(idf):
             continue
-        score = sum(idf[t] * bag[t] * (K1 + 1) / (bag[t] + K1 * (1 - B + B * length / avg))
-                    for t in idf if t in bag)
-        if score > 0:
-            best[key] = max(best.get(key, 0.0), score)
+        for bag, length in docs:
+            if bag.keys().isdisjoint(idf):
+                continue
+            score = sum(idf[t] * bag[t] * (K1 + 1) / (bag[t] + K1 * (1 - B + B * length / avg))
+                        for t in idf if t in bag)
+            if score > 0:
+                best[key] = max(best.get(key, 0.0), score)
     return best
+
+
+@lru_cache(maxsize=1 << 14)
+def _lines_summary(key_lines: tuple[str, ...]) -> tuple[tuple[tuple[Counter, int], ...], Counter, int]:
+    """One key's lines for `bm25_lines`: the (bag, length) of each line that has terms, in how many of them each
+    term occurs, and their total length."""
+    docs = tuple(bag for line in key_lines if (bag := line_bag(line))[1])
+    return docs, Counter(t for bag, _ in docs for t in bag), sum(length for _, length in docs)
 
 
 @lru_cache(maxsize=1 << 16)

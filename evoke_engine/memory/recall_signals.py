@@ -182,6 +182,19 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: boo
     return {key: cache[key] for key in keys if key in cache}
 
 
+def cached_lines(embedder: Embedder, keys: Iterable[str]) -> dict[str, tuple[list[str], np.ndarray | None]]:
+    """`line_vectors` without `compute`, by `line_key`: the cached lines and vectors of these keys (a decision on the
+    critical path computes each block's key once and embeds nothing)."""
+    cache = _line_cache.setdefault(embedder, OrderedDict())
+    found = {}
+    for key in keys:
+        entry = cache.get(key)
+        if entry is not None:
+            cache.move_to_end(key)
+            found[key] = entry
+    return found
+
+
 def code_words(line: str) -> str:
     """The line as the embedder reads it: identifiers split into words (`MAX_UPLOAD_CHUNK_BYTES = 4096` ->
     `MAX UPLOAD CHUNK BYTES = 4096`, `maxConcurrentJobs` -> `max Concurrent Jobs`); prose is unchanged."""
@@ -286,27 +299,36 @@ class RecallSignal:
                                                   query_text)
             lexical = {b: by_hash[b.hash] for b in pool if b.hash in by_hash}
         by_lines = dense_kind == "lines" and query is not None and embedder.enabled
-        vectors = line_vectors(embedder, pool, file_names=file_names, skip_questions=skip_questions,
-                               line_context=line_context, compute=embed_lines) if by_lines else {}
+        keys = {b: line_key(b, file_names, skip_questions, line_context) for b in pool} if by_lines else {}
+        if not by_lines:
+            vectors = {}
+        elif embed_lines:
+            vectors = line_vectors(embedder, pool, file_names=file_names, skip_questions=skip_questions,
+                                   line_context=line_context)
+        else:
+            vectors = cached_lines(embedder, keys.values())
         if callable(query):              # a message's vector made meanwhile (`Embedder.embed_soon`): needed from here
             query = query()
-        block_cos = {b: _cos(b.embedding, query) for b in pool}
-        dense = dict(block_cos)
+        self._query = query
+        dense: dict[Block, float] = {}                 # in the pool's order: ties rank in it
         best_line: dict[Block, tuple[list[str], np.ndarray]] = {}     # its lines and their similarities
         pending: set[Block] = set()
-        if by_lines and query is not None:
-            for block in pool:
-                key = line_key(block, file_names, skip_questions, line_context)
-                if key not in vectors and block.text.strip():
-                    pending.add(block)
-                    continue
-                lines, matrix = vectors.get(key, ([], None))
-                if skip_questions and block.role == "user" and not lines:
-                    dense[block] = -1.0                # all of it asks: no line to match, last in the dense order
-                elif matrix is not None and len(lines):
-                    sims = matrix @ query
-                    dense[block] = float(sims.max())
-                    best_line[block] = (lines, sims)
+        lines_apply = by_lines and query is not None
+        for block in pool:
+            value = None
+            if lines_apply:
+                entry = vectors.get(keys[block])
+                if entry is None and block.text.strip():
+                    pending.add(block)                 # not embedded yet: its block vector ranks it
+                else:
+                    lines, matrix = entry or ([], None)
+                    if skip_questions and block.role == "user" and not lines:
+                        value = -1.0                   # all of it asks: no line to match, last in the dense order
+                    elif matrix is not None and len(lines):
+                        sims = matrix @ query
+                        value = float(sims.max())
+                        best_line[block] = (lines, sims)
+            dense[block] = _cos(block.embedding, query) if value is None else value
         # the message asks for a value: only lines that hold one set a block's dense score (`value_lines`)
         self._value_margin = value_line_scores(best_line, dense) if value_lines and best_line else None
         dense_rank = _ranks(dense)
@@ -325,7 +347,7 @@ class RecallSignal:
         self.score_of = score
         # what `explain` reads, kept as computed: a decision explains only the few blocks it picks
         self._kinds = (dense_kind, lexical_kind)
-        self._block_cos, self._dense, self._best_line, self._pending = block_cos, dense, best_line, pending
+        self._dense, self._best_line, self._pending = dense, best_line, pending
         self._lexical, self._lexical_rank, self._dense_rank = lexical, lexical_rank, dense_rank
         self._blocked: set[Block] = set()
         self._gate_user(saved, dense, score, user_margin)
@@ -368,10 +390,10 @@ class RecallSignal:
 
     def explain(self, block: Block) -> dict:
         """The signal values behind `block`'s score (its recovery event and decision record)."""
-        if block not in self._block_cos:
+        if block not in self._dense:
             return {}
         dense_kind, lexical_kind = self._kinds
-        detail = {"signal": self.mode, "block_cosine": round(self._block_cos[block], 3)}
+        detail = {"signal": self.mode, "block_cosine": round(_cos(block.embedding, self._query), 3)}
         if block in self._best_line:
             lines, sims = self._best_line[block]
             at = int(np.argmax(sims))
