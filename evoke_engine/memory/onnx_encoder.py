@@ -5,8 +5,9 @@ Invariants: an exported model is used only after it gave the vectors sentence-tr
 MATCH_TOLERANCE on probe texts: a padded batch, code, a text past the model's length); its file is named by the
 model folder's content (a changed model is exported again) and written whole (a temporary name, then a rename)
 under a file lock; any failure (onnx or onnxruntime missing, another pipeline, an unwritable cache, a damaged
-file) makes `load` give no encoder, with the reason logged, and the caller keeps
-sentence-transformers. Loading an exported model imports neither torch nor sentence-transformers.
+file) makes `load` give no encoder, with the reason logged, and the caller keeps sentence-transformers; an
+export opened or made removes those of older formats (`prune_older_formats`). Loading an exported model imports
+neither torch nor sentence-transformers.
 """
 
 from __future__ import annotations
@@ -118,9 +119,12 @@ def load(model_dir: str | Path, cache_dir: str | Path,
     cache = Path(cache_dir)
     files = _Files.of(model_dir, cache)
     if (ready := _open(files, model_dir)) is not None:
+        prune_older_formats(cache)
         return ready, None
     model = sentence_transformer(model_dir)
-    return _export(model, model_dir, cache, files), model
+    if (made := _export(model, model_dir, cache, files)) is not None:
+        prune_older_formats(cache)
+    return made, model
 
 
 def _open(files: _Files, model_dir: str | Path) -> OnnxSentenceEncoder | None:
@@ -181,6 +185,27 @@ def _export(model, model_dir: str | Path, cache: Path, files: _Files) -> OnnxSen
     except Exception as exc:                       # onnx missing, a read-only cache, an unexportable graph
         log.warning("embedder: no ONNX export of %s (%s); kept on sentence-transformers", model_dir, exc)
         return None
+
+
+def prune_older_formats(cache: Path) -> list[str]:
+    """Remove the files of exports an older `FORMAT` wrote (this code never opens them again; ~90 MB each); the
+    names removed. A file another process holds open where that forbids it (Windows) stays, for the next export."""
+    removed: list[str] = []
+    try:
+        paths = sorted(cache.iterdir())
+    except OSError:
+        return removed
+    for path in paths:
+        version, sep, _ = path.name.partition("-")
+        if sep and version.isdigit() and int(version) < FORMAT:
+            try:
+                path.unlink()
+                removed.append(path.name)
+            except OSError as exc:
+                log.info("embedder: an old export %s stays (%s)", path, exc)
+    if removed:
+        log.info("embedder: removed %d files of older exports from %s", len(removed), cache)
+    return removed
 
 
 def _write_graph(model, onnx_path: Path) -> None:

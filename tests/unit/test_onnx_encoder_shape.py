@@ -47,3 +47,14 @@ def test_the_fingerprint_follows_the_folder_content(tmp_path):
     assert onnx_encoder.fingerprint(tmp_path) == first
     (tmp_path / "sub" / "weights.bin").write_bytes(b"\x00" * 9 + b"\x01")
     assert onnx_encoder.fingerprint(tmp_path) != first
+
+
+def test_a_new_export_removes_only_the_exports_of_older_formats(tmp_path):
+    current, older = onnx_encoder.FORMAT, onnx_encoder.FORMAT - 1
+    names = [f"{older}-abc.onnx", f"{older}-abc.json", f"{older}-abc.tokenizer.json", f"{older}-abc.onnx.lock",
+             f"{current}-abc.onnx", f"{current}-def.json", "notes-1.txt", "x.onnx"]
+    for name in names:
+        (tmp_path / name).write_text("x")
+    removed = onnx_encoder.prune_older_formats(tmp_path)
+    assert sorted(removed) == sorted(names[:4])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[4:])
