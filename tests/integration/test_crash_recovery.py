@@ -104,6 +104,7 @@ def test_a_failed_write_while_streaming_is_reported_once_and_the_reply_goes_on(t
         for i in range(30):
             row.on_token(f"{i},")
             clock.now += 0.5
+        row.flush()                                  # the writer thread's failure, reported here at the latest
         assert len(errors) == 1 and len(pieces) == 30 and row.row_id is None
         with pytest.raises(ReplySaveError, match="could not be saved"):
             row.finish(row.text)
