@@ -109,7 +109,7 @@ class StreamedReply:
     def _hand_over(self, text: str) -> None:
         with self._cond:
             self._pending = text
-            if self._writer is None or not self._writer.is_alive():
+            if self._writer is None:                 # it clears this, under the lock, as it ends
                 self._writer = threading.Thread(target=self._write_pending, name="evoke-reply-row", daemon=True)
                 self._writer.start()
             self._cond.notify_all()

@@ -150,26 +150,25 @@ def file_name_line(file_name: str) -> str:
 
 
 def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: bool = False,
-                 skip_questions: bool = False, line_context: bool = False, before: Callable[[Block], str] | None = None,
-                 compute: bool = True) -> dict[str, tuple[list[str], np.ndarray | None]]:
+                 skip_questions: bool = False, line_context: bool = False,
+                 before: Callable[[Block], str] | None = None) -> dict[str, tuple[list[str], np.ndarray | None]]:
     """Lines and their unit vectors for each block (by `line_key`), embedded in one batch where missing; with
     `file_names`, a file's block has its file's name as one more line; with `skip_questions`, a user message's
     lines are its `fact_lines` (none, when all of it asks); with `line_context`, structured lines are embedded
-    spelled out (`before(block)`: its file's text ahead of it, for parent keys). Without `compute`, only what is
-    cached already (a decision on the critical path: a block without them falls back to its block vector)."""
+    spelled out (`before(block)`: its file's text ahead of it, for parent keys). A decision on the critical path
+    embeds nothing: it reads `cached_lines`."""
     cache = _line_cache.setdefault(embedder, OrderedDict())
-    blocks = [b for b in blocks if b.text.strip()]
+    keys = {b: line_key(b, file_names, skip_questions, line_context) for b in blocks if b.text.strip()}
     missing: dict[str, list[str]] = {}
-    for block in blocks:
-        key = line_key(block, file_names, skip_questions, line_context)
+    for block, key in keys.items():
         if key in cache:
-            cache.move_to_end(key)
-        elif compute and key not in missing:
+            cache.move_to_end(key)                     # kept through this call's own evictions
+        elif key not in missing:
             ahead = before(block) if line_context and before is not None and block.file_name else ""
             lines = fact_lines(block, skip_questions, line_context, ahead)
             named = file_names and bool(block.file_name)
             missing[key] = [*lines, file_name_line(block.file_name)] if named else lines
-    if missing and compute:
+    if missing:
         flat = [code_words(line) for lines in missing.values() for line in lines]
         vectors = embedder.embed(flat) if flat else None
         at = 0
@@ -178,13 +177,12 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: boo
             at += len(lines)
         while len(cache) > CACHE_BLOCKS:
             cache.popitem(last=False)
-    keys = {line_key(b, file_names, skip_questions, line_context) for b in blocks}
-    return {key: cache[key] for key in keys if key in cache}
+    return cached_lines(embedder, keys.values())
 
 
 def cached_lines(embedder: Embedder, keys: Iterable[str]) -> dict[str, tuple[list[str], np.ndarray | None]]:
-    """`line_vectors` without `compute`, by `line_key`: the cached lines and vectors of these keys (a decision on the
-    critical path computes each block's key once and embeds nothing)."""
+    """The cached lines and vectors of these `line_key`s, each marked recently used (a decision on the critical
+    path computes each block's key once and embeds nothing)."""
     cache = _line_cache.setdefault(embedder, OrderedDict())
     found = {}
     for key in keys:

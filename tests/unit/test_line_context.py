@@ -16,6 +16,7 @@ from evoke_engine.memory.line_context import file_words, identifier_words, paren
 from evoke_engine.memory.memory import ConversationMemory
 from evoke_engine.memory.recall_signals import (
     LINE_CONTEXT_VERSION,
+    cached_lines,
     export_lines,
     fact_lines,
     line_key,
@@ -116,8 +117,8 @@ def test_vectors_of_the_written_line_are_not_taken_for_the_spelled_out_one():
     assert list(stored) == [block.hash]
     fresh = CountingEmbedder()
     assert seed_lines(fresh, stored) == 1
-    assert line_vectors(fresh, [block], compute=False) != {}                      # the lever off: reused
-    assert line_vectors(fresh, [block], line_context=True, compute=False) == {}   # on: not taken for the new text
+    assert cached_lines(fresh, [line_key(block)]) != {}                            # the lever off: reused
+    assert cached_lines(fresh, [line_key(block, line_context=True)]) == {}        # on: not taken for the new text
     assert fresh.texts == []
     line_vectors(fresh, [block], line_context=True)
     assert any("database pool size: 20" in text for text in fresh.texts)
