@@ -4,7 +4,9 @@
 Invariants: one engine per block count (the embedded model, the configured embedder, `kv_restore`), its conversation
 built from one attached document cut into that many blocks under a budget that holds a fraction of them (so every
 turn's recovery decision ranks them all); the warm-up turns are never timed; every timed turn is a new short
-question with a short greedy reply; the figures are the breakdown's, nothing re-measured here. Outside llama.cpp =
+question with a short greedy reply; the figures are the breakdown's, nothing re-measured here but the floor: after each turn sent cold, with the engine
+idle, the same message is embedded again alone by the engine's embedder (`message_embedding_alone_s`: no overlap,
+no contention; the least a cold turn's own embedding of its message costs on this machine). Outside llama.cpp =
 the recovery decision + embedding the message + the engine's Python (the remainder); the llama.cpp phases carry
 their thin Python wrappers (see breakdown.py), so it is a lower bound of the engine's share; the work after the
 reply (`turn_end_s`) is reported apart, in neither. With `typed_ahead`, every other timed turn's message is handed
@@ -62,6 +64,16 @@ def _figures(rows: list[dict]) -> dict:
             _percentile([r["outside_llama_s"] for r in rows], 0.5) <= 0.002}
 
 
+def _embedding_alone(engine: Engine, embedder, message: str) -> float:
+    """`message` embedded again by `embedder` (not its kept vector: `embed`, the tokenizer and the graph) once the
+    engine is idle (the pause lets the idle embedding of the turn's blocks run first): its seconds."""
+    time.sleep(PAUSE_S)
+    engine.wait_idle()
+    started = time.perf_counter()
+    embedder.embed([message])
+    return time.perf_counter() - started
+
+
 def _one_count(n_blocks: int, turns: int, threads: int, max_tokens: int, typed_ahead: bool = False,
                history: int = 0) -> dict:
     budget = max(1024, n_blocks * BLOCK_TOKENS // 4)
@@ -78,6 +90,8 @@ def _one_count(n_blocks: int, turns: int, threads: int, max_tokens: int, typed_a
         blocks = [b for b in conv.stats().blocks if not b.get("shared")]
         rows: list[dict] = []
         typed: list[dict] = []
+        alone: list[float] = []
+        embedder = engine.diagnostics().embedder
         for turn in range(WARM_TURNS + turns):
             time.sleep(PAUSE_S)
             message = f"{SHORT[turn % len(SHORT)]} (question {turn})"
@@ -87,11 +101,13 @@ def _one_count(n_blocks: int, turns: int, threads: int, max_tokens: int, typed_a
             reply = conv.submit(message, max_tokens=max_tokens, temperature=0).result()
             if turn >= WARM_TURNS and reply.breakdown.get("first_token"):
                 (typed if ahead else rows).append(reply.breakdown)
+                if not ahead:
+                    alone.append(_embedding_alone(engine, embedder, message))
         stats = conv.stats()
     log.info("overhead at %d blocks: %d turns", len(blocks), len(rows) + len(typed))
     return {"blocks_asked": n_blocks, "blocks": len(blocks), "messages_before": 2 + 2 * history,
             "saved_blocks": sum(b.get("state") != "resident" for b in stats.blocks),
-            "budget_tokens": budget, **_figures(rows), **({"typed_ahead": _figures(typed)} if typed_ahead else {})}
+            "budget_tokens": budget, **_figures(rows), "message_embedding_alone_s": _summary(alone), **({"typed_ahead": _figures(typed)} if typed_ahead else {})}
 
 
 def run(*, blocks: tuple[int, ...] = (50, 300), turns: int = 20, threads: int = 0, max_tokens: int = 8,

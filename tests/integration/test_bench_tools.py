@@ -56,3 +56,4 @@ def test_bench_overhead_reports_the_typed_ahead_turns_apart():
     result = run(blocks=(50,), turns=4, max_tokens=2, typed_ahead=True, history=2)["counts"]["50"]  # some evicted
     assert result["turns"] == 2 and result["typed_ahead"]["turns"] == 2 and result["messages_before"] == 6
     assert result["typed_ahead"]["embed_s"]["p50"] == 0 and result["embed_s"]["p50"] > 0
+    assert result["message_embedding_alone_s"]["n"] == 2 and result["message_embedding_alone_s"]["p50"] > 0
