@@ -531,6 +531,15 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         else:
             self.bridge.call(self.engine.embed_ahead, text, on_error=lambda _exc: None)
 
+    def draft_typed(self, text: str) -> None:
+        """The user paused a moment typing `text` (`DRAFT_EMBED_MS`): its vector starts now, beside the GUI and the
+        idle engine (`Engine.embed_draft`), so an Enter right after the last keystroke, before the draft settles,
+        decides its recovery without waiting for it. Nothing while a reply streams (it would slow the decode: the
+        settled draft is embedded after the turn instead)."""
+        text = text.strip()
+        if text and self.engine is not None and self.model_state == "ready" and not self.generating:
+            self.engine.embed_draft(text)
+
     def send(self, text: str, **options: Any) -> bool:
         """Send `text` with the pending attachments; False when nothing can be sent now (the text stays).
 

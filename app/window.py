@@ -231,6 +231,7 @@ class MainWindow(QMainWindow):
         c.messageRevealed.connect(self.chat.reveal)
         self.input.submitted.connect(self.send)
         self.input.draftSettled.connect(c.draft_settled)
+        self.input.draftTyped.connect(c.draft_typed)
         self.input.stopClicked.connect(c.stop)
         self.input.attachClicked.connect(self.attach_files)
         self.input.removeAttachment.connect(c.remove_attachment)

@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     p.add_argument("--typed-ahead", action="store_true", help="every other turn's message embedded during the pause "
                    "before it (the window's draft hand-off), reported apart")
+    p.add_argument("--embedded-ahead", action="store_true", help="a turn in each cycle has its message's vector "
+                   "started just before Enter (the window's short typing pause), reported apart")
     p.add_argument("--history", type=int, default=0, help="short exchanges before the timed turns (a long "
                    "conversation's history)")
     p = sub.add_parser("day", help="issue 46: 30 facts over a 32K-token coding day, probed 2K-25K tokens later, "
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         from .overhead import run
 
         result = run(blocks=args.blocks, turns=args.turns, threads=args.threads, max_tokens=args.max_tokens,
-                     typed_ahead=args.typed_ahead, history=args.history)
+                     typed_ahead=args.typed_ahead, history=args.history, embedded_ahead=args.embedded_ahead)
     else:
         from . import conversations
         from .llama_server import check_binary

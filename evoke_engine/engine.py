@@ -511,6 +511,15 @@ class Engine:
                 model.embedder.embed_one(text)
         return self.thread.submit(embed, priority=BACKGROUND, command=Command.EMBED)
 
+    def embed_draft(self, text: str) -> None:
+        """The user is typing `text` (a short pause): its vector starts now on the embedder's own thread, not the
+        engine's, so an Enter right after the last keystroke finds it made or on its way (`Embedder.embed_soon`) and
+        never waits behind it. Nothing when the model is unloaded (typing loads nothing), similarity is off, the
+        embedder is warming, or the text is kept or on its way already. Callable from any thread."""
+        model = self.model
+        if model is not None and text.strip():
+            model.embedder.embed_soon(text)
+
     def prepare_ahead(self, conversation_id: str, text: str, attachments: Sequence[Attachment] = (), *,
                       max_tokens: int | None = None) -> Future:
         """The user paused typing `text` into `conversation_id`: on idle time (BACKGROUND) the message is embedded

@@ -82,13 +82,15 @@ class AttachmentChip(QWidget):
 
 
 DRAFT_PAUSE_MS = 300         # typing paused this long: the draft is handed on as settled
+DRAFT_EMBED_MS = 60          # paused this long (between two keystrokes, or before Enter): the draft's vector starts
 
 
 class InputBar(QWidget):
     """Chips above a prompt box, with attach and send/stop buttons."""
 
     submitted = Signal(str)
-    draftSettled = Signal(str)     # the text, once typing has paused (the engine embeds it ahead of Enter)
+    draftSettled = Signal(str)     # the text, once typing has paused (the engine prepares its turn ahead of Enter)
+    draftTyped = Signal(str)       # the text, at each short pause (the engine starts its vector ahead of Enter)
     stopClicked = Signal()
     attachClicked = Signal()
     removeAttachment = Signal(int)
@@ -116,6 +118,9 @@ class InputBar(QWidget):
         self._settle = QTimer(self, singleShot=True, interval=DRAFT_PAUSE_MS)
         self._settle.timeout.connect(lambda: self.draftSettled.emit(self.prompt.toPlainText()))
         self.prompt.textChanged.connect(self._settle.start)
+        self._typed = QTimer(self, singleShot=True, interval=DRAFT_EMBED_MS)
+        self._typed.timeout.connect(lambda: self.draftTyped.emit(self.prompt.toPlainText()))
+        self.prompt.textChanged.connect(self._typed.start)
         self.send_button = QPushButton("Send", objectName="sendButton")
         self.send_button.setIcon(icon("send"))
         self.send_button.clicked.connect(self._submit)

@@ -158,6 +158,24 @@ def test_a_paused_draft_goes_to_the_engine_before_enter(desk, qtbot, monkeypatch
     prompt.clear()
 
 
+def test_a_short_pause_in_typing_starts_the_drafts_vector(desk, qtbot, monkeypatch):
+    """Issue 44: at each short pause (`DRAFT_EMBED_MS`, well before the draft settles) the stripped draft goes to
+    `Engine.embed_draft`, so an Enter right after the last keystroke finds its vector on its way; not while a
+    reply streams."""
+    fresh_conversation(desk, qtbot)
+    started: list[str] = []
+    monkeypatch.setattr(desk.c.engine, "embed_draft", started.append)
+    prompt = desk.w.input.prompt
+    with qtbot.wait_signal(desk.w.input.draftTyped, timeout=5000) as typed:
+        qtbot.keyClicks(prompt, "  where is the flag set?  ")
+    assert typed.args == ["  where is the flag set?  "]
+    qtbot.wait_until(lambda: started == ["where is the flag set?"], timeout=5000)
+    monkeypatch.setattr(type(desk.c), "generating", property(lambda self: True))
+    desk.c.draft_typed("and where is it read?")
+    assert started == ["where is the flag set?"]
+    prompt.clear()
+
+
 def test_a_large_paste_offers_to_attach_it_as_a_file(desk, qtbot):
     prompt, big = desk.w.input.prompt, "\n".join(f"line {i}: value = {i * i}" for i in range(80))
     prompt.clear()

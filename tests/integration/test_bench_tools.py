@@ -53,7 +53,10 @@ def test_bench_overhead_reports_the_typed_ahead_turns_apart():
     """Issue 44: turns whose message was embedded while typed spend nothing embedding; the others embed theirs."""
     from benchmarks.overhead import run
 
-    result = run(blocks=(50,), turns=4, max_tokens=2, typed_ahead=True, history=2)["counts"]["50"]  # some evicted
-    assert result["turns"] == 2 and result["typed_ahead"]["turns"] == 2 and result["messages_before"] == 6
+    result = run(blocks=(50,), turns=6, max_tokens=2, typed_ahead=True, history=2,
+                 embedded_ahead=True)["counts"]["50"]                                  # some evicted
+    assert result["messages_before"] == 6
+    assert result["turns"] == result["typed_ahead"]["turns"] == result["embedded_ahead"]["turns"] == 2
     assert result["typed_ahead"]["embed_s"]["p50"] == 0 and result["embed_s"]["p50"] > 0
+    assert result["typed_ahead"]["decide_s"]["p50"] < result["decide_s"]["p50"]      # decided while typed
     assert result["message_embedding_alone_s"]["n"] == 2 and result["message_embedding_alone_s"]["p50"] > 0

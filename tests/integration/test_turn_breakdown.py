@@ -4,6 +4,7 @@ conversation's stats carry the last turn's, and the reply's stored metrics keep 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from evoke_engine import Engine, Settings
@@ -50,3 +51,23 @@ def test_a_message_embedded_while_typed_costs_its_turn_no_embedding(tmp_path):
         engine.embed_ahead(draft).result()
         typed = conv.submit(draft, max_tokens=2, temperature=0).result()
         assert typed.breakdown["decide_s"] > 0 and typed.breakdown["embed_s"] == 0
+
+
+def test_a_draft_embedded_as_it_is_typed_is_not_embedded_again_by_its_turn(tmp_path):
+    """The window starts a draft's vector at a short pause (`Engine.embed_draft`, on the embedder's own thread): the
+    turn that sends that text right after decides with that very vector; another text is embedded by its turn."""
+    settings = Settings(home=str(tmp_path), budget_tokens=256, n_ctx=2048, slots=1, block_tokens=32)
+    with Engine(settings, prewarm=False, scheduler=False) as engine:
+        conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
+        notes = "\n".join(f"Note {i}: the cache on host {i} is flushed at {i}:15 every night." for i in range(30))
+        conv.send("Keep these notes.", [("notes.txt", notes)], max_tokens=2, temperature=0)
+        engine.wait_idle()                               # the embedder warmed, the blocks' vectors made
+        embedder = engine.diagnostics().embedder
+        draft = "And the cache on host 12: when is that one flushed?"
+        engine.embed_draft(draft)
+        started = embedder._soon[draft]                  # on its way at once
+        reply = conv.submit(draft, max_tokens=2, temperature=0).result()
+        assert conv.stats().evictions > 0 and reply.breakdown["decide_s"] > 0
+        assert draft not in embedder._soon and np.shares_memory(embedder.embed_one(draft), started.result())
+        other = conv.submit("When is the cache on host 3 flushed?", max_tokens=2, temperature=0).result()
+        assert other.breakdown["embed_s"] > 0
