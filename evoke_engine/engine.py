@@ -515,10 +515,11 @@ class Engine:
         """The user is typing `text` (a short pause): its vector starts now on the embedder's own thread, not the
         engine's, so an Enter right after the last keystroke finds it made or on its way (`Embedder.embed_soon`) and
         never waits behind it. Nothing when the model is unloaded (typing loads nothing), similarity is off, the
-        embedder is warming, or the text is kept or on its way already. Callable from any thread."""
+        embedder is warming, the text is kept or on its way already, or an earlier draft is still embedding (a long
+        draft typed fast: the next pause starts the newest). Callable from any thread."""
         model = self.model
         if model is not None and text.strip():
-            model.embedder.embed_soon(text)
+            model.embedder.embed_soon(text, unless_busy=True)
 
     def prepare_ahead(self, conversation_id: str, text: str, attachments: Sequence[Attachment] = (), *,
                       max_tokens: int | None = None) -> Future:

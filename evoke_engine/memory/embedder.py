@@ -134,15 +134,18 @@ class Embedder:
     def _encode(self, texts: list[str]) -> np.ndarray:
         return np.asarray(self._load().encode(texts, batch_size=32), dtype=np.float32)
 
-    def embed_soon(self, text: str) -> None:
+    def embed_soon(self, text: str, *, unless_busy: bool = False) -> None:
         """Start embedding `text` on the embedder's own thread, so that `embed_one(text)` then waits for it rather
         than starting over (a turn sent cold renders and tokenizes its input meanwhile). Nothing when the text is
         kept or on its way, similarity is off, the model is not loaded (a load is never started here) or its threads
-        spin (torch's: beside the turn's Python it is slower than after it)."""
+        spin (torch's: beside the turn's Python it is slower than after it); with `unless_busy` (a draft as it is
+        typed), nothing either while another text started here is still embedding: one at a time, the newest next."""
         if not self.enabled or self._model is None or self._model.spins or self._warming or not text.strip():
             return
         with self._recent_lock:
             if text in self._recent or text in self._soon:
+                return
+            if unless_busy and any(not started.done() for started in self._soon.values()):
                 return
             self._soon[text] = soon = Future()
             while len(self._soon) > RECENT_TEXTS:         # started for turns that never asked: forgotten

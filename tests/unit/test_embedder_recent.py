@@ -103,3 +103,19 @@ def test_texts_started_but_never_asked_for_are_forgotten():
     for i in range(RECENT_TEXTS + 3):
         embedder.embed_soon(f"draft {i}")
     assert len(embedder._soon) == RECENT_TEXTS and "draft 0" not in embedder._soon
+
+
+def test_a_draft_waits_for_the_one_still_embedding_but_a_sent_message_never_does():
+    """Typed fast, a long draft is embedded one version at a time (`unless_busy`: the next pause starts the newest);
+    a message sent (no `unless_busy`) starts at once whatever is running."""
+    model = _Gated()
+    embedder = _loaded(model)
+    embedder.embed_soon("draft one", unless_busy=True)
+    embedder.embed_soon("draft one and", unless_busy=True)      # the first is still running: skipped
+    embedder.embed_soon("draft one and two")                    # Enter: started beside it
+    assert list(embedder._soon) == ["draft one", "draft one and two"]
+    model.gate.set()
+    embedder.embed_one("draft one")
+    embedder.embed_one("draft one and two")
+    embedder.embed_soon("draft one and two, three", unless_busy=True)    # nothing runs now: started
+    assert "draft one and two, three" in embedder._soon
