@@ -538,7 +538,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         settled draft is embedded after the turn instead)."""
         text = text.strip()
         if text and self.engine is not None and self.model_state == "ready" and not self.generating:
-            self.engine.embed_draft(text)
+            self.bridge.call(self.engine.embed_draft, text, on_error=lambda _exc: None)   # only an optimisation
 
     def send(self, text: str, **options: Any) -> bool:
         """Send `text` with the pending attachments; False when nothing can be sent now (the text stays).

@@ -172,6 +172,7 @@ def test_a_short_pause_in_typing_starts_the_drafts_vector(desk, qtbot, monkeypat
     qtbot.wait_until(lambda: started == ["where is the flag set?"], timeout=5000)
     monkeypatch.setattr(type(desk.c), "generating", property(lambda self: True))
     desk.c.draft_typed("and where is it read?")
+    qtbot.wait(300)                                      # (the hand-off runs on the bridge's call thread)
     assert started == ["where is the flag set?"]
     prompt.clear()
 
