@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=20, help="timed turns per block count (after 2 warm-up turns)")
     p.add_argument("--max-tokens", type=int, default=8, help="reply length of each timed turn")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
-    p.add_argument("--typed-ahead", action="store_true", help="every other turn's message embedded during the pause "
-                   "before it (the window's draft hand-off), reported apart")
+    p.add_argument("--typed-ahead", action="store_true", help="a turn in each cycle has its message prepared "
+                   "(Engine.prepare_ahead) during the pause before it (the window's settled draft), reported apart")
     p.add_argument("--embedded-ahead", action="store_true", help="a turn in each cycle has its message's vector "
                    "started just before Enter (the window's short typing pause), reported apart")
     p.add_argument("--history", type=int, default=0, help="short exchanges before the timed turns (a long "
