@@ -4,6 +4,8 @@ conversation's stats carry the last turn's, and the reply's stored metrics keep 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 
@@ -35,15 +37,23 @@ def test_a_replys_breakdown_adds_up_to_its_first_token_and_its_turn(engine):
     assert reply_metrics(reply)["metrics"]["breakdown"] == whole
 
 
-def test_a_message_embedded_while_typed_costs_its_turn_no_embedding(tmp_path):
-    """The window hands a paused draft to `embed_ahead`; the turn that sends the same text then decides without
-    embedding (its breakdown's embed phase is zero), while one not typed ahead embeds its message."""
+@contextmanager
+def _engine_with_notes(tmp_path):
+    """An engine whose conversation holds 30 notes under a budget that evicts most of them, idle: the embedder
+    warmed and the blocks' vectors made."""
     settings = Settings(home=str(tmp_path), budget_tokens=256, n_ctx=2048, slots=1, block_tokens=32)
     with Engine(settings, prewarm=False, scheduler=False) as engine:
         conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
         notes = "\n".join(f"Note {i}: the cache on host {i} is flushed at {i}:15 every night." for i in range(30))
         conv.send("Keep these notes.", [("notes.txt", notes)], max_tokens=2, temperature=0)
-        engine.wait_idle()                               # the embedder warmed, the blocks' vectors made
+        engine.wait_idle()
+        yield engine, conv
+
+
+def test_a_message_embedded_while_typed_costs_its_turn_no_embedding(tmp_path):
+    """The window hands a paused draft to `embed_ahead`; the turn that sends the same text then decides without
+    embedding (its breakdown's embed phase is zero), while one not typed ahead embeds its message."""
+    with _engine_with_notes(tmp_path) as (engine, conv):
         cold = conv.submit("When is the cache on host 7 flushed?", max_tokens=2, temperature=0).result()
         assert conv.stats().evictions > 0 and cold.breakdown["embed_s"] > 0
         engine.wait_idle()
@@ -56,12 +66,7 @@ def test_a_message_embedded_while_typed_costs_its_turn_no_embedding(tmp_path):
 def test_a_draft_embedded_as_it_is_typed_is_not_embedded_again_by_its_turn(tmp_path):
     """The window starts a draft's vector at a short pause (`Engine.embed_draft`, on the embedder's own thread): the
     turn that sends that text right after decides with that very vector; another text is embedded by its turn."""
-    settings = Settings(home=str(tmp_path), budget_tokens=256, n_ctx=2048, slots=1, block_tokens=32)
-    with Engine(settings, prewarm=False, scheduler=False) as engine:
-        conv = engine.new_conversation(system_prompt="You are brief.", tools=[])
-        notes = "\n".join(f"Note {i}: the cache on host {i} is flushed at {i}:15 every night." for i in range(30))
-        conv.send("Keep these notes.", [("notes.txt", notes)], max_tokens=2, temperature=0)
-        engine.wait_idle()                               # the embedder warmed, the blocks' vectors made
+    with _engine_with_notes(tmp_path) as (engine, conv):
         embedder = engine.diagnostics().embedder
         draft = "And the cache on host 12: when is that one flushed?"
         engine.embed_draft(draft)
