@@ -3,7 +3,8 @@ platformdirs' `user_log_dir` (`$EVOKE_HOME/log` when that is set), and the insta
 
 Invariants: `configure_logging` is idempotent (a second call replaces the handlers it added, never doubles them);
 a log folder that cannot be created or written costs the file only (a warning on stderr), never the start; the file
-rotates at `MAX_BYTES`, keeping `BACKUPS` older files; the file gets INFO and up, stderr what the caller asks.
+rotates at `MAX_BYTES`, keeping `BACKUPS` older files; the file gets INFO and up, stderr what the caller asks; the
+log folder is 0700 and every log file (rotated ones too) 0600 whatever the umask (`store.private`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import platformdirs
 
 from .settings import APP_NAME
+from .store.private import FILE_MODE, private_file, private_mkdir
 
 LOG_FILE_NAME = f"{APP_NAME}.log"
 MAX_BYTES = 2 << 20
@@ -49,6 +51,15 @@ def log_file(home: str | None = None) -> Path:
     return log_dir(home) / LOG_FILE_NAME
 
 
+class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """A rotating log file created 0600 (the umask can only narrow it) and narrowed to 0600 when it exists."""
+
+    def _open(self):
+        private_file(Path(self.baseFilename))
+        return open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors,   # noqa: SIM115
+                    opener=lambda name, flags: os.open(name, flags, FILE_MODE))
+
+
 def configure_logging(stderr_level: int = logging.WARNING, *, home: str | None = None,
                       file_level: int = logging.INFO) -> Path | None:
     """Send records to stderr (at `stderr_level`) and to the rotating log file (at `file_level`); the file's path,
@@ -64,8 +75,8 @@ def configure_logging(stderr_level: int = logging.WARNING, *, home: str | None =
     handlers: list[logging.Handler] = [console]
     path: Path | None = log_file(home)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        file_handler = logging.handlers.RotatingFileHandler(path, maxBytes=MAX_BYTES, backupCount=BACKUPS,
+        private_mkdir(path.parent)
+        file_handler = PrivateRotatingFileHandler(path, maxBytes=MAX_BYTES, backupCount=BACKUPS,
                                                             encoding="utf-8")
         file_handler.setLevel(file_level)
         file_handler.setFormatter(formatter)

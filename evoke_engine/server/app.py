@@ -8,13 +8,20 @@ streaming or not, cancels its generation, whose partial reply the engine keeps; 
 (`errors.py`); every response names the client's token (`X-Evoke-Client`) when the server handed one out; `usage`
 holds OpenAI's fields only (the tokens not decoded are `prompt_tokens_details.cached_tokens`), Evoke's own figures are
 the top-level `evoke` object; a context overflow is OpenAI's `context_length_exceeded`, worded "maximum context length
-is N tokens" as litellm recognises it.
+is N tokens" as litellm recognises it. A storage failure (a full disk, a read-only or damaged database) is a 507
+(full) or 503 that names no path (`storage_refusal`), wherever it surfaces. A request without `X-Evoke-Client` (and
+without the API key) is its own throwaway client (`clients`): it never continues another's conversation by
+re-sending its history; it is handed a token, and continues what it made only by sending that token back. A new
+session name past its client's cap forgets that client's own least recently used name; past the sessions kept in
+all it is a 503 (`too_many_sessions`), never made by forgetting another client's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,17 +34,20 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from .. import Engine, GrammarError
 from ..errors import BudgetError, EvokeError
+from ..store.store_error import DISK_FULL, StoreError
 from .admission import AdmissionMiddleware
 from .api_errors import ApiError, context_length, install_handlers, overflow
-from .clients import CLIENT_HEADER, identify
+from .clients import CLIENT_HEADER, Client, identify
 from .completions import add_completion_route
 from .constraints import grammar_for
-from .embeddings import EmbeddingRequest, embed
+from .embeddings import EmbeddingLog, EmbeddingRequest, embed_request
 from .metrics import Metrics
 from .request_bodies import ChatRequest, check_body
 from .security import GuardMiddleware, ServerConfig
-from .service import ChatService, Outcome, Prepared, cancel_on_disconnect
+from .service import STATELESS, ChatService, Outcome, Prepared, cancel_on_disconnect
 from .toolcalls import StreamSplitter
+
+log = logging.getLogger(__name__)
 
 
 def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Path | None = None) -> FastAPI:
@@ -47,11 +57,17 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
     app = FastAPI(title="Evoke Desk", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     metrics = app.state.metrics = Metrics()
+    embedding_log = app.state.embedding_log = EmbeddingLog()
     engine.subscribe(metrics.on_event)
     install_handlers(app)
+    install_storage_handlers(app)
+    service.sessions.max_per_owner = config.max_sessions_per_client
+    service.sessions.max_sessions = config.max_sessions
+    service.sessions.on_forget = lambda ids: forget_sessions(engine, ids)
     app.add_middleware(GuardMiddleware, config=config)
     app.add_middleware(AdmissionMiddleware, max_requests=config.max_connections,     # outside the body reader:
-                       per_client=config.max_requests_per_client)                    # a trickling body holds a place
+                       per_client=config.max_requests_per_client,                    # a trickling body holds a place
+                       known=service.sessions.has_owner, api_key=config.api_key)
     if config.cors_origins:      # outermost: refusals (401, 403, 413, ...) carry the CORS headers too
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["*"],     # any request header (the openai-node SDK's x-stainless-*)
@@ -100,9 +116,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         return PlainTextResponse(await to_thread.run_sync(scrape), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/embeddings")
-    async def embeddings(request: EmbeddingRequest) -> dict:
+    async def embeddings(request: EmbeddingRequest, http: Request) -> dict:
         model_id = await to_thread.run_sync(service.model_id)
-        return await to_thread.run_sync(embed, engine, request, model_id)
+        return await embed_request(engine, request, model_id, http.is_disconnected, embedding_log)
 
     add_completion_route(app, engine, service, metrics)
 
@@ -113,10 +129,12 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         client = identify(x_evoke_client, bool(config.api_key))
         model_id = await to_thread.run_sync(service.check_model, request.model)
         grammar = await to_thread.run_sync(grammar_for, request)
+        if x_evoke_session is not None:
+            await to_thread.run_sync(check_room_for_session, service, client, x_evoke_session)
         try:
-            prepared = await service.prepare(request, x_evoke_session, client, http.is_disconnected)
+            prepared = await service.prepare(request, x_evoke_session, throwaway(client), http.is_disconnected)
         except ApiError as exc:
-            raise overflow(exc, engine) from exc
+            raise storage_refusal(exc) or overflow(exc, engine) from exc
         if grammar is not None:
             prepared.sampling["grammar"] = grammar
         logprobs: list[dict] | None = [] if request.logprobs else None
@@ -167,8 +185,83 @@ JOB_HEADER = "X-Evoke-Job"   # the engine thread's job that served the request (
 PING_S = 5.0                 # an SSE comment (": ping") this often while no token comes (a long prefill)
 
 
+def throwaway(client: Client) -> Client:
+    """The client routing sees: a token-less request (one handed a fresh token) is that token's owner alone, never
+    the shared anonymous one, so it continues no other request's conversation by re-sending its history."""
+    return dataclasses.replace(client, issued=None) if client.issued else client
+
+
+def check_room_for_session(service: ChatService, client: Client, session: str) -> None:
+    """503 when `session` would be a new name past the sessions the server keeps in all (worker thread)."""
+    if not service.sessions.room_for(client.owner, session):
+        raise ApiError(503, f"the server keeps {service.sessions.max_sessions} named sessions, the most it keeps; "
+                            "continue one of yours or send without X-Evoke-Session", "too_many_sessions",
+                       "X-Evoke-Session")
+
+
+def forget_sessions(engine: Engine, conversation_ids: list[str]) -> None:
+    """Conversations whose session names were forgotten (their client's cap) become stateless: they expire as any
+    one-shot conversation does, rather than stay for ever unnamed."""
+    for conversation_id in conversation_ids:
+        try:
+            row = engine.history.get_conversation(conversation_id)
+            if row is not None:
+                settings = row.settings if isinstance(row.settings, dict) else {}
+                engine.history.set_settings(conversation_id, {**settings, STATELESS: True})
+        except EvokeError as exc:
+            log.warning("endpoint: could not mark a forgotten session's conversation stateless: %s", exc)
+
+
+STORAGE_HINT = "free some space on the server's disk, then send it again"
+STORAGE_CODES = ("insufficient_storage", "storage_unavailable")
+
+
+def storage_refusal(exc: BaseException) -> ApiError | None:
+    """A 507 (the disk is full) or 503 (read-only, locked, damaged, unreadable) naming no path, when `exc` is or was
+    caused by a storage failure; None otherwise."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, StoreError):
+            if seen.reason == DISK_FULL:
+                return ApiError(507, f"the server's disk is full: the conversation cannot be stored; {STORAGE_HINT}",
+                                "insufficient_storage")
+            return ApiError(503, f"the server cannot use its chat history now ({seen.reason.replace('_', ' ')}); "
+                                 "try again later", "storage_unavailable")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def storage_response(refusal: ApiError) -> JSONResponse:
+    """A storage refusal as OpenAI shapes a server error (`type` server_error, 507 included)."""
+    body = {"error": {"message": refusal.message, "type": "server_error", "code": refusal.code, "param": None}}
+    return JSONResponse(body, status_code=refusal.status, headers={"Retry-After": "5"})
+
+
+def install_storage_handlers(app: FastAPI) -> None:
+    """Storage failures leave as `storage_refusal` says, whether raised as they are or wrapped in an ApiError."""
+    plain = app.exception_handlers[ApiError]
+
+    async def api_error(request: Request, exc: ApiError):
+        refusal = storage_refusal(exc) if exc.status >= 500 else None
+        if refusal is not None or exc.code in STORAGE_CODES:
+            return storage_response(refusal or exc)
+        return await plain(request, exc)
+
+    async def store_error(_: Request, exc: StoreError):
+        log.warning("endpoint: storage failure: %s", exc)
+        return storage_response(storage_refusal(exc))
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(StoreError, store_error)
+
+
 def turn_error(exc: EvokeError | GrammarError, engine: Engine) -> ApiError:
     """The OpenAI-shaped error of a turn that failed before its response began."""
+    refusal = storage_refusal(exc)
+    if refusal is not None:
+        return refusal
     if isinstance(exc, BudgetError):
         return overflow(ApiError(400, str(exc), "context_length_exceeded", "messages"), engine)
     if isinstance(exc, GrammarError):
@@ -261,8 +354,10 @@ async def _stream(service: ChatService, prepared: Prepared, pieces: asyncio.Queu
             yield _sse("[DONE]")
             return
         except EvokeError as exc:
-            yield _sse({"error": {"message": f"generation failed: {exc}", "type": "server_error",
-                                  "code": "engine_error", "param": None}})
+            refusal = storage_refusal(exc)
+            message, code = (refusal.message, refusal.code) if refusal else (f"generation failed: {exc}",
+                                                                              "engine_error")
+            yield _sse({"error": {"message": message, "type": "server_error", "code": code, "param": None}})
             yield _sse("[DONE]")
             return
         outcome = await to_thread.run_sync(service.finish, prepared, reply)

@@ -45,6 +45,8 @@ class ServerConfig:
     max_requests_per_client: int = 16    # requests one client (token, else address) may have open at once
     header_timeout_s: float = 10.0       # longest wait for a request's headers (slow-loris connections)
     max_connections: int = 64            # open connections (and requests) at once: past it, the idle go first
+    max_sessions_per_client: int = 256   # named sessions one client keeps: past it, its own least recently used go
+    max_sessions: int = 10_000           # named sessions in all: past it a new name is a 503 (none is forgotten)
     max_prefill_tokens: int = 0          # tokens one request may have decoded before its reply (0: the whole
                                          # context less the reply's room; lower it to bound one request's hold)
 

@@ -4,7 +4,10 @@ Invariants: a request and a conversation are compared as (role, content) with co
 engine puts in its template history, so agreement means the cached KV is the request's prefix; a plan
 continues a conversation only when the request extends all of it, and otherwise forks at the last
 agreeing reply (never reuses a cache that disagrees). Session ids are JSON keys, never file names, and
-live in their owner's namespace: the same name from two clients names two sessions.
+live in their owner's namespace: the same name from two clients names two sessions. One owner keeps at most
+`max_per_owner` named sessions (past it its own least recently used name is forgotten, its conversation handed to
+`on_forget`), and one owner's sessions never evict another's: past `max_sessions` in all a new name is refused
+(`room_for`), never made by forgetting someone else's.
 """
 
 from __future__ import annotations
@@ -159,14 +162,20 @@ def check_tail(tail: list[Msg]) -> Msg:
 class SessionMap:
     """(owner, session name) -> conversation id, and which client owns each API conversation, kept in one
     JSON file (atomic replace, 0600). Names are looked up only within their owner's namespace; entries of a
-    conversation that no longer exists are dropped (`prune`), and past `MAX_SESSIONS` the least recently used go."""
+    conversation that no longer exists are dropped (`prune`); an owner past `max_per_owner` forgets its own least
+    recently used names; past `max_sessions` in all no new name is made (`room_for` says so beforehand)."""
 
     MAX_SESSIONS = 10_000
+    MAX_PER_OWNER = 256
 
     def __init__(self, path: Path, raw_map: RawTextMap, clock=time.time) -> None:
         self.path = path
         self.raw_map = raw_map
         self.clock = clock
+        self.max_sessions = self.MAX_SESSIONS
+        self.max_per_owner = self.MAX_PER_OWNER
+        self.on_forget = None                    # called with the conversation ids whose names were forgotten
+        self._owner_set: frozenset[str] = frozenset()      # every owner on record: read without the lock
         self._lock = threading.Lock()
         self._map: dict[str, dict] = {}          # "owner\x1fname" -> {"conversation": id, "used": unix time}
         self._owners: dict[str, str] = {}        # API conversation id -> owner
@@ -179,6 +188,7 @@ class SessionMap:
             raw_map.load(data.get("raw_text", {}))
         except (OSError, ValueError, AttributeError, TypeError):
             pass                     # unnamed-owner entries of older files are dropped: names alone granted them
+        self._refresh_owners()
 
     @staticmethod
     def valid(session: str) -> str:
@@ -200,17 +210,51 @@ class SessionMap:
         with self._lock:
             return self._owners.get(conversation_id)
 
+    def has_owner(self, owner: str) -> bool:
+        """`owner` holds an API conversation or a session here (lock-free: the event loop asks on every request)."""
+        return owner in self._owner_set
+
+    def sessions_of(self, owner: str) -> int:
+        with self._lock:
+            return len(self._keys_of(owner))
+
+    def room_for(self, owner: str, session: str) -> bool:
+        """`owner` may name `session` now: it names it already, or the map is under `max_sessions` in all, or the
+        owner has names of its own to forget for it."""
+        with self._lock:
+            key = self._key(owner, session)
+            return key in self._map or len(self._map) < self.max_sessions or bool(self._keys_of(owner))
+
+    def _keys_of(self, owner: str) -> list[str]:
+        prefix = owner + "\x1f"
+        return [key for key in self._map if key.startswith(prefix)]
+
     def set(self, owner: str, session: str | None, conversation_id: str) -> None:
-        """Record that `owner` holds `conversation_id` (under `session`, if named)."""
+        """Record that `owner` holds `conversation_id` (under `session`, if named); past the caps, the owner's own
+        least recently used names are forgotten (never another owner's)."""
+        forgotten: list[str] = []
         with self._lock:
             self._owners.setdefault(conversation_id, owner)
             if session is not None:
-                self._map[self._key(owner, session)] = {"conversation": conversation_id, "used": self.clock()}
-                if len(self._map) > self.MAX_SESSIONS:
-                    oldest = sorted(self._map, key=lambda k: self._map[k]["used"])
-                    for key in oldest[:len(self._map) - self.MAX_SESSIONS]:
-                        del self._map[key]
+                key = self._key(owner, session)
+                self._map[key] = {"conversation": conversation_id, "used": self.clock()}
+                forgotten = self._forget_past_caps(owner, key)
+            self._refresh_owners()
             self._save()
+        if forgotten and self.on_forget is not None:
+            self.on_forget(forgotten)
+
+    def _forget_past_caps(self, owner: str, keep: str) -> list[str]:
+        """Forget `owner`'s least recently used names (not `keep`) past `max_per_owner`, and past `max_sessions`
+        in all as far as its own names go; the conversation ids no name holds any more."""
+        own = sorted((k for k in self._keys_of(owner) if k != keep), key=lambda k: self._map[k]["used"])
+        over = max(len(own) + 1 - self.max_per_owner, len(self._map) - self.max_sessions, 0)
+        gone = [self._map.pop(key)["conversation"] for key in own[:over]]
+        named = {entry["conversation"] for entry in self._map.values()}
+        return [cid for cid in gone if cid not in named]
+
+    def _refresh_owners(self) -> None:
+        self._owner_set = frozenset(self._owners.values()) | {key.split("\x1f", 1)[0] for key in self._map}
 
     def prune(self, exists) -> int:
         """Drop the sessions and owners of conversations for which `exists(id)` is false; how many went."""
@@ -222,6 +266,7 @@ class SessionMap:
             before = len(self._map) + len(self._owners)
             self._map = {k: e for k, e in self._map.items() if e["conversation"] not in gone}
             self._owners = {c: o for c, o in self._owners.items() if c not in gone}
+            self._refresh_owners()
             self._save()
             return before - len(self._map) - len(self._owners)
 

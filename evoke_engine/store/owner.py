@@ -8,7 +8,7 @@ replaced under an open descriptor by deleting a file in it: deleting `LOCK_NAME`
 without waiting; `filelock.FileLock` on `LOCK_NAME` is held as well (the only lock where `fcntl` is missing, and the
 one older versions take); each `DataFolderLock` opens its own descriptors, so a second owner is refused in the same
 process as well as in another one; the OS drops both locks when the process dies (kill -9 included), so a crash
-never leaves a folder locked; the lock file stays and is 0600.
+never leaves a folder locked; the lock file stays and is 0600; a data folder created here is 0700 whatever the umask.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ..errors import DataDirInUseError
-from .private import FILE_MODE
+from .private import FILE_MODE, private_mkdir
 
 try:
     import fcntl
@@ -59,7 +59,7 @@ class DataFolderLock:
     def _lock_folder(self) -> None:
         if fcntl is None:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_mkdir(self.folder)                 # 0700 whatever the umask (a created folder is private)
         fd = os.open(self.folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
