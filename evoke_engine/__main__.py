@@ -188,7 +188,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    "the model while others wait")
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m evoke_engine") -> int:
+def build_parser(prog: str = "python -m evoke_engine") -> argparse.ArgumentParser:
+    """The command line: one subcommand each for `chat`, `serve`, `device`, `aider-metadata` and `rpc-worker`."""
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--version", action="version", version=version_line("evoke-engine"))
     sub = parser.add_subparsers(dest="command", required=True)
@@ -205,7 +206,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m evoke_engine") ->
 
     rpc_worker.add_arguments(sub.add_parser("rpc-worker", help="serve this machine's device to another machine's "
                                             "app (llama.cpp's rpc-server; loopback unless --allow-remote)"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> list[str]:
+    """The names of `parser`'s subcommands (the entry-point test runs each one)."""
+    return [name for action in parser._subparsers._group_actions for name in action.choices]
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m evoke_engine") -> int:
+    from .runtime import rpc_worker
+
+    args = build_parser(prog).parse_args(argv)
     configure_logging()
     if args.command == "device":
         from .device_report import main as print_device
@@ -213,7 +225,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m evoke_engine") ->
         print_device()
         return 0
     if args.command == "aider-metadata":
-        from .server.errors import aider_metadata
+        from .server.api_errors import aider_metadata
 
         print(json.dumps(aider_metadata(Settings.load(), args.name), indent=2))
         return 0

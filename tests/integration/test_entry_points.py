@@ -64,3 +64,45 @@ def test_a_second_window_on_the_same_data_folder_brings_the_first_to_the_front(t
     finally:
         if first.proc.poll() is None:
             os.kill(first.proc.pid, signal.SIGKILL)
+
+
+def _engine_subcommands() -> list[str]:
+    from evoke_engine.__main__ import build_parser, subcommands
+
+    return subcommands(build_parser())
+
+
+def test_the_window_entry_forwards_every_engine_subcommand():
+    from app.__main__ import ENGINE_COMMANDS
+
+    assert sorted(ENGINE_COMMANDS) == sorted(_engine_subcommands())
+
+
+@pytest.mark.parametrize("entry", [["-m", "evoke_engine"], ["-m", "app"]])
+@pytest.mark.parametrize("command", _engine_subcommands())
+def test_every_subcommand_of_both_entry_points_says_its_help(tmp_path, entry, command):
+    """Issue 58 item 3: each subcommand parses and imports what its help needs (`aider-metadata` crashed)."""
+    done = run([sys.executable, *entry, command, "--help"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage:") and command in done.stdout.splitlines()[0]
+
+
+def test_the_window_entry_says_its_help(tmp_path):
+    done = run([sys.executable, "-m", "app", "--help"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "evoke-desk" in done.stdout
+
+
+@pytest.mark.parametrize("entry", [["-m", "evoke_engine"], ["-m", "app"]])
+def test_aider_metadata_and_device_run_for_real(tmp_path, entry):
+    """Issue 58 item 3: `aider-metadata` printed a ModuleNotFoundError (it imported a renamed module)."""
+    from evoke_engine import Settings
+    from evoke_engine.server.api_errors import context_tokens
+
+    done = run([sys.executable, *entry, "aider-metadata", "--name", "openai/mine"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)["openai/mine"]
+    assert info["max_input_tokens"] == context_tokens(Settings()) and info["mode"] == "chat"
+    device = run([sys.executable, *entry, "device"], tmp_path)
+    assert device.returncode == 0, device.stderr
+    assert "kind" in json.loads(device.stdout)
