@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..kvcache.blocks import Block, BlockState
 from ..memory.memory import ConversationMemory
-from ..runtime.reply_text import ReplyText
+from ..runtime.reply_text import ReplyText, tokens_before_stop
 from ..runtime.runtime import Cancelled, Runtime
 from ..runtime.sampling import SamplingParams
 from ..runtime.template import ChatTemplate, Segment
@@ -396,7 +396,7 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     sample_s = token_decode_s = detokenize_s = 0.0
     memory.reply_starts()          # what the reply reads; with the capture on, what the message attends to
 
-    reply_text = ReplyText(rt.token_bytes, params.stop, hold_back=False)     # the text of the tokens in the KV
+    reply_text = ReplyText(rt.token_bytes, params.stop)     # the text of the tokens in the KV, none of a stop's
     generated: list[int] = []
     stopped = "max_tokens"
     ttft = 0.0
@@ -443,16 +443,30 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     if rest and on_token is not None:
         on_token(rest)
     text = reply_text.text
+    tail = _end_before_stop(memory, rt, reply_block, generated, text) if stopped == "stop" else []
     decode_s = time.perf_counter() - first_at if first_at else 0.0
     clock.add("sample", sample_s)
     clock.add("token_decode", token_decode_s)
     clock.add("detokenize", detokenize_s)
     closing_at = perf()
-    _close_reply(memory, rt, turn, [], generated, closing, text, [*current, *question], reply_block,
+    _close_reply(memory, rt, turn, [], generated, [*tail, *closing], text, [*current, *question], reply_block,
                  next_opening=next_opening, first_part=part)
     clock.add("turn_end", perf() - closing_at)
     return Reply(text=text, n_tokens=len(generated), stopped=stopped, ttft_s=ttft, decode_s=decode_s,
                  prefill_tokens=0, recovered=[])
+
+
+def _end_before_stop(memory: ConversationMemory, rt: Runtime, reply_block: Block, generated: list[int],
+                     text: str) -> list[int]:
+    """Take the start of the stop string that ended the reply back out of its KV (`tokens_before_stop`) and return
+    the tokens of the text those tokens held before it, decoded in their place with the closing. Where an older
+    part of the reply (split off while it grew) holds some of them, the KV is left as it is."""
+    kept, rest = tokens_before_stop(rt.token_bytes, generated, text)
+    in_block = min(reply_block.n_tokens, len(generated))    # the growing block ends with the last generated tokens
+    if len(generated) - kept > in_block:
+        return []
+    memory.take_back_reply(reply_block, len(generated) - kept)
+    return rt.tokenize_parts([(rest, False)])
 
 
 def _close_reply(memory: ConversationMemory, rt: Runtime, turn: int, opening: list[int], generated: list[int],

@@ -299,6 +299,17 @@ class ResidentSequence:
         self._decode_at_tail(tokens, ahead=ahead, logits_last=logits_last)
         block.tokens.extend(tokens)
 
+    def take_back(self, block: Block, n_tokens: int) -> None:
+        """Forget the last `n_tokens` of `block`, the last resident block (a reply that a stop string ended: the
+        stop's start leaves its cells and its tokens); the tail shrinks, no other cell moves."""
+        if not self.table.resident or self.table.resident[-1] is not block:
+            raise InvariantError(f"{block.name} is not the last resident block")
+        if not 0 <= n_tokens <= block.n_tokens:
+            raise InvariantError(f"{block.name} holds {block.n_tokens} tokens, not {n_tokens} to take back")
+        if n_tokens:
+            self.kv.drop(self.seq, block.end - n_tokens, -1)
+            del block.tokens[block.n_tokens - n_tokens:]
+
     def split(self, block: Block, pieces: list[Block]) -> None:
         """Replace resident `block` by `pieces` holding its tokens in order (no cell changes)."""
         self.table.split(block, pieces)

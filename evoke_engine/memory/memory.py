@@ -483,6 +483,11 @@ class ConversationMemory:
         """The sampled `token` decoded at the tail, in the growing reply block."""
         self.sequence.extend_tail(reply, [token])
 
+    def take_back_reply(self, reply: Block, n_tokens: int) -> None:
+        """The growing reply's last `n_tokens` leave its cells and its tokens (the start of the stop string that
+        ended it)."""
+        self.sequence.take_back(reply, n_tokens)
+
     def split_reply(self, reply: Block, pieces: list[Block]) -> None:
         """The growing reply block replaced by `pieces` (finished blocks, evictable like any other; the last may
         go on growing)."""
