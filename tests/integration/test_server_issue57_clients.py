@@ -141,7 +141,7 @@ def test_one_clients_sessions_never_push_out_anothers(served):
     assert sessions.sessions_of(engine_owner(mallory)) == PER_OWNER_SESSIONS
     again = post(server, ask("Which word?"), headers={"X-Evoke-Client": alice, "X-Evoke-Session": "mine"})
     assert again.headers["X-Evoke-Conversation"] == conversation          # alice's session is still hers
-    for i in range(ALL_SESSIONS):                                         # fill the map with clients of one name
+    for _ in range(ALL_SESSIONS):                                         # fill the map with clients of one name
         post(server, ask("Fill."), headers={"X-Evoke-Client": new_token(), "X-Evoke-Session": "one"})
     refused = post(server, ask("One more."), headers={"X-Evoke-Client": new_token(), "X-Evoke-Session": "new"})
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "too_many_sessions"
