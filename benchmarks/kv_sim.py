@@ -193,6 +193,9 @@ class FakeRuntime:
     def _check_thread(self) -> None:
         return None
 
+    def step_boundary(self) -> None:
+        """Where a reply lets others run (`Runtime.step_boundary`); the engine installs its own."""
+
     def decode(self, tokens: list[int], seq: int, start_pos: int, *, logits_last: bool = True,
                cancel: threading.Event | None = None, on_chunk=None, context: int | None = None) -> None:
         if cancel is not None and cancel.is_set():

@@ -63,7 +63,7 @@ class Engine:
         self.clock = clock
         self._closed = False
         self.owner = DataFolderLock(self.settings.data_dir).acquire()   # first: a refused engine starts nothing
-        self.thread = EngineThread()
+        self.thread = EngineThread(stream_limit=self._stream_limit)
         self._subscribers: list[Callable[[EngineEvent], None]] = []
         self._cancels: dict[str, set[threading.Event]] = {}     # one Event per queued or running turn
         self._open_cancels: dict[str, set[threading.Event]] = {}   # one Event per queued or running open
@@ -82,6 +82,7 @@ class Engine:
         self.turns = TurnJobs(self.lifecycle, emit=self.emit, clock=clock, on_activity=self._stamp_activity,
                               on_idle=lambda work: self.thread.submit(work, priority=BACKGROUND,
                                                                           command=Command.EMBED))
+        self.lifecycle.streaming = self.thread.streaming_conversations     # they keep their slots
         self.settings_hub.subscribe(self.lifecycle.adopt_settings)        # open conversations' memories
         self.settings_hub.subscribe(self._embedder_changed, fields=("embedder",))
         follow_ttl_settings(self.settings_hub, lambda: self.kvfiles)       # the files outlive the model
@@ -123,6 +124,8 @@ class Engine:
         settings = self.settings
         self.emit(EngineEvent(EventKind.MODEL_LOADING, f"loading {settings.model_path or 'embedded model'}"))
         model = self.model = LoadedModel.load(self.settings_hub, self.emit, self.clock, self.backend)
+        model.rt.holds_engine = self.thread.on_engine     # a reply's stream thread touches llama.cpp in its steps
+        model.rt.step_boundary = self.thread.step_boundary
         self.lifecycle.attach(model)
         if not model.rt.eviction_supported:
             self.emit(EngineEvent(EventKind.ERROR, f"{model.rt.eviction_note}; chat works without eviction"))
@@ -137,6 +140,15 @@ class Engine:
         info = self._info = model.info
         self.emit(EngineEvent(EventKind.MODEL_LOADED, f"{info.name} on {info.device}"))
         return info
+
+    def _stream_limit(self) -> int:
+        """How many replies may stream at once: the `parallel_replies` setting, within the slots less one (a slot
+        stays free for opening and switching conversations). One where the replies would share state: a single
+        context for every slot (its logits are one buffer) or the attention capture (one capture a decode)."""
+        settings = self.settings
+        if not settings.slot_contexts or settings.attention_capture:
+            return 1
+        return max(1, min(settings.parallel_replies, settings.slots - 1))
 
     def model_info(self) -> ModelInfo:
         self.ready.result()
@@ -253,8 +265,8 @@ class Engine:
         self.thread.call(lambda: self._unload(reason), command=Command.LOAD)
 
     def wait_idle(self) -> None:
-        """Block until every job queued so far, background ones included, has run."""
-        self.thread.call(lambda: None, priority=BACKGROUND + 1)
+        """Block until every job queued so far, background ones included, has run, and no reply streams."""
+        self.thread.call(lambda: None, priority=BACKGROUND + 1, command=Command.DRAIN)
 
     def warm_default_prefix(self) -> Prefix:
         """The prefix a new conversation gets, decoded now if it was dropped (engine thread)."""

@@ -17,6 +17,10 @@ class BudgetError(EvokeError):
     """The budget cannot hold what must stay resident (e.g. the shared prefix)."""
 
 
+class EngineBusyError(EvokeError):
+    """Every slot holds a reply being written: a conversation cannot enter one until a reply ends."""
+
+
 class ContextFullError(EvokeError):
     """The context has no free cells for the tokens that must be decoded."""
 

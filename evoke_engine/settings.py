@@ -78,6 +78,10 @@ class Settings:
                                     applies=RELOAD, choices=("auto", "on", "off"))
     slots: int = _setting(4, "Conversations held in the context at once.",
                           group="Model", applies=RELOAD, low=1, high=64)
+    parallel_replies: int = _setting(3, "Replies generated at once (the window's and the endpoint's, each in its "
+                                     "own slot, taking turns a step at a time); more wait in order. At most the "
+                                     "slots less one; one with a single context for all slots.",
+                                     group="Model", low=1, high=63)
     slot_contexts: bool = _setting(True, "One llama.cpp context per slot: a turn attends over its own "
                                    "conversation only (the prefix is copied into each). Off: one context "
                                    "for all, every decode scans every slot.", group="Model", applies=RELOAD)

@@ -1,11 +1,18 @@
-"""The engine thread: one thread runs every job that touches llama.cpp, in priority order, each a typed command.
+"""The engine thread: one scheduler runs every job that touches llama.cpp, in priority order, each a typed command;
+replies (turns, regenerations, continues) are *streams* that take turns with each other and with other jobs.
 
-Invariants: jobs run one at a time, lower priority value first, FIFO within a priority; a job submitted after
-`stop` fails its future instead of being lost silently. Every job is a `Job` (an id that only grows, its `Command`,
-the conversation it is about, its priority), which its future carries as `future.job`; `jobs()` lists those queued
-and the one running, and each job's start and end are logged at DEBUG with its id and how long it waited and ran,
-so a request can be followed to the KV; `cancel(id)` drops a queued job (its future cancelled) and tells a
-running one through the hook it was given (`on_cancel`).
+Invariants: exactly one job touches llama.cpp at a time. A plain job runs to its end on the scheduler's thread. A
+stream runs on a thread of its own that holds the engine only while the scheduler has handed it over, and hands it
+back at each step boundary (`step_boundary`: between prefill blocks, between reply tokens), where its conversation's
+memory is consistent; so a second reply's first token waits for one step, not for a whole reply. A job about a
+conversation whose reply is streaming waits until that reply ends (nothing edits, opens or releases a conversation
+mid-reply); LOAD, SWEEP and DRAIN jobs wait until no reply streams; at most `stream_limit()` replies stream at once, the
+rest wait in order. Lower priority value first, FIFO within a priority; a job submitted after `stop` fails its
+future instead of being lost silently. Every job is a `Job` (an id that only grows, its `Command`, the conversation
+it is about, its priority), which its future carries as `future.job`; `jobs()` lists those running and queued, and
+each job's start and end are logged at DEBUG with its id and how long it waited and ran, so a request can be
+followed to the KV; `cancel(id)` drops a queued job (its future cancelled) and tells a running one through the hook
+it was given (`on_cancel`), which a stream sees at its next step.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ class Command(enum.StrEnum):
     SWEEP = "sweep"                  # the scheduler's keep-alive, eviction and idle sweeps
     READ = "read"                    # a read of engine state (stats, blocks, tokens)
     WRITE = "write"                  # a change of metadata (title, pin, focus, budget)
+    DRAIN = "drain"                  # nothing: it runs once every reply has ended (`Engine.wait_idle`)
 
 
 @dataclass(frozen=True)
@@ -54,16 +62,86 @@ class Job:
         return f"job {self.id} {self.command}{about}"
 
 
+STREAM_COMMANDS = frozenset({Command.TURN, Command.REGENERATE, Command.CONTINUE})
+EXCLUSIVE_COMMANDS = frozenset({Command.LOAD, Command.SWEEP, Command.DRAIN})   # run only while no reply streams
+_STOP = 10**9                                                   # the stop marker's priority: after every job
+
+
+@dataclass(order=True)
+class _Entry:
+    """A queued job as the scheduler orders it: by priority, then by submission."""
+    priority: int
+    order: int
+    job: Job | None = field(compare=False)                      # None: the stop marker
+    fn: Callable[..., Any] | None = field(compare=False, default=None)
+    args: tuple = field(compare=False, default=())
+    kwargs: dict = field(compare=False, default_factory=dict)
+    future: Future | None = field(compare=False, default=None)
+
+
+class _Stream:
+    """A reply on a thread of its own that runs only between `resume` (scheduler) and its next `pause` (itself,
+    at a step boundary) or its end: the engine is handed back and forth, never held by two threads."""
+
+    def __init__(self, entry: _Entry, name: str, local: threading.local) -> None:
+        self.entry = entry
+        self.result: Any = None
+        self.failure: BaseException | None = None
+        self.done = False
+        self.steps = 0
+        self._go = threading.Semaphore(0)
+        self._back = threading.Semaphore(0)
+        self._local = local
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.thread.start()
+
+    @property
+    def job(self) -> Job:
+        assert self.entry.job is not None
+        return self.entry.job
+
+    def _main(self) -> None:
+        self._go.acquire()
+        self._local.stream = self
+        entry = self.entry
+        try:
+            assert entry.fn is not None
+            self.result = entry.fn(*entry.args, **entry.kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            self.failure = exc
+        finally:
+            self.done = True
+            self._back.release()
+
+    def resume(self) -> None:
+        """Scheduler side: let the stream run one step (or to its end) and wait until it hands the engine back."""
+        self.steps += 1
+        self._go.release()
+        self._back.acquire()
+
+    def pause(self) -> None:
+        """Stream side, at a step boundary: hand the engine back and wait for the next turn."""
+        self._back.release()
+        self._go.acquire()
+
+
 class EngineThread:
-    def __init__(self, name: str = "evoke-engine") -> None:
+    def __init__(self, name: str = "evoke-engine", *, stream_limit: Callable[[], int] = lambda: 1) -> None:
+        self.name = name
+        self.stream_limit = stream_limit             # how many replies may stream at once (read at each admission)
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
+        self._ready: list[_Entry] = []               # taken from the queue, not started yet (some wait on a stream)
+        self._streams: list[_Stream] = []            # replies streaming, in the order they take steps
+        self._next_stream = 0
+        self._local = threading.local()
         self._order = itertools.count()
         self._ids = itertools.count(1)
+        self._stream_names = itertools.count(1)
         self._stopped = False
         self._lock = threading.Lock()
         self._waiting: dict[int, tuple[Job, Future]] = {}
         self._cancel_hooks: dict[int, Callable[[], None]] = {}
-        self.running: Job | None = None
+        self.running: Job | None = None              # the plain job running on the scheduler's thread
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -81,26 +159,47 @@ class EngineThread:
             self._waiting[job.id] = (job, future)
             if on_cancel is not None:
                 self._cancel_hooks[job.id] = on_cancel
-        self._queue.put((priority, next(self._order), job, fn, args, kwargs, future))
+        self._queue.put(_Entry(priority, next(self._order), job, fn, args, kwargs, future))
         return future
+
+    def on_engine(self) -> bool:
+        """The calling thread holds the engine: the scheduler's own, or a stream's while it runs."""
+        return threading.current_thread() is self.thread or getattr(self._local, "stream", None) is not None
 
     def call(self, fn: Callable[..., Any], *args: Any, priority: int = NORMAL, command: Command = Command.READ,
              about: str | None = None, **kwargs: Any) -> Any:
-        """Run `fn` on the engine thread and wait (runs inline when already on it)."""
-        if threading.current_thread() is self.thread:
+        """Run `fn` on the engine thread and wait (runs inline when the caller already holds the engine)."""
+        if self.on_engine():
             return fn(*args, **kwargs)
         return self.submit(fn, *args, priority=priority, command=command, about=about, **kwargs).result()
 
+    def step_boundary(self) -> None:
+        """Called by a reply between two of its steps: other replies and jobs may run now. A no-op outside a
+        stream, and when nothing else could run."""
+        stream = getattr(self._local, "stream", None)
+        if stream is None or (len(self._streams) == 1 and self._queue.empty() and self._pick() is None):
+            return
+        stream.pause()
+
     def pending(self) -> int:
         """Jobs queued and not yet started (approximate while other threads submit)."""
-        return self._queue.qsize()
+        return self._queue.qsize() + len(self._ready)
+
+    def streaming(self) -> list[Job]:
+        """The replies streaming now, in the order they take steps."""
+        return [s.job for s in list(self._streams)]
+
+    def streaming_conversations(self) -> set[str]:
+        """The conversations whose reply streams now."""
+        return {job.conversation_id for job in self.streaming() if job.conversation_id}
 
     def jobs(self) -> list[Job]:
-        """The job running (first) and those queued, in the order they will run."""
+        """The jobs running (first: the plain job, then the streams) and those queued, in the order they will run."""
         with self._lock:
-            queued = sorted((job for job, _ in self._waiting.values() if job is not self.running),
+            running = [*([self.running] if self.running is not None else []), *self.streaming()]
+            queued = sorted((job for job, _ in self._waiting.values() if job not in running),
                             key=lambda j: (j.priority, j.id))
-            return [*([self.running] if self.running is not None else []), *queued]
+            return [*running, *queued]
 
     def cancel(self, job_id: int) -> bool:
         """Drop a queued job or stop a running one (through its `on_cancel`); False when it is unknown or done."""
@@ -118,30 +217,102 @@ class EngineThread:
             return True
         return False
 
+    # -- the scheduler ----------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            _, _, job, fn, args, kwargs, future = self._queue.get()
-            if fn is None:
-                break
-            if not future.set_running_or_notify_cancel():
-                self._forget(job)
+            self._take_queued(block=not self._streams and not self._ready)
+            entry = self._pick()
+            if entry is not None:
+                self._ready.remove(entry)
+                if entry.job is None:                # the stop marker: every job before it has run
+                    break
+                self._start(entry)
+            elif not self._streams:                  # nothing can run: wait for a submission
+                self._take_queued(block=True)
                 continue
-            self.running = job
-            started = time.monotonic()
-            log.debug("%s started after %.1f ms queued", job.describe(), (started - job.queued_at) * 1000)
-            result, failure = None, None
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                failure = exc
-            self.running = None
+            self._step_one_stream()
+
+    def _take_queued(self, *, block: bool) -> None:
+        try:
+            if block:
+                self._ready.append(self._queue.get())
+            while True:
+                self._ready.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+
+    def _pick(self) -> _Entry | None:
+        """The first ready job that may start now (see the module's invariants), or None."""
+        busy = {s.job.conversation_id for s in self._streams}
+        for entry in sorted(self._ready):
+            job = entry.job
+            if job is None:
+                if not self._streams and len(self._ready) == 1:
+                    return entry
+                continue
+            if entry.future is not None and entry.future.cancelled():
+                return entry                          # dropped at once by `_start`
+            if job.conversation_id is not None and job.conversation_id in busy:
+                continue
+            if self._streams and job.command in EXCLUSIVE_COMMANDS:
+                continue
+            if job.command in STREAM_COMMANDS and len(self._streams) >= max(1, self.stream_limit()):
+                continue
+            return entry
+        return None
+
+    def _start(self, entry: _Entry) -> None:
+        job, future = entry.job, entry.future
+        assert job is not None and future is not None
+        if not future.set_running_or_notify_cancel():
             self._forget(job)
-            log.debug("%s %s in %.1f ms", job.describe(), "failed" if failure else "ended",
-                      (time.monotonic() - started) * 1000)
-            if failure is not None:
-                future.set_exception(failure)
-            else:
-                future.set_result(result)
+            return
+        log.debug("%s started after %.1f ms queued", job.describe(), (time.monotonic() - job.queued_at) * 1000)
+        if job.command in STREAM_COMMANDS:
+            stream = _Stream(entry, f"{self.name}-stream-{next(self._stream_names)}", self._local)
+            self._streams.append(stream)
+            self._advance(stream)                     # its first step now: a reply starts without a round's wait
+            return
+        self.running = job
+        started = time.monotonic()
+        result, failure = None, None
+        try:
+            assert entry.fn is not None
+            result = entry.fn(*entry.args, **entry.kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failure = exc
+        self.running = None
+        self._settle(job, future, result, failure, started)
+
+    def _step_one_stream(self) -> None:
+        """Give the next stream in turn one step."""
+        if not self._streams:
+            return
+        self._next_stream %= len(self._streams)
+        stream = self._streams[self._next_stream]
+        self._next_stream += 1
+        self._advance(stream)
+
+    def _advance(self, stream: _Stream) -> None:
+        stream.resume()
+        if stream.done:
+            index = self._streams.index(stream)
+            del self._streams[index]
+            if index < self._next_stream:
+                self._next_stream -= 1
+            assert stream.entry.future is not None
+            self._settle(stream.job, stream.entry.future, stream.result, stream.failure,
+                         stream.job.queued_at, steps=stream.steps)
+
+    def _settle(self, job: Job, future: Future, result: Any, failure: BaseException | None, started: float,
+                steps: int = 0) -> None:
+        self._forget(job)
+        log.debug("%s %s in %.1f ms%s", job.describe(), "failed" if failure else "ended",
+                  (time.monotonic() - started) * 1000, f" ({steps} steps)" if steps else "")
+        if failure is not None:
+            future.set_exception(failure)
+        else:
+            future.set_result(result)
 
     def _forget(self, job: Job) -> None:
         with self._lock:
@@ -152,6 +323,6 @@ class EngineThread:
         if self._stopped:
             return
         self._stopped = True
-        self._queue.put((10**9, next(self._order), None, None, (), {}, None))
-        if threading.current_thread() is not self.thread:
+        self._queue.put(_Entry(_STOP, next(self._order), None))
+        if not self.on_engine():
             self.thread.join(timeout)

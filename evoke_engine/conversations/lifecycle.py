@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import BudgetError, RebuildCancelled, RestoreError
+from ..errors import BudgetError, EngineBusyError, RebuildCancelled, RestoreError
 from ..events import EngineEvent, EventKind
 from ..kvcache.prefixes import Prefix, system_message
 from ..memory.chunk_files import KVFileChunks
@@ -81,6 +81,7 @@ class ConversationLifecycle:
         self._stats: dict[str, ConversationStats] = {}
         self._rebuilds: dict[str, tuple[int, float]] = {}    # tokens and seconds decoded from history, until taken
         self._reuse_owners: dict[str, str] = {}    # endpoint conversation id -> its owner, for chunk reuse
+        self.streaming: Callable[[], set[str]] = set   # conversations whose reply streams: they keep their slot
 
     # -- the model ---------------------------------------------------------------------------
     def attach(self, model: LoadedModel) -> None:
@@ -222,7 +223,10 @@ class ConversationLifecycle:
             return
         slot = model.slots.free_slot()
         if slot is None:
-            oldest = model.slots.least_recent(exclude=keep)
+            oldest = model.slots.least_recent(exclude={keep, *self.streaming()})
+            if oldest is None:
+                raise EngineBusyError("every slot holds a reply being written; this conversation opens when one "
+                                      "of them ends")
             slot = self._leave_slot(self._states[oldest], park=True)
             self.emit(EngineEvent(EventKind.PARKED, f"conversation left slot {slot}", conversation_id=oldest))
             self.refresh(self._states[oldest])

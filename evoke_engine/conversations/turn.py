@@ -243,6 +243,7 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     decoding = time.perf_counter()
     try:
         for at, block in enumerate(to_decode):
+            rt.step_boundary()                                      # chunked prefill: a block a step
             following = [*to_decode[at + 1:], *([last] if last is not None else [])]
             hit = memory.append_reused(block, current=current, following=following)   # another's exact K/V
             if hit is not None:
@@ -336,6 +337,7 @@ def continue_reply(memory: ConversationMemory, rt: Runtime, template: ChatTempla
     clock = TurnBreakdown()
     decoding = time.perf_counter()
     for k, chunk in enumerate(chunks[:-1]):
+        rt.step_boundary()
         memory.append_decoded(Block(name=_reply_name(turn, k), role="assistant", turn=turn, tokens=chunk,
                                     text=rt.detokenize(chunk)), current=question)
     clock.add("prompt_decode", time.perf_counter() - decoding)
@@ -403,6 +405,7 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     first_at = None
     with rt.sampler(params, rt.context_of(memory.seq)) as sampler:
         while len(generated) < params.max_tokens:
+            rt.step_boundary()                    # other replies take their step; this context's logits stay
             if cancel.is_set():
                 stopped = "cancelled"
                 break

@@ -7,6 +7,7 @@ Invariants: a slot holds at most one conversation; a conversation holds at most 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection
 
 from ..errors import InvariantError
 
@@ -29,8 +30,9 @@ class SlotRegistry:
         free = [s for s in range(self.n_slots) if s not in self._holder]
         return min(free, key=lambda s: (self.load[s], s)) if free else None
 
-    def least_recent(self, exclude: str | None = None) -> str | None:
-        return next((c for c in self._lru if c != exclude), None)
+    def least_recent(self, exclude: Collection[str | None] = ()) -> str | None:
+        """The conversation used longest ago but those in `exclude` (the one coming in, replies streaming)."""
+        return next((c for c in self._lru if c not in exclude), None)
 
     def pin(self, conversation_id: str, slot: int) -> None:
         if slot in self._holder:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +78,11 @@ class Runtime:
         """`eval_callback`: an object with `cb_eval` (a ggml_backend_sched_eval_callback) and `user_data`,
         installed on the context and kept alive with it (the attention capture)."""
         self.owner = threading.current_thread()
+        # who may touch the context: the creating thread, unless the engine widens it to any thread holding it
+        self.holds_engine: Callable[[], bool] = lambda: threading.current_thread() is self.owner
+        # called by a reply between two of its steps (a prefill block, a token): the engine lets other replies
+        # and jobs run there (`EngineThread.step_boundary`); a no-op until the engine installs it
+        self.step_boundary: Callable[[], None] = lambda: None
         self.settings = settings
         path = Path(settings.model_path) if settings.model_path else default_model_path()
         check_model_file(path)
@@ -185,9 +190,9 @@ class Runtime:
 
     # -- identity ---------------------------------------------------------------------------
     def _check_thread(self) -> None:
-        if threading.current_thread() is not self.owner:
-            raise RuntimeError(f"llama.cpp called from thread {threading.current_thread().name!r}; "
-                               f"only {self.owner.name!r} may touch the context")
+        if not self.holds_engine():
+            raise RuntimeError(f"llama.cpp called from thread {threading.current_thread().name!r}, which does not "
+                               "hold the engine; only the engine thread and its replies' streams may touch the context")
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(1 << 16)

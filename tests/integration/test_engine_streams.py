@@ -1,0 +1,80 @@
+"""Replies streamed together on the real embedded model (issue 59): greedy replies of conversations whose replies
+take turns with each other are token for token those of the same conversations alone; the second reply's first
+token comes before the first reply ends; a raw completion runs between a reply's steps; Stop in one conversation
+stops only its own reply."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from evoke_engine import Engine, Settings
+from evoke_engine.worker import Command
+
+QUESTIONS = ["Write a short poem about the sea.", "List five fruits.", "Explain what a compiler does."]
+
+
+def settings_in(home) -> Settings:
+    return Settings(home=str(home), budget_tokens=1024, n_ctx=4096, slots=4, parallel_replies=3, embedder="off")
+
+
+def held(engine: Engine) -> threading.Event:
+    """Occupy the engine thread until the returned event is set: what is submitted meanwhile starts together."""
+    gate, started = threading.Event(), threading.Event()
+    engine.thread.submit(lambda: (started.set(), gate.wait(30)), command=Command.READ)
+    started.wait(30)
+    return gate
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    with Engine(settings_in(tmp_path_factory.mktemp("streams")), prewarm=False) as eng:
+        yield eng
+
+
+def test_greedy_replies_together_equal_each_alone(engine):
+    alone = [engine.new_conversation().submit(q, max_tokens=40, temperature=0).result().text for q in QUESTIONS]
+    heard: list[int] = []
+    convs = [engine.new_conversation() for _ in QUESTIONS]
+    gate = held(engine)
+    futures = [conv.submit(q, max_tokens=40, temperature=0, on_token=lambda _p, i=i: heard.append(i))
+               for i, (conv, q) in enumerate(zip(convs, QUESTIONS, strict=True))]
+    gate.set()
+    together = [f.result().text for f in futures]
+    assert together == alone
+    last_of_first = len(heard) - 1 - heard[::-1].index(0)
+    assert heard.index(1) < last_of_first and heard.index(2) < last_of_first     # they streamed together
+    for conv in convs:
+        conv.check()
+
+
+def test_a_raw_completion_runs_between_a_replys_steps(engine):
+    conv = engine.new_conversation()
+    order: list[str] = []
+    gate = held(engine)
+    reply = conv.submit("Count from one to thirty in words.", max_tokens=120, temperature=0,
+                        on_token=lambda _p: order.append("reply"))
+    completion = engine.complete(engine.tokenize("def add(a, b):\n    return", special=False),
+                                 max_tokens=8, temperature=0, on_token=lambda _p: order.append("completion"))
+    gate.set()
+    completion.result(), reply.result()
+    assert "completion" in order and order[-1] == "reply"                  # done before the reply ended
+
+
+def test_stop_in_one_conversation_stops_only_its_reply(engine):
+    a, b = engine.new_conversation(), engine.new_conversation()
+    heard: list[str] = []
+    gate = held(engine)
+    first = a.submit("Write a long story about a dragon.", max_tokens=200, temperature=0,
+                     on_token=lambda _p: heard.append("a"))
+    second = b.submit("Write a long story about a knight.", max_tokens=60, temperature=0,
+                      on_token=lambda _p: heard.append("b"))
+    gate.set()
+    while heard.count("a") < 5:
+        threading.Event().wait(0.01)
+    engine.cancel(a.id)
+    assert first.result().stopped == "cancelled"
+    reply = second.result()
+    assert reply.stopped in ("eos", "max_tokens") and reply.n_tokens > 5
+    a.check(), b.check()

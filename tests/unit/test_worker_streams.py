@@ -1,0 +1,168 @@
+"""Replies as streams on the engine thread (issue 59): two replies take turns a step at a time; a job about a
+streaming conversation waits for its reply to end; LOAD and SWEEP wait until no reply streams; at most
+`stream_limit()` replies stream at once; only one thread holds the engine at any moment; a stream's failure and
+cancel reach its caller; stop lets every stream finish."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from evoke_engine.worker import FOREGROUND, NORMAL, Command, EngineThread
+
+
+class Reply:
+    """A stand-in reply: `steps` steps, each recorded as (name, step) with a step boundary before it; it checks
+    that no other thread holds the engine while it runs."""
+
+    def __init__(self, engine: EngineThread, log: list, holders: list, name: str, steps: int,
+                 cancel: threading.Event | None = None, step_s: float = 0.0) -> None:
+        self.engine, self.log, self.holders, self.name, self.steps = engine, log, holders, name, steps
+        self.cancel = cancel or threading.Event()
+        self.step_s = step_s                            # how long a step holds the engine (a decode's stand-in)
+
+    def __call__(self) -> str:
+        for step in range(self.steps):
+            self.engine.step_boundary()
+            if self.cancel.is_set():
+                return f"{self.name} stopped at {step}"
+            self.holders.append(self.name)
+            assert len(self.holders) == 1, self.holders             # nobody else is inside a step
+            assert self.engine.on_engine()
+            self.log.append((self.name, step))
+            time.sleep(self.step_s)
+            self.holders.pop()
+        return f"{self.name} done"
+
+
+@pytest.fixture
+def engine():
+    worker = EngineThread("streams-test", stream_limit=lambda: 3)
+    yield worker
+    worker.stop()
+
+
+def hold(engine: EngineThread) -> threading.Event:
+    """Occupy the engine with a plain job until the returned event is set (so submissions queue up together)."""
+    gate, started = threading.Event(), threading.Event()
+    engine.submit(lambda: (started.set(), gate.wait(10)), command=Command.READ)
+    started.wait(10)
+    return gate
+
+
+def test_two_replies_take_turns_a_step_at_a_time(engine):
+    log, holders = [], []
+    gate = hold(engine)
+    a = engine.submit(Reply(engine, log, holders, "a", 5), command=Command.TURN, about="conv-a")
+    b = engine.submit(Reply(engine, log, holders, "b", 5), command=Command.TURN, about="conv-b")
+    gate.set()
+    assert a.result(10) == "a done" and b.result(10) == "b done"
+    assert [name for name, _ in log] == ["a", "b"] * 5                       # a step each, in turn
+    assert [s for n, s in log if n == "a"] == list(range(5))                  # each in its own order
+
+
+def test_a_job_about_a_streaming_conversation_waits_for_its_reply(engine):
+    log, holders = [], []
+    gate = hold(engine)
+    reply = engine.submit(Reply(engine, log, holders, "a", 4), command=Command.TURN, about="conv-a")
+    edit = engine.submit(lambda: log.append(("edit", 0)), command=Command.EDIT, about="conv-a")
+    other = engine.submit(lambda: log.append(("other", 0)), command=Command.READ, about="conv-b")
+    gate.set()
+    reply.result(10), edit.result(10), other.result(10)
+    names = [n for n, _ in log]
+    assert names == ["a", "other", "a", "a", "a", "edit"]    # another conversation's job between two steps; the
+                                                             # edit of the streaming one only after its reply
+
+
+def test_load_and_sweep_wait_until_no_reply_streams(engine):
+    log, holders = [], []
+    gate = hold(engine)
+    reply = engine.submit(Reply(engine, log, holders, "a", 4), command=Command.TURN, about="conv-a")
+    load = engine.submit(lambda: log.append(("load", 0)), command=Command.LOAD)
+    sweep = engine.submit(lambda: log.append(("sweep", 0)), command=Command.SWEEP)
+    gate.set()
+    reply.result(10), load.result(10), sweep.result(10)
+    assert [n for n, _ in log] == ["a"] * 4 + ["load", "sweep"]
+
+
+def test_replies_past_the_limit_wait_in_order():
+    engine = EngineThread("limit-test", stream_limit=lambda: 1)
+    try:
+        log, holders = [], []
+        gate = hold(engine)
+        futures = [engine.submit(Reply(engine, log, holders, name, 3), command=Command.TURN, about=name)
+                   for name in ("a", "b", "c")]
+        gate.set()
+        assert [f.result(10) for f in futures] == ["a done", "b done", "c done"]
+        assert [n for n, _ in log] == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    finally:
+        engine.stop()
+
+
+def test_the_window_reply_is_admitted_before_earlier_endpoint_replies():
+    engine = EngineThread("priority-test", stream_limit=lambda: 1)
+    try:
+        log, holders = [], []
+        gate = hold(engine)
+        endpoint = engine.submit(Reply(engine, log, holders, "endpoint", 2), priority=NORMAL, command=Command.TURN,
+                                 about="e")
+        window = engine.submit(Reply(engine, log, holders, "window", 2), priority=FOREGROUND, command=Command.TURN,
+                               about="w")
+        gate.set()
+        endpoint.result(10), window.result(10)
+        assert [n for n, _ in log] == ["window", "window", "endpoint", "endpoint"]
+    finally:
+        engine.stop()
+
+
+def test_plain_jobs_run_between_a_replys_steps(engine):
+    log, holders = [], []
+    gate = hold(engine)
+    reply = engine.submit(Reply(engine, log, holders, "a", 200, step_s=0.002), command=Command.TURN, about="conv-a")
+    gate.set()
+    while not log:
+        threading.Event().wait(0.001)
+    stats = engine.submit(lambda: log.append(("stats", 0)) or "read", priority=FOREGROUND, command=Command.READ)
+    assert stats.result(10) == "read"                 # answered while the reply goes on
+    reply.result(10)
+    names = [n for n, _ in log]
+    assert 0 < names.index("stats") < len(names) - 1                 # between two of the reply's steps
+
+
+def test_a_stream_is_cancelled_at_its_next_step_and_a_failure_reaches_its_caller(engine):
+    log, holders = [], []
+    told = threading.Event()
+    gate = hold(engine)
+    reply = engine.submit(Reply(engine, log, holders, "a", 5000, told, step_s=0.002), command=Command.TURN,
+                          about="conv-a", on_cancel=told.set)
+    failing = engine.submit(lambda: 1 / 0, command=Command.TURN, about="conv-b")
+    gate.set()
+    with pytest.raises(ZeroDivisionError):
+        failing.result(10)
+    while not log:
+        threading.Event().wait(0.001)
+    assert engine.cancel(reply.job.id)
+    assert reply.result(10).startswith("a stopped at")
+    assert engine.jobs() == [] and engine.streaming() == []
+
+
+def test_stop_lets_every_stream_finish():
+    engine = EngineThread("stop-test", stream_limit=lambda: 2)
+    log, holders = [], []
+    gate = hold(engine)
+    futures = [engine.submit(Reply(engine, log, holders, name, 20), command=Command.TURN, about=name)
+               for name in ("a", "b")]
+    gate.set()
+    engine.stop(10)
+    assert [f.result(0) for f in futures] == ["a done", "b done"]
+    assert not engine.thread.is_alive()
+    late = engine.submit(lambda: None)
+    with pytest.raises(RuntimeError, match="closed"):
+        late.result(1)
+
+
+def test_step_boundary_outside_a_stream_is_a_no_op(engine):
+    engine.step_boundary()                             # a test's own thread: nothing happens
+    assert engine.submit(lambda: engine.step_boundary() or "plain", command=Command.READ).result(10) == "plain"
