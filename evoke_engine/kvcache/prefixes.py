@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -73,6 +74,7 @@ class Prefix:
     opening: list[int] = field(default_factory=list)     # a first user message's opening (`<|im_start|>user\n`)
     opening_kv: SavedKV | None = None                    # its K/V, decoded after the prefix
     kv: SavedKV | None = None                            # the prefix's own K/V, for slots in other contexts
+    decoded_at: float = field(default_factory=time.monotonic)   # when its cells were decoded (usage's cached tokens)
 
     def blocks(self) -> list[Block]:
         """The conversation's first blocks: one per piece, their cells shared with the prefix sequence."""
@@ -126,6 +128,12 @@ class SharedPrefixes:
             log.info("prefix %s displaced by %s", displaced.key, key)
             self._key_by_content = {c: k for c, k in self._key_by_content.items() if k in self._by_key}
         return prefix
+
+    def decoded_at(self, system_prompt: str, tools: list[dict]) -> float | None:
+        """When the prefix of this system prompt and tools was decoded (`time.monotonic`), None when it is not held;
+        any thread (two dict reads)."""
+        prefix = self._by_key.get(self._key_by_content.get(system_prompt + tools_text(tools), ""))
+        return None if prefix is None else prefix.decoded_at
 
     def share_into(self, prefix: Prefix, seq: int) -> None:
         """Give sequence `seq` the prefix's cells (no decode; no copy within the prefix's context)."""

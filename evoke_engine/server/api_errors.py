@@ -49,8 +49,14 @@ def context_length(engine: Engine) -> int:
 
 
 def context_tokens(settings: Settings) -> int:
-    """`context_length` from the settings alone (no model loaded)."""
+    """`context_length` from the settings alone (no model loaded): the one context size the endpoint advertises
+    (/v1/models, aider's metadata, the overflow error) and enforces (what a request decodes and asks to generate)."""
     return settings.n_ctx // (settings.slots if settings.slot_contexts else 1)
+
+
+def reply_room(settings: Settings) -> int:
+    """Tokens of a conversation's context that one request's prefill leaves for its reply."""
+    return 2 * settings.block_tokens
 
 
 def aider_metadata(settings: Settings, name: str = "openai/evoke") -> dict:

@@ -38,6 +38,8 @@ def add_completion_route(app: FastAPI, engine: Engine, service: ChatService, met
         check_body(request)
         model_id = await to_thread.run_sync(service.check_model, request.model)
         tokens = await to_thread.run_sync(prompt_tokens, service, request)
+        if request.logit_bias:
+            await to_thread.run_sync(service.check_logit_bias, request.logit_bias)
         sampling = request.sampling(DEFAULT_MAX_TOKENS)
         check_fits(engine, service, len(tokens), sampling["max_tokens"])
         if request.grammar:

@@ -2,9 +2,12 @@
 (`json_object`, `json_schema`), `tool_choice` (`required` or a named function) or the `grammar` extension.
 
 Invariants: the grammar constrains the reply only (the engine builds a sampler chain per reply); JSON schemas are
-turned into GBNF by llama-cpp-python's own converter; a forced tool call has the form `toolcalls.py` parses
-(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`); a request asking for two constraints, or for a
-schema the converter refuses, gets an `ApiError` 400 naming the field.
+turned into GBNF by llama-cpp-python's own converter taught integer bounds (`schema_grammar`); a `json_schema`
+response format with a keyword no grammar enforces (`multipleOf`, bounds on a non-integer, ...) is a 400 naming it,
+never a reply that ignored it (a forced tool call's parameters are only guided: their bounds are enforced, other
+keywords left to the model, as clients' tool schemas often carry them); a forced tool call has the form
+`toolcalls.py` parses (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`); a request asking for two
+constraints, or for a schema the converter refuses, gets an `ApiError` 400 naming the field.
 """
 
 from __future__ import annotations
@@ -14,14 +17,28 @@ from typing import Any
 
 from .. import json_grammar, json_schema_grammar
 from .api_errors import ApiError
+from .schema_grammar import ENFORCED, SchemaRefused, schema_grammar
 
 
-def _schema_grammar(schema: dict[str, Any], param: str) -> str:
+def _schema_grammar(schema: dict[str, Any], param: str, *, strict: bool = True) -> str:
+    """The schema's GBNF; with `strict`, a keyword the grammar cannot enforce is a 400 naming it."""
     try:
-        return json_schema_grammar(json.dumps(schema))
+        return schema_grammar(schema) if strict else _guided_grammar(schema)
+    except SchemaRefused as exc:
+        raise ApiError(400, f"{param}: the JSON schema keyword {exc.keyword!r} cannot be enforced on the reply "
+                            f"({exc}); remove it (supported: {', '.join(ENFORCED)})", "unsupported_schema_keyword",
+                       param) from exc
     except Exception as exc:   # noqa: BLE001 - the converter raises bare exceptions on schemas it cannot express
         raise ApiError(400, f"{param}: the JSON schema cannot be turned into a grammar: {exc}",
                        "invalid_schema", param) from exc
+
+
+def _guided_grammar(schema: dict[str, Any]) -> str:
+    """A tool's parameters as GBNF: integer bounds enforced where they are valid, other keywords ignored."""
+    try:
+        return schema_grammar(schema)
+    except SchemaRefused:
+        return json_schema_grammar(json.dumps(schema))
 
 
 def _tool_call_grammar(tools: list[dict], names: list[str]) -> str:
@@ -36,7 +53,7 @@ def _tool_call_grammar(tools: list[dict], names: list[str]) -> str:
                                                           "arguments": parameters},
                         "required": ["name", "arguments"], "additionalProperties": False})
     schema = options[0] if len(options) == 1 else {"anyOf": options}
-    body = _schema_grammar(schema, "tool_choice").replace("root ::=", "call ::=", 1)
+    body = _schema_grammar(schema, "tool_choice", strict=False).replace("root ::=", "call ::=", 1)
     return body + '\nroot ::= "<tool_call>" call "</tool_call>"\n'
 
 

@@ -2,9 +2,10 @@
 (prometheus_client is not a dependency; the format is plain text).
 
 Invariants: counters only grow; every finished chat request is observed once (`observe`, from its `evoke`
-figures); the engine's own events (KV files restored, blocks spilled, conversations released: also those of the
-window and of sweeps) are counted as they are emitted (`on_event`); the TTFT histogram's buckets are cumulative with
-`+Inf` equal to the count; the KV files' disk bytes are read from the folder when scraped (a missing folder reads 0).
+figures), its prompt tokens counted once, as cached, decoded or reused; the engine's own events (KV files restored,
+blocks spilled, conversations released: also those of the window and of sweeps) are counted as they are emitted
+(`on_event`); the TTFT histogram (from a request's arrival) has cumulative buckets with `+Inf` equal to the count;
+the KV files' disk bytes are read from the folder when scraped (a missing folder reads 0).
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 COUNTERS = {
     "requests": "completion requests finished (chat and raw)",
     "prompt_tokens": "prompt tokens of finished requests",
-    "cached_tokens": "prompt tokens not decoded (prefix, reused and restored KV)",
+    "cached_tokens": "prompt tokens held in the KV before the request (prefix, earlier turns, restored blocks)",
     "decoded_tokens": "prompt tokens decoded",
     "completion_tokens": "tokens generated",
     "evictions": "blocks evicted from the KV cache during requests",
     "recoveries": "evicted blocks recovered during requests",
-    "reused_tokens": "tokens spliced in from other conversations' KV",
+    "reused_tokens": "prompt tokens spliced in from other conversations' KV (prompt = cached + decoded + reused)",
 }
 EVENT_COUNTERS = {          # EventKind value -> (counter, help); each also counts its tokens as <counter>_tokens
     "kv_restored": ("restores", "conversations reopened from their KV file without a prefill"),
@@ -50,7 +51,7 @@ class Metrics:
             for key, name in (("cached_tokens", "cached"), ("decoded_tokens", "decoded"), ("evictions", "evictions"),
                               ("recoveries", "recoveries"), ("reused_tokens", "reused")):
                 t[key] += max(0, int(figures.get(name, 0)))
-            ttft = float(figures.get("engine_ttft_ms", 0.0)) / 1000
+            ttft = float(figures.get("ttft_ms", figures.get("engine_ttft_ms", 0.0))) / 1000   # from the arrival
             self.ttft_sum += ttft
             self.ttft_count += 1
             for i, bound in enumerate(TTFT_BUCKETS_S):
@@ -79,7 +80,8 @@ class Metrics:
                                           (f"evoke_{key}_tokens_total", f"tokens of {help_text}", tokens)):
                     lines += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name} {value}"]
             name = "evoke_time_to_first_token_seconds"
-            lines += [f"# HELP {name} engine time to the first token of a reply", f"# TYPE {name} histogram"]
+            lines += [f"# HELP {name} time from a request's arrival to its reply's first token",
+                      f"# TYPE {name} histogram"]
             lines += [f'{name}_bucket{{le="{bound}"}} {count}'
                       for bound, count in zip(TTFT_BUCKETS_S, self.ttft_counts, strict=True)]
             lines += [f'{name}_bucket{{le="+Inf"}} {self.ttft_count}', f"{name}_sum {self.ttft_sum:.6f}",

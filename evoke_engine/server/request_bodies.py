@@ -3,12 +3,14 @@
 Invariants: OpenAI fields the engine cannot honour are refused by name (`ChatRequest.refusal`, a 400), other
 unknown fields are ignored (clients add their own), wrong types are rejected (400 through the validation
 handler; booleans and numbers are strict: `"stream": "true"` or `"max_tokens": "5"` is a 400, never coerced),
-`messages` is never empty, an attachment's file name is at most `MAX_FILENAME_CHARS` characters, and no string
-holds a lone UTF-16 surrogate (`unpaired_surrogate` finds one for a 400 that names where).
+`messages` is never empty, an attachment's file name is at most `MAX_FILENAME_CHARS` characters, no string
+holds a lone UTF-16 surrogate (`unpaired_surrogate` finds one for a 400 that names where), and a `logit_bias` names
+tokens of the vocabulary with finite biases within -100..100 (`check_logit_bias`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
@@ -145,6 +147,11 @@ class ChatRequest(SamplingRequest):
             out["logprobs"] = self.top_logprobs or 0
         return out
 
+    @property
+    def asked_max_tokens(self) -> int | None:
+        """The reply length the client asked for (`max_completion_tokens`, else `max_tokens`), or None."""
+        return self.max_completion_tokens or self.max_tokens
+
     def refusal(self) -> str | None:
         """The first field this request sets that the engine does not honour (see REFUSED_FIELDS), or None."""
         refused = self.extra_refusal()
@@ -228,8 +235,25 @@ def unpaired_surrogate(value: Any, path: str = "") -> tuple[str, int] | None:
     return None
 
 
+LOGIT_BIAS_LIMIT = 100.0      # OpenAI's range for a bias: -100..100
+
+
+def check_logit_bias(bias: dict[int, float] | None, n_vocab: int | None = None) -> None:
+    """ApiError 400 for a `logit_bias` entry whose token id is outside the vocabulary (0..n_vocab-1; negative ids
+    whatever it is) or whose bias is not a finite number within -100..100 (NaN, 1e308)."""
+    for token, value in (bias or {}).items():
+        if token < 0 or (n_vocab is not None and token >= n_vocab):
+            vocabulary = f"0..{n_vocab - 1}" if n_vocab is not None else "0 and up"
+            raise ApiError(400, f"logit_bias: token id {token} is outside the vocabulary ({vocabulary})",
+                           "invalid_logit_bias", "logit_bias")
+        if not math.isfinite(value) or abs(value) > LOGIT_BIAS_LIMIT:
+            raise ApiError(400, f"logit_bias: the bias of token {token} is {value!r}; a bias is a number from "
+                                f"-{LOGIT_BIAS_LIMIT:g} to {LOGIT_BIAS_LIMIT:g}", "invalid_logit_bias", "logit_bias")
+
+
 def check_body(request: ChatRequest | CompletionRequest) -> None:
-    """ApiError 400 for a lone surrogate anywhere in the body, or a field this server does not honour (named)."""
+    """ApiError 400 for a lone surrogate anywhere in the body, a field this server does not honour (named), or a
+    `logit_bias` no vocabulary allows (`check_logit_bias`; the ids' upper bound is checked against the model's)."""
     surrogate = unpaired_surrogate(request.model_dump(exclude_none=True))
     if surrogate is not None:
         raise ApiError(400, f"{surrogate[0]}: a lone UTF-16 surrogate at character {surrogate[1]}; "
@@ -238,3 +262,4 @@ def check_body(request: ChatRequest | CompletionRequest) -> None:
     if refused is not None:
         raise ApiError(400, f"{refused} is not supported by this server; remove it from the request",
                        "unsupported_parameter", refused.split(" ", 1)[0])
+    check_logit_bias(request.logit_bias)

@@ -43,10 +43,11 @@ from .. import (
     system_message,
 )
 from ..errors import BudgetError, EvokeError, RebuildCancelled
+from ..events import EventKind
 from ..stats import ConversationStats
-from .api_errors import ApiError
+from .api_errors import ApiError, context_tokens, reply_room
 from .clients import ANONYMOUS_OWNER, Client
-from .request_bodies import ChatRequest
+from .request_bodies import ChatRequest, check_logit_bias
 from .sessions import (
     CONVERSATION_ID,
     Msg,
@@ -58,7 +59,7 @@ from .sessions import (
     conversation_messages,
     plan,
 )
-from .toolcalls import RawTextMap, new_call_id, parse_tool_calls
+from .toolcalls import RawTextMap, drop_unfinished_call, new_call_id, parse_tool_calls
 
 log = logging.getLogger(__name__)
 MIN_SHARED_TOKENS = 64
@@ -105,6 +106,9 @@ class Prepared:
     extras: dict = field(default_factory=dict)
     messages_before: int = 0         # the conversation's messages before this turn
     tokens_seen: bool = False        # the reply's first token has come
+    arrived: float = 0.0             # time.monotonic() when the request arrived (`prepare` began)
+    first_token_at: float | None = None   # time.monotonic() when the reply's first piece came
+    opened_tokens: int = 0           # tokens decoded for this request before its turn (a new prefix, a rebuild)
     acknowledged: bool = False       # its message was stored and the 200 said so (a failure keeps it)
 
     @property
@@ -141,6 +145,8 @@ class ChatService:
         self._expiry_checked = 0.0                   # the first request looks for expired stateless conversations
         self._cleanups: set[asyncio.Task] = set()    # `abandon` tasks running (held: the loop keeps weak references)
         self._persisted: dict[str, float] = {}        # conversation id -> when its KV file was last asked for
+        self._rebuilt: dict[str, tuple[float, int]] = {}   # conversation id -> (when, tokens) of its last rebuild
+        engine.subscribe(self._on_event)
 
     def cancel_all(self) -> None:
         """Stop every generation in flight (shutdown): partial replies are kept, streams end with [DONE]."""
@@ -183,6 +189,10 @@ class ChatService:
                     self._counter.close()
                 self._counter = self.engine.backend.vocabulary(path)     # llama.cpp's, or a simulated one
             return self._counter
+
+    def check_logit_bias(self, bias: dict[int, float]) -> None:
+        """400 for a `logit_bias` token id outside the model's vocabulary (worker thread)."""
+        check_logit_bias(bias, self.vocabulary().n_tokens)
 
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` counted on the calling thread."""
@@ -278,6 +288,7 @@ class ChatService:
                       disconnected: Callable[[], Awaitable[bool]] | None = None) -> Prepared:
         """The conversation and the turn of one request; `disconnected` (the request's `is_disconnected`) lets a
         client that leaves cancel the rebuild of an imported history, as it cancels a turn's prefill."""
+        arrived = time.monotonic()
         canonical = canonicalize(request, self.raw_map)
         if not canonical.messages:
             raise ApiError(400, "messages holds no user or tool message", "invalid_messages", "messages")
@@ -290,7 +301,9 @@ class ChatService:
             session = SessionMap.valid(session)
         if time.time() - self._expiry_checked > EXPIRY_CHECK_S:
             await to_thread.run_sync(self.expire_stateless)
-        await to_thread.run_sync(self._check_sizes, system, tools, canonical.messages[-1])
+        await to_thread.run_sync(self._check_sizes, system, tools, canonical.messages[-1], request.asked_max_tokens)
+        if request.logit_bias:
+            await to_thread.run_sync(self.check_logit_bias, request.logit_bias)
         target = await to_thread.run_sync(self._target, client, session, system, tools_key, canonical.messages)
         key = target or f"new:{id(request)}"
         lock = self._lock(key)
@@ -300,6 +313,8 @@ class ChatService:
         try:
             prepared = await to_thread.run_sync(self._open, request, client, session, target, system, tools,
                                                 tools_key, canonical.messages, lock, opening)
+            prepared.arrived = arrived
+            prepared.opened_tokens = self._opened_tokens(prepared, system, tools, arrived)
         except BaseException:
             lock.release()
             raise
@@ -363,6 +378,25 @@ class ChatService:
                                 "keep": [(i, m.keep) for i, m in enumerate(messages) if m.keep],
                                 "roles": [m.role for m in messages]})
 
+    def _opened_tokens(self, prepared: Prepared, system: str, tools: list[dict], arrived: float) -> int:
+        """Tokens decoded for this request before its turn: the shared prefix when it was decoded after the request
+        arrived (a new system prompt or tools), and a rebuild from history that opening it needed (an import's
+        rebuild is counted by `_usage`)."""
+        model = self.engine.diagnostics()
+        decoded_at = model.prefixes.decoded_at(system, tools) if model is not None else None
+        fresh_prefix = prepared.before.prefix_tokens if decoded_at is not None and decoded_at >= arrived else 0
+        rebuilt_at, rebuilt = self._rebuilt.get(prepared.conv.id, (0.0, 0))
+        return fresh_prefix + (rebuilt if rebuilt_at >= arrived and prepared.route != "import" else 0)
+
+    def _on_event(self, event) -> None:
+        """An engine event (engine thread): a finished rebuild from history is remembered for `_opened_tokens`."""
+        detail = event.detail or {}
+        if (event.kind == EventKind.KV_REBUILDING and event.conversation_id and not detail.get("cancelled")
+                and detail.get("done") == detail.get("total")):
+            if len(self._rebuilt) > 256:
+                self._rebuilt.clear()           # entries older than a request in flight say nothing
+            self._rebuilt[event.conversation_id] = (time.monotonic(), int(event.tokens))
+
     def _import(self, system: str, tools: list[dict], title: str, history: list[Msg],
                 opening: Opening, owner: str) -> Conversation:
         """A new conversation holding a client-written history, its KV built from the text (a prefill queued
@@ -399,14 +433,19 @@ class ChatService:
 
     def prefill_limit(self) -> int:
         """The most tokens one request may have decoded before its reply, one message or an imported history as
-        a whole: the whole context less the room kept for the reply (a message longer than a slot's context is
-        decoded in chunks, evicting as it goes, as in the window), or `max_prefill_tokens` where lower (`serve
-        --max-prefill-tokens`). It bounds how long one request holds the engine thread (a prefill is one job
-        there; a client that leaves cancels it): 5,000 combining marks are 10,000 tokens (each is 2 bytes, one
-        token a byte) and fit the default; an 8 MiB body does not."""
-        settings = self.engine.settings
-        whole = settings.n_ctx - 2 * settings.block_tokens
+        a whole: a conversation's context (`context_tokens`, the number /v1/models advertises) less the room kept
+        for the reply, or `max_prefill_tokens` where lower (`serve --max-prefill-tokens`). It bounds how long one
+        request holds the engine thread (a prefill is one job there; a client that leaves cancels it)."""
+        whole = context_tokens(self.engine.settings) - reply_room(self.engine.settings)
         return min(whole, self.max_prefill_tokens) if self.max_prefill_tokens > 0 else whole
+
+    def _limit_words(self) -> str:
+        """How `prefill_limit` came about, for the errors that name it."""
+        settings = self.engine.settings
+        if self.max_prefill_tokens > 0 and self.prefill_limit() == self.max_prefill_tokens:
+            return "this server's --max-prefill-tokens"
+        return (f"the context of {context_tokens(settings)} tokens less {reply_room(settings)} kept for the "
+                "reply")
 
     def _check_history(self, messages: list[Msg]) -> None:
         """400 when a history the engine did not write (the import route) is more tokens than one request may
@@ -417,17 +456,16 @@ class ChatService:
             tokens = sum(TEMPLATE_TOKENS + self.count_tokens(m.content) for m in messages)
         if tokens > limit:
             raise ApiError(400, f"the messages are about {tokens} tokens, {tokens - limit} over the {limit} that one "
-                                "request may have decoded: this history was not written by this server (its "
-                                "assistant messages differ), so it is rebuilt whole; send it with fewer or shorter "
-                                f"messages (the context holds {self.engine.settings.n_ctx} tokens for "
-                                f"{self.engine.settings.slots} slots)", "context_length_exceeded", "messages")
+                                f"request may have decoded ({self._limit_words()}): this history was not written "
+                                "by this server (its assistant messages differ), so it is rebuilt whole; send it "
+                                "with fewer or shorter messages", "context_length_exceeded", "messages")
 
-    def _check_sizes(self, system: str, tools: list[dict], message: Msg) -> None:
+    def _check_sizes(self, system: str, tools: list[dict], message: Msg, max_tokens: int | None = None) -> None:
         """400 before any decoding when the prefix (system prompt + tools) or the new message cannot fit in a
-        slot's context, saying by how much (counted here, on a worker thread)."""
+        conversation's context (`context_tokens`), or they and an asked `max_tokens` together cannot, saying by how
+        much (counted here, on a worker thread)."""
         settings = self.engine.settings
-        room = settings.n_ctx // (settings.slots if settings.slot_contexts else 1)
-        reserve = 2 * settings.block_tokens
+        room, reserve = context_tokens(settings), reply_room(settings)
         prefix = self.count_tokens(system_message(system, tools)["content"])
         if prefix + reserve > room:
             raise ApiError(400, f"the system prompt and tools are {prefix} tokens; a conversation's context holds "
@@ -435,14 +473,18 @@ class ChatService:
                                 f"{prefix + reserve - room} tokens over (shorten them, or raise n_ctx)",
                            "context_length_exceeded", "messages")
         limit = self.prefill_limit()                    # what one request may have decoded (the engine's hold)
-        if len(message.content.encode()) <= limit:       # a token is at least one byte: it fits
+        size = len(message.content.encode())            # a token is at least one byte: an upper bound
+        if size <= limit and prefix + size + (max_tokens or 0) <= room:
             return
         tokens = self.count_tokens(message.content)
         if tokens > limit:
             raise ApiError(400, f"the new message is {tokens} tokens, {tokens - limit} over the {limit} that fit "
-                                f"in one message (the context holds {settings.n_ctx} tokens for "
-                                f"{settings.slots} slots, budget {settings.budget_tokens} per conversation)",
-                           "context_length_exceeded", "messages")
+                                f"in one message ({self._limit_words()})", "context_length_exceeded", "messages")
+        if max_tokens and prefix + tokens + max_tokens > room:
+            raise ApiError(400, f"you requested {prefix + tokens + max_tokens} tokens ({prefix} in the system prompt "
+                                f"and tools, {tokens} in the new message, {max_tokens} in the completion), "
+                                f"{prefix + tokens + max_tokens - room} over; lower max_tokens to at most "
+                                f"{max(0, room - prefix - tokens)}", "context_length_exceeded", "max_tokens")
 
     def submit(self, prepared: Prepared, on_token=None, on_stored: Callable[[], None] | None = None) -> Future:
         """Start the request's turn; `on_stored` (engine thread) hears that its message is in SQLite, after which
@@ -455,6 +497,8 @@ class ChatService:
             kwargs.update(role="tool", extra=message.extra or None)
 
         def token(piece, *rest) -> None:
+            if prepared.first_token_at is None:
+                prepared.first_token_at = time.monotonic()
             prepared.tokens_seen = True
             if on_token is not None:
                 on_token(piece, *rest)
@@ -511,8 +555,8 @@ class ChatService:
         if prepared.session is not None:         # a stateless conversation is never continued after a restart
             self._persist_if_due(prepared.conv.id)
         after = prepared.conv.stats()
-        finish = "tool_calls" if calls else {"eos": "stop", "stop": "stop", "cancelled": "stop"}.get(
-            reply.stopped, "length")
+        unfinished = bool(prepared.tool_names) and drop_unfinished_call(reply.text)[1]
+        finish = finish_reason(reply.stopped, bool(calls), unfinished)
         return Outcome(content=content, tool_calls=[c.as_openai(i) for c, i in zip(calls, ids, strict=True)],
                        finish_reason=finish, usage=self._usage(prepared, reply, after))
 
@@ -553,20 +597,28 @@ class ChatService:
 
     @staticmethod
     def _usage(prepared: Prepared, reply, after: ConversationStats) -> dict:
+        """OpenAI's usage and the `evoke` figures: every prompt token is `prompt_tokens` = `cached` (held in the KV
+        before this request: a warm prefix, earlier turns, restored blocks) + `decoded` (for this request: its
+        message, a prefix or history decoded to open the conversation) + `reused` (spliced from another
+        conversation's K/V); `ttft_ms` counts from the request's arrival, `engine_ttft_ms` from its turn's start."""
         before = prepared.before
         held = sum(b["tokens"] for b in before.blocks if b.get("role") != "breadcrumb")
-        decoded = int(reply.prefill_tokens)
-        prompt = held + decoded
+        reused = int(getattr(reply, "reused_tokens", 0))
+        decoded = int(reply.prefill_tokens) + prepared.opened_tokens
+        prompt = held + int(reply.prefill_tokens) + reused
         if prepared.route == "import":       # the rebuilt history was decoded for this request too
             decoded += held - before.prefix_tokens
+        decoded = min(decoded, prompt - reused)
+        first = prepared.first_token_at
+        ttft_s = first - prepared.arrived if first is not None and prepared.arrived else float(reply.ttft_s)
         return {"prompt_tokens": prompt, "completion_tokens": int(reply.n_tokens),
                 "total_tokens": prompt + int(reply.n_tokens),
                 "evoke": {"active": after.active_tokens, "budget": after.budget_tokens,
-                          "cached": prompt - decoded, "decoded": decoded,
-                          "reused": int(getattr(reply, "reused_tokens", 0)),
+                          "cached": prompt - decoded - reused, "decoded": decoded, "reused": reused,
                           "evictions": after.evictions - before.evictions,
                           "recoveries": after.recoveries - before.recoveries,
                           "conversation_id": prepared.conv.id, "route": prepared.route,
+                          "ttft_ms": round(ttft_s * 1000, 1),
                           "engine_ttft_ms": round(float(reply.ttft_s) * 1000, 1)}}
 
     def release(self, prepared: Prepared, loop: asyncio.AbstractEventLoop) -> None:
@@ -593,6 +645,15 @@ class ChatService:
             prepared.lock.release()
             if prepared.made_here:
                 self._locks.pop(prepared.conv.id, None)
+
+
+def finish_reason(stopped: str, has_calls: bool, unfinished_call: bool) -> str:
+    """OpenAI's finish_reason of a chat reply: `length` for one cut short (max_tokens, the budget, the context)
+    with a tool call left unfinished or no call at all, `tool_calls` when it holds calls, else `stop`."""
+    cut = stopped not in ("eos", "stop", "cancelled")
+    if cut and (unfinished_call or not has_calls):
+        return "length"
+    return "tool_calls" if has_calls else "stop"
 
 
 async def cancel_on_disconnect(http, future: Future | None, cancel: Callable[[], None],

@@ -2,8 +2,10 @@
 `{"name": ..., "arguments": {...}}` (the shape the engine's tools block documents).
 
 Invariants: a call is recognised only when its JSON parses and names a declared tool with object
-arguments; anything else stays text. `StreamSplitter` never streams text that may still turn out to be a
-call, and `RawTextMap` remembers the raw model text behind every call it returned (ids and content).
+arguments; a closed call that does not is text, an unfinished one at the reply's end (a `<tool_call>` never
+closed, a bare call's JSON cut short: `max_tokens` ended it) is dropped, so no tool markup reaches `content`
+(`drop_unfinished_call`). `StreamSplitter` never streams text that may still turn out to be a call, and
+`RawTextMap` remembers the raw model text behind every call it returned (ids and content).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _FENCE = re.compile(r"^(?:```(?:json)?\s*)?(.*?)(?:\s*```)?$", re.DOTALL)     # optional code fences
+_BARE_CALL_START = re.compile(r'^\s*(?:```(?:json)?\s*)?\[?\s*\{\s*"name"\s*:', re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,26 @@ def _loads(text: str):
         return None
 
 
+def drop_unfinished_call(text: str) -> tuple[str, bool]:
+    """(`text` without the unfinished tool call it ends with, whether there was one): a `<tool_call>` never closed
+    (or the start of that tag), or a bare call (`{"name": ...`) whose JSON does not parse."""
+    at = text.rfind(TAG_OPEN)
+    if at >= 0 and text.find(TAG_CLOSE, at) < 0:
+        return text[:at].rstrip(), True
+    for k in range(min(len(TAG_OPEN) - 1, len(text)), 1, -1):       # the tag itself cut: "<tool_ca"
+        if text.endswith(TAG_OPEN[:k]):
+            return text[:-k].rstrip(), True
+    if at < 0 and _BARE_CALL_START.match(text) and _loads(_FENCE.match(text.strip()).group(1)) is None:
+        return "", True
+    return text, False
+
+
 def parse_tool_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[ParsedCall]]:
-    """(content left, calls) of a finished reply; ([text], []) when it holds no valid call."""
+    """(content left, calls) of a finished reply; ([text], []) when it holds no valid call. An unfinished call at
+    its end is dropped from the content (`drop_unfinished_call`)."""
     if not tool_names:
         return text, []
+    text, _ = drop_unfinished_call(text)
     if TAG_OPEN in text:
         calls = []
         for body in _HERMES.findall(text):
@@ -121,7 +140,11 @@ class StreamSplitter:
         return len(self.text)
 
     def unsent(self) -> str:
-        return self.text[self.sent:]
+        """The text held back, once the reply has ended: all of it but an unfinished call at its end."""
+        if not self.enabled:
+            return self.text[self.sent:]
+        kept, _ = drop_unfinished_call(self.text)
+        return kept[self.sent:]
 
 
 def new_call_id() -> str:

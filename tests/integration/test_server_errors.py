@@ -69,7 +69,8 @@ def test_prompt_larger_than_the_context_is_400_with_limits(served):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="evoke", messages=[{"role": "user", "content": huge}])
     assert err.value.body["code"] == "context_length_exceeded"
-    assert str(engine.settings.n_ctx) in err.value.body["message"]
+    length = engine.settings.n_ctx // engine.settings.slots      # the one context /v1/models advertises (issue 58)
+    assert f"maximum context length is {length} tokens" in err.value.body["message"]
     still_serving(client)
 
 
