@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export QT_QPA_PLATFORM ?= offscreen
 
-.PHONY: install run chat test test-fast test-soak test-hostile lint bench gpu cpu clean
+.PHONY: install run chat test test-fast test-loaded test-soak test-hostile lint bench gpu cpu clean
 
 $(STAMP): pyproject.toml packaging/install.sh native/build.sh native/rope_reanchor.c native/attention_capture.cpp native/kv_direct.cpp native/kvquant.c \
           native/build_cpu.sh native/llama_wheel.sh native/build_rpc_server.sh native/rpc_server/CMakeLists.txt
@@ -27,6 +27,13 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q tests/unit
+
+# the window suite 5 times with every core kept busy (run before resolving anything that touches the window or the
+# engine thread); WINDOW_TESTS=... and REPEAT=... narrow or widen it
+WINDOW_TESTS ?= tests/integration/test_app_*.py
+REPEAT ?= 5
+test-loaded: install
+	$(PY) tests/helpers/under_load.py --repeat $(REPEAT) -- $(PY) -m pytest -q $(WINDOW_TESTS)
 
 test-soak: install
 	$(PY) -m pytest -q -m soak

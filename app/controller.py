@@ -89,6 +89,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
     messageRevealed = Signal(int)              # position of the message a search hit opened
     openingChanged = Signal(str)               # title of the conversation whose KV is opening ("" once it is open)
     newPending = Signal(str)                   # New was asked: the pane is the new conversation (title) until it exists
+    conversationSettled = Signal(str)          # the highlighted conversation's messages are shown and its KV is open
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -146,9 +147,20 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
     def current_id(self) -> str:
         return str(self.conv.id) if self.conv is not None else ""
 
+    @property
+    def settled(self) -> bool:
+        """The highlighted conversation has finished opening: its messages are on screen (no reset of the chat
+        view follows) and the engine holds its KV (or gave up opening it)."""
+        return self.conv is not None and self.history_loaded and self.current_id not in self.opening_ids
+
+    def _say_if_settled(self) -> None:
+        if self.settled:
+            self.conversationSettled.emit(self.current_id)
+
     def start(self) -> None:
         self.report_settings_file()                # saved values not used: the banner names them (SettingsFlow)
         self.bridge.start()
+        self.read_history_without_model(early=True)   # the list and the last conversation show while the model loads
 
     def _shutdown(self) -> None:
         for timer in (self._flush, self._stats_timer, self._list_timer, self._live_stats):
@@ -212,8 +224,9 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         if self.model_info is None:
             self.read_history_without_model()
 
-    def read_history_without_model(self) -> None:
-        """List the conversations from SQLite (no model needed) and show the latest one, read-only."""
+    def read_history_without_model(self, *, early: bool = False) -> None:
+        """List the conversations from SQLite (no model needed) and show the latest one, read-only; `early`: at
+        start-up, beside the model's load (a failure to read is then only logged)."""
 
         def listed(infos: list[Any]) -> None:
             if self.model_info is not None:
@@ -222,8 +235,12 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
             if self.conv is None and not self.viewed_id and self.conversations.rows:
                 self._view(startup_choice([r.id for r in self.conversations.rows], "", self.last_open.recall())
                            or self.conversations.rows[0].id)
-        self.bridge.call(read_conversations, self.settings,
-                         on_done=listed, on_error=lambda exc: self._fail_with("Could not read the history", exc))
+        def unreadable(exc: BaseException) -> None:
+            if early:                              # the engine opens (and repairs) it: it says what is wrong
+                log.info("the history could not be read before the model loaded: %s", exc)
+            else:
+                self._fail_with("Could not read the history", exc)
+        self.bridge.call(read_conversations, self.settings, on_done=listed, on_error=unreadable)
 
     def _return_draft(self, queued: QueuedMessage, *, shown_here: bool) -> None:
         """A waiting message that cannot be sent goes back to the message box (its bubbles leave the chat)."""
@@ -409,6 +426,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         current = conversation_id == self.current_id
         if current:
             self.openingChanged.emit("")
+            self._say_if_settled()
         if exc is None:
             if current:
                 self.refresh_stats()
@@ -450,6 +468,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self.load_versions(conv)
         self.reveal_pending()
         self.refresh_stats()                       # the size of a conversation not loaded yet
+        self._say_if_settled()
         self._send_next_queued()
 
     def rename_conversation(self, conversation_id: str, title: str) -> None:

@@ -81,6 +81,7 @@ class MessageBubble(QFrame):
         self.role = message.role
         self.source = message.text
         self.code_blocks: list[str] = []
+        self._rendered: tuple[str, bool] | None = None     # (text, streaming) the parts show now
         self.is_last = False
         self.busy = False
         self.setObjectName("bubble_" + message.role)
@@ -132,6 +133,7 @@ class MessageBubble(QFrame):
         self.set_message(message)
 
     def set_message(self, message: ChatMessage) -> None:
+        self.message = message
         self.source = message.text
         self.set_text(message.text, streaming=False)
         self.chips.setText("   ".join(f"▣ {n}" + (f"  ({size:,} chars)" if size else "")
@@ -151,6 +153,9 @@ class MessageBubble(QFrame):
         self._copied_reset.start()
 
     def set_text(self, text: str, *, streaming: bool) -> None:
+        if self._rendered == (text, streaming):        # unchanged: a selection in it stays
+            return
+        self._rendered = (text, streaming)
         if self.role == "user":
             self.body.setHtml(render_plain(text))
             return
@@ -271,13 +276,22 @@ class ChatView(QScrollArea):
         self.notice.show()
 
     def reset(self, messages: list[ChatMessage]) -> None:
-        for bubble in self.bubbles:
-            bubble.setParent(None)
-            bubble.deleteLater()
-        self.bubbles = []
-        for message in messages:
+        """Show exactly `messages`. A bubble already at its place with the same role stays the same widget (a
+        conversation that finishes opening re-sends what is shown: what a user reads, selects or copies from is
+        not rebuilt); it is re-rendered only where its message changed."""
+        kept = 0
+        while kept < min(len(messages), len(self.bubbles)) and self.bubbles[kept].role == messages[kept].role:
+            bubble = self.bubbles[kept]
+            if bubble.message != messages[kept]:
+                if (bubble.message.row_id, bubble.message.text) != (messages[kept].row_id, messages[kept].text):
+                    bubble.versions.set_versions(None)      # another message: its versions come with it
+                bubble.set_message(messages[kept])
+            kept += 1
+        self.truncate(kept)
+        for message in messages[kept:]:
             self.add(message)
         self.placeholder.setVisible(not messages)
+        self._place_actions()
         self._follow = True
         self._revealed = None
 

@@ -64,7 +64,7 @@ def open_desk(home, size=(1200, 800), settings: Settings | None = None):
     bridge, controller, window = build(settings or test_settings(home), size)
     window.show()
     controller.start()
-    wait_for(lambda: controller.model_state == "ready" and controller.conv is not None)
+    wait_for(lambda: controller.model_state == "ready" and controller.settled)   # no chat-view reset follows
     return SimpleNamespace(bridge=bridge, c=controller, w=window, home=home)
 
 
@@ -85,7 +85,7 @@ def fresh_conversation(desk, qtbot) -> str:
     with qtbot.wait_signal(desk.c.currentChanged, timeout=REPLY_MS):
         qtbot.mouseClick(desk.w.sidebar.new_button, Qt.MouseButton.LeftButton)
     assert desk.c.current_id != old
-    qtbot.wait_until(lambda: not desk.c.stats_pending)
+    qtbot.wait_until(lambda: desk.c.settled and not desk.c.stats_pending, timeout=REPLY_MS)
     return desk.c.current_id
 
 
@@ -426,7 +426,7 @@ def test_a_bad_model_path_at_start_shows_an_error_and_settings_recover(qapp, qtb
         dialog = window.open_settings()
         dialog.editors["model_path"].set_path(None)                     # back to the embedded model
         qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton)
-        qtbot.wait_until(lambda: controller.model_state == "ready" and controller.conv is not None,
+        qtbot.wait_until(lambda: controller.model_state == "ready" and controller.settled,
                          timeout=REPLY_MS)
         assert window.input.send_button.isEnabled()
         desk = SimpleNamespace(bridge=bridge, c=controller, w=window)
@@ -442,7 +442,9 @@ def test_llama_cpp_never_runs_on_the_gui_thread(desk, qtbot, llama_threads):
     send_and_wait(desk, qtbot, "Count to three.")
     assert sum(llama_threads.values()) > before                        # the recorder saw this turn
     assert threading.main_thread().name not in llama_threads, dict(llama_threads)
-    assert set(llama_threads) == {"evoke-engine"}, dict(llama_threads)     # nor on the app's call threads
+    engine_threads = {"evoke-engine", *(name for name in llama_threads if name.startswith("evoke-engine-stream-"))}
+    assert set(llama_threads) == engine_threads, dict(llama_threads)   # the engine's thread and its replies' streams,
+    assert "evoke-engine" in llama_threads                             # never the app's call threads
 
 
 def test_the_engine_scheduler_runs_in_the_qt_event_loop(desk):

@@ -79,7 +79,7 @@ def test_a_bad_model_at_start_keeps_the_history_readable_and_a_working_model_cle
         dialog = window.open_settings()
         dialog.editors["model_path"].set_path(None)
         press_ok(qtbot, dialog)
-        qtbot.wait_until(lambda: controller.model_state == "ready" and controller.conv is not None,
+        qtbot.wait_until(lambda: controller.model_state == "ready" and controller.settled,
                          timeout=REPLY_MS)
         assert window.banner.text() == ""
         assert controller.current_id == "c-old" and len(window.chat.bubbles) == 2
