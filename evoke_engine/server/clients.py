@@ -53,7 +53,7 @@ def invalid_token_message() -> str:
 
 def identify(token: str | None, api_key_set: bool) -> Client:
     """The client of a request, from its `X-Evoke-Client` header (or its key, or nothing)."""
-    if token is not None:
+    if token is not None and token.strip():
         token = token.strip()
         if not well_formed(token):
             raise ApiError(400, invalid_token_message(), "invalid_client_token", CLIENT_HEADER)

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,7 @@ class Tally:
     failures: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    measured: dict[str, str] = field(default_factory=dict)      # a case's note (its figures), passed or not
 
     def record(self, name: str, ok: bool, status: int | None = None, note: str = "") -> None:
         self.cases += 1
@@ -57,6 +59,8 @@ class Tally:
         if status is not None:
             self.status_4xx += 400 <= status < 500
             self.status_5xx += status >= 500
+        if note:
+            self.measured[name] = note
         if not ok:
             self.failures.append(f"{name}: {note or status}")
 
@@ -128,7 +132,7 @@ def send(server: Served, body=None, *, content: bytes | None = None, headers: di
     names = {k.lower() for k, _ in given}
     base = [(k, v) for k, v in (("X-Evoke-Client", TOKEN), ("Content-Type", "application/json"))
             if k.lower() not in names]
-    merged = base + given
+    merged = [(k, v) for k, v in base + given if v is not None]       # a None value: the header is not sent
     kw = {"content": content} if content is not None else {"json": body} if body is not None else {}
     try:
         with httpx.Client(timeout=timeout) as http:
@@ -232,6 +236,13 @@ def bad_input_cases(n_ctx: int) -> list[tuple[str, dict, int]]:
         ("GET on the chat route", {"method": "GET"}, 405),
         ("unknown route", {"path": "/admin", "body": {}}, 404),
         ("unknown route with a path", {"path": "/../../etc/passwd", "body": {}}, 404),
+        ("embeddings: a lone surrogate", {"path": "/embeddings",
+                                          "content": b'{"model": "evoke", "input": ["a\\ud800b"]}'}, 400),
+        ("embeddings: an unknown model", {"path": "/embeddings", "body": {"model": "text-embedding-3-small",
+                                                                          "input": "hi"}}, 404),
+        ("embeddings: 1.4 MB of text", {"path": "/embeddings", "body": {"input": ["word " * 7000] * 40}}, 413),
+        ("embeddings: token ids", {"path": "/embeddings", "body": {"input": [[101, 7592, 102], [101, 102]]}}, 200),
+        ("embeddings: a token id outside the vocabulary", {"path": "/embeddings", "body": {"input": [10 ** 9]}}, 400),
     ]
 
 
@@ -560,6 +571,101 @@ def run_second_serve(home: Path, tally: Tally) -> None:
                  f"the second serve exited {code}")
 
 
+# -- issue 57: junk tokens, a big embeddings request that leaves, token-less replays, sessions per owner ------------
+
+def _status_line(sock: socket.socket, wait_s: float) -> bytes:
+    sock.settimeout(wait_s)
+    try:
+        return sock.recv(4096).split(b"\r\n", 1)[0] or b"closed"
+    except TimeoutError:
+        return b"held"
+    except OSError:
+        return b"closed"
+
+
+def run_junk_tokens(server: Served, tally: Tally, seconds: float) -> None:
+    """Item 1 from the attacker's side: junk0..junk63 trickle bodies (each sender back 0.25 s after its answer, as
+    the issue's reconnected after each 408) while a known client asks; it must be served every time, its reply as
+    fast as when quiet (p95 within 2x)."""
+    known = {"X-Evoke-Client": "issue57-known-client-token-0001", "X-Evoke-Session": "issue57-known"}
+    quiet = []
+    for _ in range(3):
+        began = time.monotonic()
+        status, _ = send(server, chat_body("Say hi.", 2), headers=known, timeout=60)
+        quiet.append(time.monotonic() - began)
+    stop = threading.Event()
+    answers: Counter = Counter()
+
+    def attacker(first: int) -> None:          # 8 of the 64 senders, each back 0.25 s after its answer
+        while not stop.wait(0.25):
+            for i in range(first, 64, 8):
+                with contextlib.suppress(OSError), _trickle(server, f"junk{i}") as sock:
+                    answers[_status_line(sock, 2.0)[9:12] or b"held"] += 1
+    threads = [threading.Thread(target=attacker, args=(k,), daemon=True) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    timings, statuses = [], []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        began = time.monotonic()
+        status, _ = send(server, chat_body("Say hi.", 2), headers=known, timeout=60)
+        statuses.append(status)
+        timings.append(time.monotonic() - began)
+    stop.set()
+    for thread in threads:
+        thread.join(10)
+    p95 = sorted(timings)[max(0, int(len(timings) * 0.95) - 1)]
+    tally.record("issue 57.1: 64 junk-token trickles, a known client served every time",
+                 all(s == 200 for s in statuses) and p95 <= 2 * max(quiet), None,
+                 f"{statuses.count(200)}/{len(statuses)} served, p95 {p95:.2f} s against quiet {max(quiet):.2f} s; "
+                 f"junk answered {dict(answers)}")
+
+
+def run_embeddings_that_leave(server: Served, tally: Tally) -> None:
+    """Item 2: 256 inputs of 4 KB; the client leaves at 3 s; the next chat starts within 1 s."""
+    texts = [f"Paragraph {i}: " + "the tide rolls in over the harbour wall. " * 95 for i in range(256)]
+    send(server, {"input": "warm up"}, path="/embeddings", timeout=120)
+    status, _ = send(server, {"input": texts}, path="/embeddings", timeout=3.0)
+    began = time.monotonic()
+    chat, _ = send(server, chat_body("Hi.", 2), timeout=60)
+    took = time.monotonic() - began
+    tally.record("issue 57.2: a big embeddings request whose client left, then a chat", chat == 200 and took < 1.0,
+                 chat, f"the embeddings call ended {status}; the chat took {took:.2f} s")
+
+
+def run_token_less(server: Served, tally: Tally) -> None:
+    """Item 4: a token-less request re-sending another token-less request's history continues nothing."""
+    doc = "\n".join(f"Note {i}: the pump in bay {i} runs at {100 + i} litres a minute." for i in range(12))
+    opening = chat_body(f"Read these notes.\n\n{doc}\n\nWhich bay runs at 105?", 6)
+    bare = [("Content-Type", "application/json")]
+    status, first = send(server, opening, headers=[("X-Evoke-Client", None)] + bare)
+    if status != 200:
+        tally.record("issue 57.4: token-less replay", False, status)
+        return
+    reply = first.json()["choices"][0]["message"]["content"]
+    replay = {**opening, "messages": [*opening["messages"], {"role": "assistant", "content": reply},
+                                      {"role": "user", "content": "And bay 7?"}]}
+    status, second = send(server, replay, headers=[("X-Evoke-Client", None)] + bare)
+    route = second.json().get("evoke", {}).get("route") if status == 200 else None
+    tally.record("issue 57.4: a token-less replay of another token-less chat continues nothing",
+                 status == 200 and route != "continue"
+                 and second.headers["X-Evoke-Conversation"] != first.headers["X-Evoke-Conversation"], status,
+                 f"route {route}")
+
+
+def run_sessions_per_owner(server: Served, tally: Tally, sessions: int) -> None:
+    """Item 5: one token opens many sessions; another client's named session still routes to its conversation."""
+    alice = {"X-Evoke-Client": "issue57-alice-token-000000001", "X-Evoke-Session": "mine"}
+    status, first = send(server, chat_body("Remember the word heron.", 2), headers=alice)
+    made = first.headers.get("X-Evoke-Conversation") if status == 200 else None
+    for i in range(sessions):
+        send(server, chat_body(f"Session {i}.", 1), headers={"X-Evoke-Client": "issue57-mallory-token-00000001",
+                                                              "X-Evoke-Session": f"m{i}"})
+    status, again = send(server, chat_body("Which word?", 2), headers=alice)
+    tally.record(f"issue 57.5: {sessions} sessions of one client, another's session kept",
+                 status == 200 and made is not None and again.headers.get("X-Evoke-Conversation") == made, status)
+
+
 # -- a disk that fills up ---------------------------------------------------------------------------------
 
 def run_disk_full(tally: Tally, turns: int) -> None:
@@ -631,6 +737,12 @@ def main(argv: list[str] | None = None) -> int:
             phase = time.monotonic()
             run_exhaustion(server, tally)
             tally.seconds["exhaustion"] = round(time.monotonic() - phase, 1)
+            phase = time.monotonic()
+            run_junk_tokens(server, tally, seconds=10 if args.quick else 60)
+            run_embeddings_that_leave(server, tally)
+            run_token_less(server, tally)
+            run_sessions_per_owner(server, tally, sessions=20 if args.quick else 300)
+            tally.seconds["issue57"] = round(time.monotonic() - phase, 1)
             phase = time.monotonic()
             run_concurrent(server, tally, clients=4 if args.quick else 16, turns=2 if args.quick else 4)
             tally.seconds["concurrent"] = round(time.monotonic() - phase, 1)
