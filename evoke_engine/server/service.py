@@ -175,6 +175,7 @@ class ChatService:
         return expired
 
     def close(self) -> None:
+        self.engine.unsubscribe(self._on_event)
         with self._counter_lock:
             if self._counter is not None:
                 self._counter.close()
