@@ -60,6 +60,18 @@ class QueuedMessage:
     sent_at: float = field(default_factory=time.time)                # the same, as the bubble's time
 
 
+def _rows_beside(stream: Stream, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[ChatMessage]]:
+    """A conversation's stored rows as shown beside its reply being written: the reply's own row (in flight) leaves,
+    its bubble follows the stream; the message it answers is shown from the stream until its turn stores it."""
+    asked_at = stream.question.created_at if stream.question is not None else 0.0
+    last = rows[-1] if rows else {}
+    if last.get("role") == "assistant" and last.get("interrupted") and float(last.get("created_at") or 0) >= asked_at:
+        rows = rows[:-1]
+    stored = stream.question is None or any(r.get("role") == "user" and float(r.get("created_at") or 0) >= asked_at
+                                            for r in rows)
+    return rows, [] if stored else [stream.question]
+
+
 class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, VersionsFlow, QObject):
     modelStateChanged = Signal(str, str)       # loading | ready | failed | unloaded, detail
     modelInfoChanged = Signal(object)
@@ -112,9 +124,8 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self.creating = False                      # New was asked and its conversation does not exist yet
         self.read_only = False                     # another process owns the data folder
         self._drop_after_switch = ""               # an empty conversation that was left: deleted once the next shows
-        self._waited_s = 0.0                       # how long the streaming reply's message waited before it was sent
         self.error_topic = ""
-        self.stream: Stream | None = None
+        self.streams: dict[str, Stream] = {}       # conversation id -> its reply being written (several at once)
         self.stats: Any = None                     # the open conversation's ConversationStats, once it lands
         self.title = ""
         self.last_open = LastConversation(self.settings.config_dir)   # reopened at the next start-up
@@ -140,7 +151,13 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         return self.bridge.engine
 
     @property
+    def stream(self) -> Stream | None:
+        """The reply being written in the shown conversation, if any."""
+        return self.streams.get(self.current_id) if self.current_id else None
+
+    @property
     def generating(self) -> bool:
+        """The shown conversation's reply is being written (its Stop shows; other conversations may generate too)."""
         return self.stream is not None
 
     @property
@@ -305,6 +322,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self.title = "New conversation"
         self.messagesReset.emit([])
         self.newPending.emit(self.title)
+        self.generatingChanged.emit(False)
         self.bridge.call(self.engine.new_conversation, on_done=self._created,
                          on_error=lambda exc: self._create_failed(previous, previous_title, exc))
 
@@ -373,12 +391,13 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         conversation_id = self.current_id
         return bool(conversation_id) and self.history_loaded and not self.messages \
             and not any(q.conversation_id == conversation_id for q in self.queued) \
-            and not (self.stream is not None and self.stream.conversation_id == conversation_id)
+            and conversation_id not in self.streams
 
     def _switch(self, conv: Any, title: str, *, opened: bool) -> None:
         """Highlight `conv` now: its saved messages show as soon as SQLite gives them; unless `opened` (the engine
         holds it already), its KV opens in the background (restored, or rebuilt with progress and a Cancel)."""
         conversation_id = str(conv.id)
+        opened = opened or conversation_id in self.streams    # its reply is being written: the engine holds it
         self.conv = conv
         self.creating = False
         self.viewed_id = ""
@@ -391,6 +410,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self.title = title
         self.last_open.remember(conversation_id)
         self.currentChanged.emit(conversation_id, self.title)
+        self.generatingChanged.emit(self.generating)   # its own reply's state: Stop shows where a reply is written
         self.bridge.call(conv.messages, on_done=lambda rows: self._history(conv, rows), on_error=self._fail)
         if opened:
             self.openingChanged.emit("")
@@ -455,10 +475,13 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         if conv is not self.conv:
             return
         self.history_loaded = True
+        stream = self.stream
+        if stream is not None:
+            rows, unstored = _rows_beside(stream, rows)
         self.messages = [ChatMessage.from_history(r, i) for i, r in enumerate(rows)
                          if r.get("role") in ("user", "assistant")]
-        if self.stream is not None and self.stream.conversation_id == self.current_id:
-            self.messages.append(ChatMessage("assistant", self.stream.text))
+        if stream is not None:
+            self.messages += [*unstored, ChatMessage("assistant", stream.text)]
         for queued in self.queued:
             if queued.conversation_id == self.current_id:
                 self.messages += [ChatMessage("user", queued.text, [(n, len(t)) for n, t in queued.attachments],
@@ -467,6 +490,8 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self.messagesReset.emit(list(self.messages))
         self.load_versions(conv)
         self.reveal_pending()
+        if self.stream is None and any(m.role == "assistant" for m in self.messages):
+            self._auto_title()                     # its reply ended while another conversation was shown
         self.refresh_stats()                       # the size of a conversation not loaded yet
         self._say_if_settled()
         self._send_next_queued()
@@ -497,8 +522,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
 
     def delete_conversation(self, conversation_id: str) -> None:
         was_current = conversation_id == self.current_id
-        if was_current and self.generating:
-            self.stop()
+        self.stop(conversation_id)
         if conversation_id in self.opening_ids:
             self.bridge.call(self.engine.cancel_open, conversation_id, urgent=True, on_error=self._fail)
         self.queued = [q for q in self.queued if q.conversation_id != conversation_id]
@@ -544,7 +568,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         text = text.strip()
         if not text or self.engine is None or self.model_state != "ready":
             return
-        if self.current_id and not self.generating and self.current_id not in self.opening_ids:
+        if self.current_id and not self.streams and self.current_id not in self.opening_ids:
             self.bridge.call(self.engine.prepare_ahead, self.current_id, text, list(self.pending),
                              on_error=lambda _exc: None)                     # only an optimisation
         else:
@@ -556,7 +580,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         decides its recovery without waiting for it. Nothing while a reply streams (it would slow the decode: the
         settled draft is embedded after the turn instead)."""
         text = text.strip()
-        if text and self.engine is not None and self.model_state == "ready" and not self.generating:
+        if text and self.engine is not None and self.model_state == "ready" and not self.streams:
             self.bridge.call(self.engine.embed_draft, text, on_error=lambda _exc: None)   # only an optimisation
 
     def send(self, text: str, **options: Any) -> bool:
@@ -572,8 +596,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
             self.raise_error(self._no_model_text(), "model")
             return False
         conversation_id = self.current_id or ("" if self.creating else self.viewed_id)
-        if self.generating and self.stream.conversation_id in (conversation_id, self.current_id) \
-                or any(q.conversation_id == conversation_id for q in self.queued):
+        if conversation_id in self.streams or any(q.conversation_id == conversation_id for q in self.queued):
             return False                           # its reply streams, or a message already waits there
         if conversation_id in self.unopened_ids and conversation_id == self.current_id:
             self._begin_open(conversation_id)        # its rebuild was cancelled: the message waits for a new one
@@ -581,12 +604,12 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self.pending = []
         self.attachmentsChanged.emit([])
         user = ChatMessage("user", text, [(n, len(t)) for n, t in attachments])
-        ready = self._can_send_to(conversation_id) and not self.generating
+        ready = self._can_send_to(conversation_id)    # another conversation's reply streams beside it
         self.messages += [user, ChatMessage("assistant", "", meta="" if ready else self._waiting_note(conversation_id))]
         self.messageAdded.emit(user)
         self.messageAdded.emit(self.messages[-1])
         if ready:
-            self._stream_reply(self.conv, self.conv.submit, text, attachments=attachments, **options)
+            self._stream_reply(self.conv, self.conv.submit, text, attachments=attachments, question=user, **options)
         else:
             self.queued.append(QueuedMessage(conversation_id, text, attachments, options))
         return True
@@ -604,14 +627,11 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
             and self.model_state in ("ready", "unloaded") else WAITING_NOTE
 
     def _send_next_queued(self) -> None:
-        """Send the first waiting message that can go now (one reply streams at a time)."""
-        if self.generating:
-            return
-        for queued in self.queued:
-            if self._can_send_to(queued.conversation_id):
+        """Send every waiting message that can go now (one reply at a time in each conversation)."""
+        for queued in list(self.queued):
+            if queued.conversation_id not in self.streams and self._can_send_to(queued.conversation_id):
                 self.queued.remove(queued)
                 self._send_queued(queued)
-                return
 
     def _send_queued(self, queued: QueuedMessage) -> None:
         """Send a message that waited (in the shown conversation its bubbles are already the last two)."""
@@ -622,30 +642,45 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
             self.messageAdded.emit(self.messages[-1])
         else:
             conv = Conversation(self.engine, queued.conversation_id)
+        question = ChatMessage("user", queued.text, [(n, len(t)) for n, t in queued.attachments],
+                               created_at=queued.sent_at)
         self._stream_reply(conv, conv.submit, queued.text, attachments=queued.attachments,
-                           waited_since=queued.entered_at, **queued.options)
+                           waited_since=queued.entered_at, question=question, **queued.options)
 
     def _stream_reply(self, conv: Any, start: Any, *args: Any, waited_since: float | None = None,
-                      **kwargs: Any) -> None:
+                      question: ChatMessage | None = None, **kwargs: Any) -> None:
         """Call `start` (a turn that returns a Future of a Reply) and stream its tokens into the last message.
         `waited_since`: when the user sent a message that waited; its first-token time counts from then."""
         now = time.perf_counter()
-        self._waited_s = now - waited_since if waited_since is not None else 0.0
-        self.stream = Stream(str(conv.id), now)
-        self.generatingChanged.emit(True)
-        on_token = self.bridge.token_callback(str(conv.id))
-        self.bridge.call(start, *args, on_token=on_token, **kwargs,
-                         on_done=lambda fut: self.bridge.track(fut, on_done=self._reply_done,
-                                                               on_error=self._reply_failed),
-                         on_error=self._reply_failed)
+        conversation_id = str(conv.id)
+        self.streams[conversation_id] = Stream(conversation_id, now, question=question,
+                                               waited_s=now - waited_since if waited_since is not None else 0.0)
+        if conversation_id == self.current_id:
+            self.generatingChanged.emit(True)
+        on_token = self.bridge.token_callback(conversation_id)
 
-    def stop(self) -> None:
-        if self.stream is not None and self.engine is not None:       # the streaming reply's own conversation
-            self.bridge.call(self.engine.cancel, self.stream.conversation_id, urgent=True, on_error=self._fail)
+        def done(reply: Any) -> None:
+            self._reply_done(conversation_id, reply)
+
+        def failed(exc: BaseException) -> None:
+            self._reply_failed(conversation_id, exc)
+        self.bridge.call(start, *args, on_token=on_token, **kwargs,
+                         on_done=lambda fut: self.bridge.track(fut, on_done=done, on_error=failed), on_error=failed)
+
+    def stop(self, conversation_id: str | None = None) -> None:
+        """Stop the reply being written in `conversation_id` (default: the shown conversation), only that one."""
+        conversation_id = self.current_id if conversation_id is None else conversation_id
+        if conversation_id in self.streams and self.engine is not None:
+            self.bridge.call(self.engine.cancel, conversation_id, urgent=True, on_error=self._fail)
+
+    def stop_all(self) -> None:
+        """Stop every reply being written (the window closes)."""
+        for conversation_id in list(self.streams):
+            self.stop(conversation_id)
 
     def _on_token(self, conversation_id: str, piece: str) -> None:
-        stream = self.stream
-        if stream is None or stream.conversation_id != conversation_id:
+        stream = self.streams.get(conversation_id)
+        if stream is None:
             return
         if stream.first_at is None:
             stream.first_at = time.perf_counter()
@@ -655,14 +690,13 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
             self._flush.start()
 
     def _emit_progress(self) -> None:
-        if self.stream is not None and self.stream.conversation_id == self.current_id:
+        if self.stream is not None and self.history_loaded:
             if self.messages and self.messages[-1].role == "assistant":
                 self.messages[-1].text = self.stream.text
             self.replyProgress.emit(self.stream.text)
 
-    def _reply_done(self, reply: Any) -> None:
-        stream, self.stream = self.stream, None
-        self._flush.stop()
+    def _reply_done(self, conversation_id: str, reply: Any) -> None:
+        stream = self.streams.pop(conversation_id, None)
         text = getattr(reply, "text", None)
         text = text if isinstance(text, str) else (stream.text if stream else str(reply))
         now = time.perf_counter()
@@ -674,24 +708,25 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
             rate = stream.pieces / (now - stream.first_at)
         n_tokens = int(getattr(reply, "n_tokens", 0) or 0)
         stopped = str(getattr(reply, "stopped", ""))
-        waited, self._waited_s = self._waited_s, 0.0
+        waited = stream.waited_s if stream is not None else 0.0
         if ttft is not None and waited > 0:
             ttft += waited                            # a message that waited counts from when it was sent
         meta = reply_meta(n_tokens, float(rate or 0.0), float(ttft or 0.0), stopped,
                           stream.pieces if stream is not None and text else 0)
         if waited >= 0.05:
             meta += f" (waited {waited:.1f} s before it was sent)"
-        shown = stream is not None and stream.conversation_id == self.current_id and self.messages
+        current = conversation_id == self.current_id
+        shown = current and self.history_loaded and self.messages
         message = ChatMessage("assistant", text, stopped=stopped, meta=meta,
                               created_at=self.messages[-1].created_at if shown else time.time())
         if shown:
             self.messages[-1] = message
             self.replyFinished.emit(message)
-        self.turnMetrics.emit(float(ttft or 0.0), float(rate or 0.0))
-        if stream is not None and stream.conversation_id == self.current_id:
+        if current:
+            self.turnMetrics.emit(float(ttft or 0.0), float(rate or 0.0))
             self._auto_title()
             self._reload_indexes(self.conv)
-        self.generatingChanged.emit(False)
+            self.generatingChanged.emit(False)
         self.refresh_stats()
         self.refresh_conversations()
         self._send_next_queued()
@@ -704,20 +739,20 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         if first is not None and (title := title_from(first.text, first.attachments)):
             self.rename_conversation(self.current_id, title)
 
-    def _reply_failed(self, exc: BaseException) -> None:
-        stream, self.stream = self.stream, None
-        self._flush.stop()
-        self._waited_s = 0.0
-        shown = stream is not None and stream.conversation_id == self.current_id and self.messages
+    def _reply_failed(self, conversation_id: str, exc: BaseException) -> None:
+        stream = self.streams.pop(conversation_id, None)
+        current = conversation_id == self.current_id
+        shown = current and self.history_loaded and self.messages
         message = ChatMessage("assistant", stream.text if stream else "", stopped="error",
                               meta=f"error: {error_text(exc)}",
                               created_at=self.messages[-1].created_at if shown else time.time())
         if shown:
             self.messages[-1] = message
             self.replyFinished.emit(message)
-        self.generatingChanged.emit(False)
+        if current:
+            self.generatingChanged.emit(False)
         self.raise_error(f"The reply failed: {error_text(exc)}")
-        if stream is not None and stream.conversation_id == self.current_id:
+        if current:
             self._reload_indexes(self.conv)            # a failed turn is rolled back
         self.refresh_stats()
         self._send_next_queued()

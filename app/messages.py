@@ -125,3 +125,5 @@ class Stream:
     text: str = ""
     pieces: int = 0
     first_at: float | None = None
+    waited_s: float = 0.0                      # how long its message waited before it was sent
+    question: ChatMessage | None = None        # the message it answers (shown until its turn stores it)

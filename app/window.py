@@ -85,6 +85,8 @@ class MainWindow(QMainWindow):
     def __init__(self, controller: ChatController, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.controller = controller
+        self._shown_id = ""                       # the conversation whose draft the message box holds
+        self._drafts: dict[str, str] = {}         # the drafts of the conversations not shown
         self.confirm = dialogs.confirm
         self.ask_text = dialogs.ask_text
         self.pick_files = dialogs.pick_files
@@ -262,9 +264,24 @@ class MainWindow(QMainWindow):
             self.input.prompt.setPlainText(text)
 
     def _current_changed(self, conversation_id: str, title: str) -> None:
+        self._swap_draft(conversation_id)
         self._title_changed(conversation_id, title)
         self.sidebar.set_current(conversation_id)
         self.input.prompt.setFocus(Qt.FocusReason.OtherFocusReason)
+
+    def _swap_draft(self, conversation_id: str) -> None:
+        """Each conversation keeps its own draft: the one left is put aside, the one shown comes back. A draft typed
+        while a new conversation was being created ("") stays in the box: it is that conversation's."""
+        left = self._shown_id
+        self._shown_id = conversation_id
+        if left == conversation_id or not left:
+            return
+        text = self.input.prompt.toPlainText()
+        if text:
+            self._drafts[left] = text
+        else:
+            self._drafts.pop(left, None)
+        self.input.prompt.setPlainText(self._drafts.pop(conversation_id, ""))
 
     def _new_pending(self, title: str) -> None:
         """New was asked: the pane is the new conversation already (the engine creates it behind its work)."""
@@ -377,8 +394,7 @@ class MainWindow(QMainWindow):
         store.setValue("geometry", self.saveGeometry())
         store.setValue("state", self.saveState())
         store.sync()
-        if self.controller.generating:
-            self.controller.stop()
+        self.controller.stop_all()
         self.closed.emit()
         super().closeEvent(event)
 

@@ -15,6 +15,7 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QDialogButtonBox, QToolButton
 
 from app.__main__ import build
+from app.messages import Stream
 from evoke_engine import Settings
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_level_fail("WARNING"),
@@ -170,7 +171,7 @@ def test_a_short_pause_in_typing_starts_the_drafts_vector(desk, qtbot, monkeypat
         qtbot.keyClicks(prompt, "  where is the flag set?  ")
     assert typed.args == ["  where is the flag set?  "]
     qtbot.wait_until(lambda: started == ["where is the flag set?"], timeout=5000)
-    monkeypatch.setattr(type(desk.c), "generating", property(lambda self: True))
+    monkeypatch.setattr(desk.c, "streams", {"elsewhere": Stream("elsewhere", 0.0)})   # a reply streams somewhere
     desk.c.draft_typed("and where is it read?")
     qtbot.wait(300)                                      # (the hand-off runs on the bridge's call thread)
     assert started == ["where is the flag set?"]
