@@ -175,6 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="CPU threads for every system (0 = all cores)")
     p.add_argument("--server", help="a llama-server binary; its rows are skipped without one")
+    p = sub.add_parser("concurrency", help="several clients of one endpoint at once: a question behind a long "
+                       "reply, N clients together, a raw completion during a chat, a long paste beside a stream; "
+                       "Evoke's serve, Evoke one reply at a time, and llama-server -np N with --server")
+    p.add_argument("--server", help="a llama-server binary; its rows are skipped without one")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for every system (0 = all cores)")
+    p.add_argument("--reply-tokens", type=int, default=200, help="the long replies' max_tokens")
+    p.add_argument("--clients", type=_ints, default=(2, 4), help="client counts, comma-separated")
+    p.add_argument("--paste-tokens", type=int, default=8000, help="the long prompt's size in tokens (about)")
+    p.add_argument("--systems", default="evoke,evoke_serial,llama_server", help="comma-separated")
     p = sub.add_parser("attention", help="decode tokens/s with the attention capture on one layer against off")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--tokens", type=int, default=64)
@@ -283,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
 
         result = run(contexts=args.contexts, tokens=args.tokens, rounds=args.rounds, threads=args.threads,
                      server=args.server)
+    elif args.name == "concurrency":
+        from .concurrency import run
+        from .llama_server import check_binary
+
+        result = run(server=check_binary(args.server), threads=args.threads, reply_tokens=args.reply_tokens,
+                     counts=args.clients, paste_tokens=args.paste_tokens, systems=tuple(args.systems.split(",")))
     elif args.name == "attention":
         from .attention import run
 

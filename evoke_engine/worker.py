@@ -3,8 +3,10 @@ replies (turns, regenerations, continues) are *streams* that take turns with eac
 
 Invariants: exactly one job touches llama.cpp at a time. A plain job runs to its end on the scheduler's thread. A
 stream runs on a thread of its own that holds the engine only while the scheduler has handed it over, and hands it
-back at each step boundary (`step_boundary`: between prefill blocks, between reply tokens), where its conversation's
-memory is consistent; so a second reply's first token waits for one step, not for a whole reply. A job about a
+back at each step boundary (`step_boundary`: between prefill chunks, between reply tokens), where its conversation's
+memory is consistent; so a second reply's first token waits for one step, not for a whole reply. The next step goes
+to the stream with the least engine time for its weight (the window's counts double), so a long prefill's steps
+never starve a reply that is decoding. A job about a
 conversation whose reply is streaming waits until that reply ends (nothing edits, opens or releases a conversation
 mid-reply); LOAD, SWEEP and DRAIN jobs wait until no reply streams; at most `stream_limit()` replies stream at once, the
 rest wait in order. Lower priority value first, FIFO within a priority; a job submitted after `stop` fails its
@@ -65,6 +67,10 @@ class Job:
 STREAM_COMMANDS = frozenset({Command.TURN, Command.REGENERATE, Command.CONTINUE})
 EXCLUSIVE_COMMANDS = frozenset({Command.LOAD, Command.SWEEP, Command.DRAIN})   # run only while no reply streams
 _STOP = 10**9                                                   # the stop marker's priority: after every job
+# a prefill's step while other work waits (`Runtime.step_tokens`): on a 2-core CPU and the 135M model, 32 tokens
+# decode in about 60 ms, so a streaming reply's token waits at most that long behind another's long message
+PREFILL_STEP_TOKENS = 32
+FOREGROUND_WEIGHT = 2.0        # the window's reply gets twice the engine time of an endpoint's while both stream
 
 
 @dataclass(order=True)
@@ -89,6 +95,8 @@ class _Stream:
         self.failure: BaseException | None = None
         self.done = False
         self.steps = 0
+        self.used_s = 0.0                             # engine time taken, divided by its weight (fair share)
+        self.weight = FOREGROUND_WEIGHT if entry.priority <= FOREGROUND else 1.0
         self._go = threading.Semaphore(0)
         self._back = threading.Semaphore(0)
         self._local = local
@@ -116,8 +124,10 @@ class _Stream:
     def resume(self) -> None:
         """Scheduler side: let the stream run one step (or to its end) and wait until it hands the engine back."""
         self.steps += 1
+        started = time.perf_counter()
         self._go.release()
         self._back.acquire()
+        self.used_s += (time.perf_counter() - started) / self.weight
 
     def pause(self) -> None:
         """Stream side, at a step boundary: hand the engine back and wait for the next turn."""
@@ -131,8 +141,7 @@ class EngineThread:
         self.stream_limit = stream_limit             # how many replies may stream at once (read at each admission)
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._ready: list[_Entry] = []               # taken from the queue, not started yet (some wait on a stream)
-        self._streams: list[_Stream] = []            # replies streaming, in the order they take steps
-        self._next_stream = 0
+        self._streams: list[_Stream] = []            # replies streaming, in the order they started
         self._local = threading.local()
         self._order = itertools.count()
         self._ids = itertools.count(1)
@@ -184,6 +193,10 @@ class EngineThread:
     def pending(self) -> int:
         """Jobs queued and not yet started (approximate while other threads submit)."""
         return self._queue.qsize() + len(self._ready)
+
+    def contended(self) -> bool:
+        """Other work waits for the engine besides the running reply (its long decodes are then split in steps)."""
+        return len(self._streams) > 1 or not self._queue.empty()
 
     def streaming(self) -> list[Job]:
         """The replies streaming now, in the order they take steps."""
@@ -270,6 +283,7 @@ class EngineThread:
         log.debug("%s started after %.1f ms queued", job.describe(), (time.monotonic() - job.queued_at) * 1000)
         if job.command in STREAM_COMMANDS:
             stream = _Stream(entry, f"{self.name}-stream-{next(self._stream_names)}", self._local)
+            stream.used_s = min((s.used_s for s in self._streams), default=0.0)   # no credit for having waited
             self._streams.append(stream)
             self._advance(stream)                     # its first step now: a reply starts without a round's wait
             return
@@ -285,21 +299,15 @@ class EngineThread:
         self._settle(job, future, result, failure, started)
 
     def _step_one_stream(self) -> None:
-        """Give the next stream in turn one step."""
-        if not self._streams:
-            return
-        self._next_stream %= len(self._streams)
-        stream = self._streams[self._next_stream]
-        self._next_stream += 1
-        self._advance(stream)
+        """One step for the stream that has had the least engine time for its weight (the first started on a tie):
+        a reply's token is not held back by another's long prefill steps, and short steps take turns."""
+        if self._streams:
+            self._advance(min(self._streams, key=lambda s: s.used_s))
 
     def _advance(self, stream: _Stream) -> None:
         stream.resume()
         if stream.done:
-            index = self._streams.index(stream)
-            del self._streams[index]
-            if index < self._next_stream:
-                self._next_stream -= 1
+            self._streams.remove(stream)
             assert stream.entry.future is not None
             self._settle(stream.job, stream.entry.future, stream.result, stream.failure,
                          stream.job.queued_at, steps=stream.steps)

@@ -83,6 +83,8 @@ class Runtime:
         # called by a reply between two of its steps (a prefill block, a token): the engine lets other replies
         # and jobs run there (`EngineThread.step_boundary`); a no-op until the engine installs it
         self.step_boundary: Callable[[], None] = lambda: None
+        # while other work waits: the most tokens a slot sequence's decode runs before a step boundary (0: no split)
+        self.step_tokens: Callable[[], int] = lambda: 0
         self.settings = settings
         path = Path(settings.model_path) if settings.model_path else default_model_path()
         check_model_file(path)
@@ -303,7 +305,9 @@ class Runtime:
                logits_all: bool = False) -> None:
         """Decode `tokens` into `seq` at positions start_pos.., in chunks of n_batch, in the sequence's
         context (or `context`, for the scratch sequence serving another context). `logits_all`: every token
-        of the last chunk has its logits row (`logits(i)`; a scorer's tokens fit one chunk).
+        of the last chunk has its logits row (`logits(i)`; a scorer's tokens fit one chunk). Into a slot's own
+        sequence, while other work waits, the chunks are at most `step_tokens()` long with a step boundary
+        between them (chunked prefill: another reply's token waits for one chunk, not the whole message).
 
         Raises DecodeError when the context has no room. `on_chunk(done)` is told progress.
         """
@@ -316,10 +320,14 @@ class Runtime:
         if self.before_decode is not None:
             self.before_decode(seq)
         done = 0
+        own_slot = seq < self.settings.slots           # not a shared prefix nor the scratch: only its turn reads it
         while done < total:
+            if done and own_slot:
+                self.step_boundary()                   # a long prefill lets the other replies take their steps
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
-            n = min(self._batch_capacity, total - done)
+            step = self.step_tokens() if own_slot and not logits_all else 0
+            n = min(self._batch_capacity, total - done, step or total)
             for i in range(n):
                 batch.token[i] = tokens[done + i]
                 batch.pos[i] = start_pos + done + i

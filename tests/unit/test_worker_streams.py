@@ -55,12 +55,27 @@ def hold(engine: EngineThread) -> threading.Event:
 def test_two_replies_take_turns_a_step_at_a_time(engine):
     log, holders = [], []
     gate = hold(engine)
-    a = engine.submit(Reply(engine, log, holders, "a", 5), command=Command.TURN, about="conv-a")
-    b = engine.submit(Reply(engine, log, holders, "b", 5), command=Command.TURN, about="conv-b")
+    a = engine.submit(Reply(engine, log, holders, "a", 10, step_s=0.005), command=Command.TURN, about="conv-a")
+    b = engine.submit(Reply(engine, log, holders, "b", 10, step_s=0.005), command=Command.TURN, about="conv-b")
     gate.set()
     assert a.result(10) == "a done" and b.result(10) == "b done"
-    assert [name for name, _ in log] == ["a", "b"] * 5                       # a step each, in turn
-    assert [s for n, s in log if n == "a"] == list(range(5))                  # each in its own order
+    names = [name for name, _ in log]
+    assert names.index("b") <= 2                                              # b starts after a step or two of a
+    runs = "".join(names).replace("aaa", "|").replace("bbb", "|")
+    assert runs.count("|") <= 2                                               # turns, not one after the other
+    assert [s for n, s in log if n == "a"] == list(range(10))                 # each in its own order
+
+
+def test_a_decoding_reply_is_not_starved_by_a_long_prefills_steps(engine):
+    log, holders = [], []
+    gate = hold(engine)
+    prefill = engine.submit(Reply(engine, log, holders, "p", 4, step_s=0.08), command=Command.TURN, about="p")
+    decode = engine.submit(Reply(engine, log, holders, "d", 60, step_s=0.004), command=Command.TURN, about="d")
+    gate.set()
+    prefill.result(20), decode.result(20)
+    names = "".join(n for n, _ in log)
+    between = [len(run) for run in names.strip("d").split("p") if run]      # decode steps between prefill steps
+    assert between and min(between) >= 3                                     # about one prefill step's time each
 
 
 def test_a_job_about_a_streaming_conversation_waits_for_its_reply(engine):
