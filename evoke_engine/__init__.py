@@ -22,18 +22,21 @@ _HOMES = {
     "search_messages": "conversations.history_view", "REUSE_OWNER": "conversations.lifecycle",
     "Reply": "conversations.turn", "render_user_content": "conversations.turn",
     "ConversationInfo": "engine", "Engine": "engine",
-    **dict.fromkeys(("BudgetError", "ContextFullError", "DataDirInUseError", "EditError", "EvokeError",
-                     "ImportFormatError", "ModelLoadError", "RebuildCancelled", "RestoreError"), "errors"),
+    **dict.fromkeys(("BudgetError", "ContextFullError", "DataDirInUseError", "EditError", "EngineBusyError",
+                     "EvokeError", "ImportFormatError", "ModelLoadError", "RebuildCancelled", "RestoreError"),
+                    "errors"),
     "EngineEvent": "events", "EventKind": "events",
     "default_system_prompt": "kvcache.prefixes", "system_message": "kvcache.prefixes",
-    "min_budget_tokens": "memory.memory", "recovery_backend": "memory.recovery",
+    "min_budget_tokens": "memory.memory", "recovery_backend": "memory.recovery", "BUNDLED_EMBEDDER": "memory.embedder",
     "default_model_path": "runtime.model_file",
     "GrammarError": "runtime.sampling", "json_grammar": "runtime.sampling", "json_schema_grammar": "runtime.sampling",
+    **dict.fromkeys(("ENFORCED_SCHEMA_KEYWORDS", "SchemaRefused", "schema_grammar"), "runtime.schema_grammar"),
+    "DISK_FULL": "store.store_error", "StoreError": "store.store_error",
     "VocabCounter": "runtime.vocab", "Settings": "settings", "ConversationStats": "stats",
     "MARK_END": "store.search", "MARK_START": "store.search",
     **dict.fromkeys(("BACKGROUND", "FOREGROUND", "NORMAL", "Command", "Job"), "worker"),
 }
-_RENAMED = {"recovery_backend": "backend"}
+_RENAMED = {"recovery_backend": "backend", "BUNDLED_EMBEDDER": "BUNDLED", "ENFORCED_SCHEMA_KEYWORDS": "ENFORCED"}
 
 
 def __getattr__(name: str) -> Any:
@@ -62,6 +65,7 @@ if TYPE_CHECKING:                             # what type checkers and IDEs see:
         ContextFullError,
         DataDirInUseError,
         EditError,
+        EngineBusyError,
         EvokeError,
         ImportFormatError,
         ModelLoadError,
@@ -70,25 +74,30 @@ if TYPE_CHECKING:                             # what type checkers and IDEs see:
     )
     from .events import EngineEvent, EventKind
     from .kvcache.prefixes import default_system_prompt, system_message
+    from .memory.embedder import BUNDLED as BUNDLED_EMBEDDER
     from .memory.memory import min_budget_tokens
     from .memory.recovery import backend as recovery_backend
     from .runtime.model_file import default_model_path
     from .runtime.sampling import GrammarError, json_grammar, json_schema_grammar
+    from .runtime.schema_grammar import ENFORCED as ENFORCED_SCHEMA_KEYWORDS
+    from .runtime.schema_grammar import SchemaRefused, schema_grammar
     from .runtime.vocab import VocabCounter
     from .settings import Settings
     from .stats import ConversationStats
     from .store.search import MARK_END, MARK_START
+    from .store.store_error import DISK_FULL, StoreError
     from .worker import BACKGROUND, FOREGROUND, NORMAL, Command, Job
 
 __all__ = ["Engine", "Conversation", "ConversationInfo", "ConversationStats", "Settings", "Reply", "EngineEvent",
            "EventKind", "EvokeError", "ModelLoadError", "BudgetError", "ContextFullError", "RestoreError", "EditError",
-           "ImportFormatError", "DataDirInUseError", "RebuildCancelled",
+           "ImportFormatError", "DataDirInUseError", "RebuildCancelled", "EngineBusyError",
            # for the window without an engine
            "min_budget_tokens", "recovery_backend", "read_conversations", "read_messages", "search_messages",
            "MARK_START", "MARK_END", "default_model_path",
            # for the endpoint
            "Completion", "FORMAT_NAME", "FORMAT_VERSION", "REUSE_OWNER", "render_user_content", "default_system_prompt",
            "system_message", "GrammarError", "json_grammar", "json_schema_grammar", "VocabCounter", "BACKGROUND",
+           "ENFORCED_SCHEMA_KEYWORDS", "SchemaRefused", "schema_grammar", "StoreError", "DISK_FULL", "BUNDLED_EMBEDDER",
            "FOREGROUND", "NORMAL",
            # the engine thread's typed jobs (`Engine.jobs`, `Engine.cancel_job`)
            "Command", "Job"]

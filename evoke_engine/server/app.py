@@ -32,9 +32,8 @@ from fastapi import FastAPI, Header, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from .. import Engine, GrammarError
+from .. import DISK_FULL, Engine, GrammarError, StoreError
 from ..errors import BudgetError, EvokeError
-from ..store.store_error import DISK_FULL, StoreError
 from .admission import AdmissionMiddleware
 from .api_errors import ApiError, context_length, install_handlers, overflow
 from .clients import CLIENT_HEADER, Client, identify

@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import json_grammar, json_schema_grammar
+from .. import ENFORCED_SCHEMA_KEYWORDS as ENFORCED
+from .. import SchemaRefused, json_grammar, json_schema_grammar, schema_grammar
 from .api_errors import ApiError
-from .schema_grammar import ENFORCED, SchemaRefused, schema_grammar
 
 
 def _schema_grammar(schema: dict[str, Any], param: str, *, strict: bool = True) -> str:

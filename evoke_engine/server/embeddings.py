@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import Field, StrictInt
 
+from .. import BUNDLED_EMBEDDER as BUNDLED
 from .. import NORMAL, Command, Engine
-from ..memory.embedder import BUNDLED
 from .api_errors import ApiError
 from .request_bodies import Loose
 from .service import MODEL_ALIASES

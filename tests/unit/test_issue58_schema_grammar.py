@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from evoke_engine.server.schema_grammar import SchemaRefused, check_schema, integer_range, integer_rule, schema_grammar
+from evoke_engine.runtime.schema_grammar import SchemaRefused, check_schema, integer_range, integer_rule, schema_grammar
 
 
 def as_regex(gbnf: str) -> re.Pattern:
