@@ -182,8 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="CPU threads for every system (0 = all cores)")
     p.add_argument("--reply-tokens", type=int, default=200, help="the long replies' max_tokens")
     p.add_argument("--clients", type=_ints, default=(2, 4), help="client counts, comma-separated")
-    p.add_argument("--paste-tokens", type=int, default=8000, help="the long prompt's size in tokens (about)")
+    p.add_argument("--paste-tokens", type=int, default=7000, help="the long prompt's size in tokens (about; "
+                   "llama-server caps a slot at the model's training context, 8192 for SmolLM2)")
     p.add_argument("--systems", default="evoke,evoke_serial,llama_server", help="comma-separated")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of both Evoke servers (repeatable), e.g. prefill_step_tokens=16")
     p = sub.add_parser("attention", help="decode tokens/s with the attention capture on one layer against off")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--tokens", type=int, default=64)
@@ -295,9 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.name == "concurrency":
         from .concurrency import run
         from .llama_server import check_binary
+        from .recall_suite import parse_overrides
 
         result = run(server=check_binary(args.server), threads=args.threads, reply_tokens=args.reply_tokens,
-                     counts=args.clients, paste_tokens=args.paste_tokens, systems=tuple(args.systems.split(",")))
+                     counts=args.clients, paste_tokens=args.paste_tokens, systems=tuple(args.systems.split(",")),
+                     overrides=parse_overrides(args.set))
     elif args.name == "attention":
         from .attention import run
 

@@ -7,7 +7,8 @@ Evoke with one reply at a time (`parallel_replies=1`, the engine before streams)
   clients  N clients (2, 4) send 64-token requests at once: aggregate tokens/s against one client alone, each
            first token, and whether every first token came before any reply ended;
   fim      a raw 16-token completion sent during a 200-token chat reply: its first token against alone;
-  paste    a long prompt (about 8K tokens) from one client while another streams: the streamer's longest gap and
+  paste    a long prompt (7K tokens by default: llama-server caps a slot at SmolLM2's 8K training context) from
+           one client while another streams: the streamer's longest gap and
            tokens/s against it streaming alone.
 
 Invariants: every request is streamed, greedy, and sent by its own thread over its own connection; times are the
@@ -127,7 +128,7 @@ def story(topic: str) -> str:
 
 
 def paste_prompt(tokens: int) -> str:
-    lines = [PASTE_LINE.format(i=i, port=8000 + i, node=i % 17) for i in range(tokens // 24)]
+    lines = [PASTE_LINE.format(i=i, port=8000 + i, node=i % 17) for i in range(tokens // 31)]   # ~31 tokens a line
     return "Here is a log:\n" + "\n".join(lines) + "\n\nWhich port does line 7 mention?"
 
 
@@ -251,24 +252,39 @@ def run_system(base: str, *, reply_tokens: int, counts: tuple[int, ...], paste_t
             "paste": scenario_paste(client, paste_tokens, reply_tokens)}
 
 
+def measured(system: str, measure) -> dict | str:
+    """One system's figures, or why it could not be measured (the other systems' figures stand)."""
+    try:
+        return measure()
+    except (RuntimeError, OSError, httpx.HTTPError) as exc:
+        return f"failed: {exc}"
+
+
 def run(*, server: str | None, threads: int, reply_tokens: int = 200, counts: tuple[int, ...] = (2, 4),
-        paste_tokens: int = 8000, systems: tuple[str, ...] = ("evoke", "evoke_serial", "llama_server")) -> dict:
+        paste_tokens: int = 7000, systems: tuple[str, ...] = ("evoke", "evoke_serial", "llama_server"),
+        overrides: dict | None = None) -> dict:
     threads = threads or os.cpu_count() or 1
     slots = max(counts) + 1                     # a reply in each, and one slot for opening (parallel_replies)
     n_ctx = 16384 * slots                       # each slot's own context holds the paste (slot_contexts)
-    results: dict = {"reply_tokens": reply_tokens, "paste_tokens": paste_tokens, "threads": threads}
+    results: dict = {"reply_tokens": reply_tokens, "paste_tokens": paste_tokens, "threads": threads,
+                     "overrides": overrides or {}}
     figures = dict(reply_tokens=reply_tokens, counts=counts, paste_tokens=paste_tokens)
-    common = {"n_threads": threads, "slots": slots, "budget_tokens": 12288}
-    if "evoke" in systems:
-        with EvokeServer({**common, "parallel_replies": max(counts)}, n_ctx) as evoke:
-            results["evoke"] = run_system(f"http://127.0.0.1:{evoke.port}", **figures)
-    if "evoke_serial" in systems:
-        with EvokeServer({**common, "parallel_replies": 1}, n_ctx) as serial:
-            results["evoke_serial"] = run_system(f"http://127.0.0.1:{serial.port}", **figures)
-    if "llama_server" in systems and server:
+    common = {"n_threads": threads, "slots": slots, "budget_tokens": 12288, **(overrides or {})}
+
+    def evoke(parallel: int) -> dict:
+        with EvokeServer({**common, "parallel_replies": parallel}, n_ctx) as endpoint:
+            return run_system(f"http://127.0.0.1:{endpoint.port}", **figures)
+
+    def llama() -> dict:            # its slots are capped at the model's training context (8192 for SmolLM2)
         with LlamaServer(server, n_ctx=16384 * max(counts), threads=threads,
-                         args=["-np", str(max(counts)), "--cont-batching"]) as llama:
-            results["llama_server"] = run_system(f"http://127.0.0.1:{llama.port}", **figures)
+                         args=["-np", str(max(counts)), "--cont-batching"]) as endpoint:
+            return run_system(f"http://127.0.0.1:{endpoint.port}", **figures)
+    if "evoke" in systems:
+        results["evoke"] = measured("evoke", lambda: evoke(max(counts)))
+    if "evoke_serial" in systems:
+        results["evoke_serial"] = measured("evoke_serial", lambda: evoke(1))
+    if "llama_server" in systems and server:
+        results["llama_server"] = measured("llama_server", llama)
     elif "llama_server" in systems:
         results["llama_server"] = "skipped: no --server binary (native/build_llama_server.sh)"
     return results

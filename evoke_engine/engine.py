@@ -49,7 +49,7 @@ from .store.kvfiles import KVFileStore
 from .store.owner import DataFolderLock
 from .store.search import SearchHit
 from .sweeps import Sweeps
-from .worker import BACKGROUND, FOREGROUND, NORMAL, PREFILL_STEP_TOKENS, Command, EngineThread, Job
+from .worker import BACKGROUND, FOREGROUND, NORMAL, Command, EngineThread, Job
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class Engine:
         model = self.model = LoadedModel.load(self.settings_hub, self.emit, self.clock, self.backend)
         model.rt.holds_engine = self.thread.on_engine     # a reply's stream thread touches llama.cpp in its steps
         model.rt.step_boundary = self.thread.step_boundary
-        model.rt.step_tokens = lambda: PREFILL_STEP_TOKENS if self.thread.contended() else 0
+        model.rt.step_tokens = lambda: self.settings.prefill_step_tokens if self.thread.contended() else 0
         self.lifecycle.attach(model)
         if not model.rt.eviction_supported:
             self.emit(EngineEvent(EventKind.ERROR, f"{model.rt.eviction_note}; chat works without eviction"))

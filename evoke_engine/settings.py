@@ -82,6 +82,9 @@ class Settings:
                                      "own slot, taking turns a step at a time); more wait in order. At most the "
                                      "slots less one; one with a single context for all slots.",
                                      group="Model", low=1, high=63)
+    prefill_step_tokens: int = _setting(32, "While other replies stream, a message's prefill runs this many tokens a "
+                                        "step between their tokens (smaller: smoother streams, slower prefill; a GPU "
+                                        "wants hundreds).", group="Model", low=8, high=8192)
     slot_contexts: bool = _setting(True, "One llama.cpp context per slot: a turn attends over its own "
                                    "conversation only (the prefix is copied into each). Off: one context "
                                    "for all, every decode scans every slot.", group="Model", applies=RELOAD)

@@ -67,9 +67,6 @@ class Job:
 STREAM_COMMANDS = frozenset({Command.TURN, Command.REGENERATE, Command.CONTINUE})
 EXCLUSIVE_COMMANDS = frozenset({Command.LOAD, Command.SWEEP, Command.DRAIN})   # run only while no reply streams
 _STOP = 10**9                                                   # the stop marker's priority: after every job
-# a prefill's step while other work waits (`Runtime.step_tokens`): on a 2-core CPU and the 135M model, 32 tokens
-# decode in about 60 ms, so a streaming reply's token waits at most that long behind another's long message
-PREFILL_STEP_TOKENS = 32
 FOREGROUND_WEIGHT = 2.0        # the window's reply gets twice the engine time of an endpoint's while both stream
 
 
