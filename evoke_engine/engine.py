@@ -502,6 +502,10 @@ class Engine:
         about (`worker.Job`); a future the engine hands out carries its own as `future.job`."""
         return self.thread.jobs()
 
+    def reply_counts(self) -> tuple[int, int]:
+        """(replies being written now, replies waiting for their turn to start); any thread."""
+        return self.thread.reply_counts()
+
     def cancel_job(self, job_id: int) -> bool:
         """Drop a queued job or stop a running turn or completion by its id (a turn keeps its partial text); False
         when no such job is queued or running."""

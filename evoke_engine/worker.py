@@ -199,6 +199,13 @@ class EngineThread:
         """The replies streaming now, in the order they take steps."""
         return [s.job for s in list(self._streams)]
 
+    def reply_counts(self) -> tuple[int, int]:
+        """(replies streaming now, replies queued for their turn to start): the endpoint's gauges."""
+        with self._lock:
+            queued = sum(1 for job, future in self._waiting.values()
+                         if job.command in STREAM_COMMANDS and not future.running() and not future.done())
+        return len(self._streams), queued
+
     def streaming_conversations(self) -> set[str]:
         """The conversations whose reply streams now."""
         return {job.conversation_id for job in self.streaming() if job.conversation_id}

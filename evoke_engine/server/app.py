@@ -104,13 +104,17 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         def scrape() -> str:
             kvfiles, model = engine.kvfiles, engine.diagnostics()     # the pool's two ints read as they are,
             pool = model.pool if model is not None else None                       # not queued behind a turn
+            streaming, waiting = engine.reply_counts()
             gauges = {"model_loaded": ("1 while the model is loaded", float(engine.model_loaded)),
                       "conversations": ("conversations in the history",
                                         float(len(engine.history.list_conversations()))),
                       "pool_ram_bytes": ("bytes of evicted KV blocks held in the host RAM pool",
                                          float(pool.ram_bytes if pool is not None else 0)),
                       "pool_spill_bytes": ("bytes of evicted KV blocks the pool spilled to disk",
-                                           float(pool.spill_bytes if pool is not None else 0))}
+                                           float(pool.spill_bytes if pool is not None else 0)),
+                      "replies_streaming": ("replies being written now, taking turns a step at a time",
+                                            float(streaming)),
+                      "replies_waiting": ("replies waiting for a place among those written at once", float(waiting))}
             return metrics.render(gauges, kvfiles.kv_root if kvfiles is not None else None)
         return PlainTextResponse(await to_thread.run_sync(scrape), media_type="text/plain; version=0.0.4")
 

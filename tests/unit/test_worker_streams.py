@@ -116,6 +116,21 @@ def test_replies_past_the_limit_wait_in_order():
         engine.stop()
 
 
+def test_reply_counts_say_how_many_stream_and_wait():
+    engine = EngineThread("counts-test", stream_limit=lambda: 1)
+    try:
+        gate, started = threading.Event(), threading.Event()
+        first = engine.submit(lambda: (started.set(), gate.wait(10)), command=Command.TURN, about="a")
+        started.wait(10)
+        second = engine.submit(lambda: None, command=Command.TURN, about="b")
+        assert engine.reply_counts() == (1, 1)
+        gate.set()
+        first.result(10), second.result(10)
+        assert engine.reply_counts() == (0, 0)
+    finally:
+        engine.stop()
+
+
 def test_the_window_reply_is_admitted_before_earlier_endpoint_replies():
     engine = EngineThread("priority-test", stream_limit=lambda: 1)
     try:
