@@ -39,8 +39,11 @@ def test_two_conversations_stream_their_replies_together(backend, tmp_path):
         first = a.submit("tell me a long story", on_token=lambda piece: heard.append("a"))
         second = b.submit("a quick question", on_token=lambda piece: heard.append("b"))
         gate.set()
-        assert first.result(30).text == LONG and second.result(30).text == "short answer."
-        assert heard.index("b") < len(heard) - 1 - heard[::-1].index("a")     # b's first token before a's last
+        texts = {"a": first.result(30).text, "b": second.result(30).text}     # scripted replies go in the order
+        assert sorted(texts.values()) == sorted([LONG, "short answer."])      # the replies start sampling
+        long_one = "a" if texts["a"] == LONG else "b"
+        other = "b" if long_one == "a" else "a"
+        assert heard.index(other) < len(heard) - 1 - heard[::-1].index(long_one)   # streamed together
         engine.wait_idle()
         for conv in (a, b):
             assert conversation_text(engine, conv.id) == rendered(engine, conv.id)
@@ -102,3 +105,21 @@ def test_an_edit_waits_for_the_reply_of_its_conversation(backend, tmp_path):
         gate.set()
         reply.result(30), renamed.result(30)
         assert order[-1] == "rename" and order.count("token") > 10
+
+
+def test_a_long_message_holds_no_other_conversation_behind_it(backend, tmp_path):
+    """Issue 57 item 6 from the engine's side: a message of many blocks is prefilled a block a step, so a short
+    turn sent after it in another conversation ends before the long one's first token."""
+    with sim_engine(backend, sim_settings(tmp_path, slots=3, parallel_replies=2, budget_tokens=8192)) as (engine, _):
+        a, b = engine.new_conversation(), engine.new_conversation()
+        backend.script("first sampled.", "second sampled.")        # handed out in the order replies start
+        order: list[str] = []
+        gate = held(engine)
+        long_turn = a.submit(" ".join(f"line{i}" for i in range(3000)), on_token=lambda _p: order.append("a"))
+        short_turn = b.submit("a quick question", on_token=lambda _p: order.append("b"))
+        short_turn.add_done_callback(lambda _f: order.append("b done"))
+        gate.set()
+        assert short_turn.result(30).text == "first sampled." and long_turn.result(30).text == "second sampled."
+        assert long_turn.result().prefill_tokens > 2000
+        assert order.index("b done") < order.index("a")               # b ended before a's first token
+        engine.check(a.id), engine.check(b.id)
