@@ -73,6 +73,18 @@ def guarded_protocol(config: ServerConfig) -> type[H11Protocol]:
             elif not self._head_passes(data):
                 return
             super().data_received(data)
+            self._refuse_huge_chunk()
+
+        def _refuse_huge_chunk(self) -> None:
+            """A chunked body whose next chunk alone is declared larger than the whole body may be (up to 20 hex
+            digits pass h11) is refused at once with a 413, not left to time out waiting for its bytes."""
+            declared = getattr(getattr(self.conn, "_reader", None), "_bytes_in_chunk", 0)    # h11's chunk reader
+            if isinstance(declared, int) and declared > config.max_request_bytes and not self.transport.is_closing():
+                log.warning("endpoint: a body chunk of %d bytes declared, refused", declared)
+                self.transport.write(raw_400(f"a body chunk of {declared} bytes is larger than the largest request, "
+                                             f"{config.max_request_bytes} bytes (the server_max_request_bytes "
+                                             "setting)", "request_too_large", b"413 Content Too Large"))
+                self.transport.close()
 
         def _head_passes(self, data: bytes) -> bool:
             """Check the request's head once its blank line has come, before h11 parses it (`framing_problem`:

@@ -253,11 +253,12 @@ def framing_problem(head: bytes) -> str | None:
     return None
 
 
-def raw_400(message: str, code: str) -> bytes:
-    """A whole OpenAI-shaped HTTP/1.1 400 that closes the connection (for a request refused before the app)."""
+def raw_400(message: str, code: str, status: bytes = b"400 Bad Request") -> bytes:
+    """A whole OpenAI-shaped HTTP/1.1 error (400 unless `status` says otherwise) that closes the connection (for a
+    request refused before the app, or in its framing)."""
     body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code,
                                  "param": None}}).encode()
-    return (b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: "
+    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
             + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
 
 
