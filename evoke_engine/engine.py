@@ -357,10 +357,11 @@ class Engine:
         return out
 
     def search(self, query: str, limit: int = 50) -> list[SearchHit]:
-        """Live messages (text or attachment names) holding every word of `query`, best first, each with its
-        conversation's title and a snippet marking the matches; safe for any input (no FTS5 syntax is parsed).
-        Reads SQLite only: no engine thread, no model needed."""
-        return self.history.search(query, limit)
+        """Conversations whose title holds every word of `query` (`SearchHit.is_title`), then live messages (text
+        or attachment names) holding them, best first, each with its conversation's title and a snippet marking
+        the matches; safe for any input (no FTS5 syntax is parsed). Reads SQLite only: no engine thread, no model
+        needed."""
+        return self.history.search(query, limit, titles=True)
 
     def rename_conversation(self, conversation_id: str, title: str) -> None:
         self.thread.call(self.lifecycle.rename, conversation_id, title, priority=FOREGROUND, command=Command.WRITE,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QModelIndex, QPoint, QRect, QSize, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtCore import QModelIndex, QPoint, QRect, QRegularExpression, QSize, QSortFilterProxyModel, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QKeySequence, QPainter, QPen, QShortcut
 from PySide6.QtWidgets import (
     QLineEdit,
@@ -124,7 +124,7 @@ class ConversationSidebar(QWidget):
         self.proxy = QSortFilterProxyModel(self)
         self.proxy.setSourceModel(model)
         self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
-        self.search.textChanged.connect(self.proxy.setFilterFixedString)
+        self.search.textChanged.connect(self._filter_titles)
         self.view = QListView(objectName="conversationList")
         self.view.setModel(self.proxy)
         self.view.setItemDelegate(ConversationDelegate(self.view))
@@ -140,6 +140,13 @@ class ConversationSidebar(QWidget):
         layout.addWidget(self.view, 1)
         self._current = ""
         model.modelReset.connect(self._reselect)
+
+    def _filter_titles(self, text: str) -> None:
+        """Show the conversations whose title holds every word of `text`, in any order (as the search does)."""
+        words = [QRegularExpression.escape(w) for w in text.split()]
+        pattern = "".join(f"(?=.*{w})" for w in words)
+        self.proxy.setFilterRegularExpression(QRegularExpression(
+            pattern, QRegularExpression.PatternOption.CaseInsensitiveOption))
 
     def _on_current(self, signal) -> None:
         index = self.view.currentIndex()

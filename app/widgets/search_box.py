@@ -1,4 +1,5 @@
-"""The message hits of the sidebar's search: one row per live message that matches, under the search field.
+"""The hits of the sidebar's search: one row per conversation whose title matches, then one per live message that
+matches, under the search field.
 
 Invariants: no logic but display; a query is asked for (`searchRequested`) once typing pauses, hits arrive
 through `set_hits` and are shown only for the query on screen; choosing a hit (click or Enter) emits
@@ -25,9 +26,22 @@ def hit_html(hit: Any) -> str:
     """A hit as rich text: the conversation's title and the time, then the snippet with its matches in bold."""
     snippet = html.escape(str(hit.snippet)).replace(MARK_START, "<b style='color:#e3b341;'>").replace(
         MARK_END, "</b>")
+    if getattr(hit, "is_title", False):
+        return (f"<div style='color:#8b949e; font-size:8.5pt;'>Conversation title · "
+                f"{html.escape(stamp_text(hit.created_at))}</div><div>{snippet}</div>")
     who = "You" if hit.role == "user" else "Assistant" if hit.role == "assistant" else html.escape(hit.role)
     return (f"<div style='color:#8b949e; font-size:8.5pt;'>{html.escape(hit.title or 'Untitled')} · {who} · "
             f"{html.escape(stamp_text(hit.created_at))}</div><div>{snippet}</div>")
+
+
+def summary_text(hits: list[Any]) -> str:
+    """What the hits hold, in words: '2 titles and 1 message match', 'No title or message matches'."""
+    titles = sum(1 for hit in hits if getattr(hit, "is_title", False))
+    messages = len(hits) - titles
+    if not hits:
+        return "No title or message matches"
+    parts = [f"{n} {word}{'' if n == 1 else 's'}" for n, word in ((titles, "title"), (messages, "message")) if n]
+    return " and ".join(parts) + (" matches" if len(hits) == 1 else " match")
 
 
 class HitList(QListWidget):
@@ -61,7 +75,7 @@ class MessageSearchResults(QWidget):
         layout.addWidget(self.summary)
         self.list = HitList(objectName="searchHits")
         self.list.setWordWrap(True)
-        self.list.setToolTip("Click a message to open its conversation there")
+        self.list.setToolTip("Click a title to open its conversation, a message to open its conversation there")
         self.list.setVerticalScrollMode(QListWidget.ScrollMode.ScrollPerPixel)
         self.list.itemClicked.connect(self._chosen)
         self.list.itemActivated.connect(self._chosen)
@@ -81,7 +95,7 @@ class MessageSearchResults(QWidget):
             self.hide()
             self.searchRequested.emit(text)
             return
-        self.summary.setText("Searching messages…")
+        self.summary.setText("Searching titles and messages…")
         self.show()
         self._pause.start()
 
@@ -103,9 +117,7 @@ class MessageSearchResults(QWidget):
             self.list.setItemWidget(item, label)
         self.list.fit_rows()
         if query.strip():
-            count = len(self.hits)
-            self.summary.setText("No message matches" if not count else
-                                 f"{count} message{' matches' if count == 1 else 's match'}")
+            self.summary.setText(summary_text(self.hits))
 
     def choose(self, row: int) -> None:
         item = self.list.item(row)

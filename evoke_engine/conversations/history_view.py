@@ -63,9 +63,10 @@ def read_messages(settings: Settings, conversation_id: str) -> list[dict]:
 
 
 def search_messages(settings: Settings, query: str, limit: int = 50) -> list[SearchHit]:
-    """`Engine.search` without an engine: live messages matching `query` (SearchHit), [] with no history."""
+    """`Engine.search` without an engine: conversations whose title matches `query`, then live messages
+    (SearchHit), [] with no history."""
     path = history_path(settings)
     if not path.exists():
         return []
     with closing(HistoryDB(path, read_only=True)) as history:
-        return history.search(query, limit)
+        return history.search(query, limit, titles=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evoke_engine.store.search import SearchHit, add_message_search_v3, search_messages
+from evoke_engine.store.search import SearchHit, add_message_search_v3, search_messages, search_titles
 from evoke_engine.store.sqlite_db import Database, Migration
 
 log = logging.getLogger(__name__)
@@ -268,10 +268,13 @@ class HistoryDB:
                              f"'$.{BRANCH_OF}') WHERE id = ? AND conversation_id = ?",
                              [(i, conversation_id) for i in message_ids])
 
-    def search(self, text: str, limit: int = 50) -> list[SearchHit]:
-        """Live messages whose text or attachment names hold every word of `text` (FTS5, `store.search`)."""
+    def search(self, text: str, limit: int = 50, *, titles: bool = False) -> list[SearchHit]:
+        """Live messages whose text or attachment names hold every word of `text` (FTS5, `store.search`); with
+        `titles`, the conversations whose title holds every word come first (`SearchHit.is_title`), `limit` hits
+        in all."""
         with self._db.reading() as conn:
-            return search_messages(conn, text, limit)
+            title_hits = search_titles(conn, text, limit) if titles else []
+            return title_hits + search_messages(conn, text, limit - len(title_hits))
 
     def compact(self, conversation_id: str) -> int:
         """Erase the conversation's superseded and deleted rows; returns how many went."""

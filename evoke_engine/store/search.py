@@ -1,4 +1,5 @@
-"""Full-text search over the live chat history with SQLite FTS5: the index, its migration and the query.
+"""Full-text search over the live chat history with SQLite FTS5: the index, its migration and the query; and the
+conversations whose title holds every word (`search_titles`: a title hit has `message_id` 0 and role "title").
 
 Invariants: `message_search` holds exactly the live messages (rowid = messages.id; their text and attachment
 names, never attachment bodies); SQLite triggers keep it so on every insert, text or status update (a reply
@@ -45,9 +46,13 @@ def add_message_search_v3(conn: sqlite3.Connection) -> None:
                      END""")
 
 
+TITLE_ROLE = "title"           # the role of a hit on a conversation's title (its `message_id` is 0)
+
+
 @dataclass(frozen=True)
 class SearchHit:
-    """One live message that matches; `snippet` marks each match with MARK_START ... MARK_END."""
+    """One live message that matches, or a conversation's title (role TITLE_ROLE, message_id 0); `snippet` marks
+    each match with MARK_START ... MARK_END."""
     conversation_id: str
     title: str
     message_id: int
@@ -62,12 +67,21 @@ class SearchHit:
     def plain_snippet(self) -> str:
         return self.snippet_marked("", "")
 
+    @property
+    def is_title(self) -> bool:
+        return self.role == TITLE_ROLE
+
+
+def search_terms(text: str) -> list[str]:
+    """The words of `text` a search looks for (at most MAX_TERMS; a term needs a letter or digit)."""
+    return [t for t in text.split() if re.search(r"\w", t)][:MAX_TERMS]
+
 
 def fts_query(text: str) -> str | None:
     """An FTS5 query matching messages that hold every word of `text` (the last one as a prefix, for typing
     as you search); None when `text` has no word. Each term is a quoted string, so `"`, `AND`, `*`, `(` or
     `col:` are searched for as text, never parsed as syntax."""
-    terms = [t for t in text.split() if re.search(r"\w", t)][:MAX_TERMS]
+    terms = search_terms(text)
     if not terms:
         return None
     quoted = ['"' + t.replace('"', '""') + '"' for t in terms]
@@ -95,3 +109,48 @@ def search_messages(conn: sqlite3.Connection, text: str, limit: int = 50) -> lis
         raise
     return [SearchHit(conversation_id=cid, title=title, message_id=mid, role=role, snippet=snippet or "",
                       created_at=created_at) for cid, title, mid, role, snippet, created_at in rows]
+
+
+def mark_title(title: str, terms: list[str]) -> str | None:
+    """`title` with each occurrence of every term marked (ignoring case), or None when a term is missing."""
+    folded = title.casefold()
+    if len(folded) != len(title):                  # casefold changed the length (ß -> ss): compare, mark nothing
+        return title if all(t.casefold() in folded for t in terms) else None
+    spans: list[tuple[int, int]] = []
+    for term in terms:
+        needle = term.casefold()
+        start = folded.find(needle)
+        if start < 0:
+            return None
+        while start >= 0:
+            spans.append((start, start + len(needle)))
+            start = folded.find(needle, start + len(needle))
+    merged: list[list[int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    marked, at = [], 0
+    for start, end in merged:
+        marked += [title[at:start], MARK_START, title[start:end], MARK_END]
+        at = end
+    return "".join(marked) + title[at:]
+
+
+def search_titles(conn: sqlite3.Connection, text: str, limit: int = 50) -> list[SearchHit]:
+    """Conversations whose title holds every word of `text` (anywhere in the title, ignoring case), newest
+    activity first, as hits with role TITLE_ROLE and message_id 0; [] for no word."""
+    terms = search_terms(text)
+    if not terms or limit <= 0:
+        return []
+    hits: list[SearchHit] = []
+    for cid, title, updated_at in conn.execute("SELECT id, title, updated_at FROM conversations "
+                                               "ORDER BY updated_at DESC, created_at DESC, rowid DESC"):
+        snippet = mark_title(title or "", terms)
+        if snippet is not None:
+            hits.append(SearchHit(conversation_id=cid, title=title, message_id=0, role=TITLE_ROLE,
+                                  snippet=snippet, created_at=updated_at))
+            if len(hits) >= limit:
+                break
+    return hits
