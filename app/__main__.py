@@ -1,5 +1,6 @@
 """`python -m app` / `evoke-desk`: start the window on the saved settings (embedded model by default);
-`evoke-desk serve|chat|device|rpc-worker` run the engine's command line instead, `--version` says the version.
+`evoke-desk serve|chat|device|rpc-worker|aider-metadata` run the engine's command line instead, `--version` says the
+version, `--help` names the data folder, the settings and the log file.
 
 Invariants: one window per data folder (a second start brings the first to the front and exits 0; read-only only
 when the first does not answer); SIGTERM, SIGINT, SIGHUP and a desktop logout close the window cleanly: the engine
@@ -24,11 +25,24 @@ from PySide6.QtWidgets import QApplication
 ENGINE_COMMANDS = ("serve", "chat", "device", "rpc-worker", "aider-metadata")
 
 
+def help_epilog() -> str:
+    """Where the window keeps its files (the folder is the one the window uses: $EVOKE_HOME or the platform's)."""
+    from evoke_engine import Settings
+    from evoke_engine.logs import log_file
+
+    settings = Settings()
+    return (f"engine commands: evoke-desk {{{','.join(ENGINE_COMMANDS)}}} ... (see evoke-desk serve --help)\n"
+            f"data folder:     {settings.data_dir}  (chat history, KV files; private, set EVOKE_HOME to move it)\n"
+            f"settings file:   {settings.config_dir / 'settings.json'}\n"
+            f"log file:        {log_file()}")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from evoke_engine.logs import version_line
 
-    parser = argparse.ArgumentParser(prog="evoke-desk", description="Evoke Desk: local coding chat. Also "
-                                     "`evoke-desk serve|chat|device|rpc-worker` (see `evoke-desk serve --help`).")
+    parser = argparse.ArgumentParser(prog="evoke-desk", description="Evoke Desk: local coding chat.\nAlso "
+                                     f"`evoke-desk {'|'.join(ENGINE_COMMANDS)}` (see `evoke-desk serve --help`).",
+                                     epilog=help_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=version_line("evoke-desk"))
     parser.add_argument("--model", help="GGUF model file (default: the saved setting or the embedded model)")
     parser.add_argument("--budget", type=int, help="active-KV budget in tokens for this run")

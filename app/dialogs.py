@@ -2,10 +2,16 @@
 
 Invariant: the window calls these through its own attributes (`confirm`, `ask_text`, `edit_text`,
 `pick_files`, `save_export`, `pick_import`, `pick_folder`), which tests replace; nothing else opens a modal dialog.
+The import and export dialogs open in the folder last used for either (`FolderMemory`, kept in the window's
+QSettings file across restarts), else in the home folder.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -94,11 +100,40 @@ def edit_text(parent: QWidget, title: str, label: str, text: str = "") -> str | 
 EXPORT_FILTERS = "Markdown (*.md);;JSON (*.json)"
 
 
-def save_export(parent: QWidget, suggested: str) -> str:
-    """A path for an export; the suffix names the format (.json, else Markdown)."""
-    path, chosen = QFileDialog.getSaveFileName(parent, "Export conversation", suggested, EXPORT_FILTERS)
+class FolderMemory:
+    """The folder the import/export dialogs last used, in a QSettings file (key `dialogs/exchange_folder`)."""
+
+    KEY = "dialogs/exchange_folder"
+
+    def __init__(self, store_path: Path | str) -> None:
+        self.store_path = str(store_path)
+
+    def _store(self) -> QSettings:
+        return QSettings(self.store_path, QSettings.Format.IniFormat)
+
+    def folder(self) -> str:
+        """The last folder if it still exists, else the home folder."""
+        last = str(self._store().value(self.KEY, "") or "")
+        return last if last and os.path.isdir(last) else str(Path.home())
+
+    def remember(self, path: str) -> None:
+        """Remember the folder of a chosen file (or a chosen folder itself); '' (cancelled) changes nothing."""
+        if not path:
+            return
+        folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        store = self._store()
+        store.setValue(self.KEY, folder)
+        store.sync()
+
+
+def save_export(parent: QWidget, suggested: str, folders: FolderMemory | None = None) -> str:
+    """A path for an export; the suffix names the format (.json, else Markdown). Opens in the last folder used."""
+    start = os.path.join(folders.folder(), suggested) if folders else suggested
+    path, chosen = QFileDialog.getSaveFileName(parent, "Export conversation", start, EXPORT_FILTERS)
     if path and "." not in path.rsplit("/", 1)[-1]:
         path += ".json" if chosen.startswith("JSON") else ".md"
+    if folders:
+        folders.remember(path)
     return path
 
 
@@ -106,12 +141,21 @@ IMPORT_FILTERS = ("Conversations (*.md *.markdown *.json);;Markdown (*.md *.mark
                   "All files (*)")
 
 
-def pick_import(parent: QWidget) -> list[str]:
-    """Files to import: what Export or Export all wrote (Markdown or JSON), one or several."""
-    paths, _ = QFileDialog.getOpenFileNames(parent, "Import conversations", "", IMPORT_FILTERS)
+def pick_import(parent: QWidget, folders: FolderMemory | None = None) -> list[str]:
+    """Files to import: what Export or Export all wrote (Markdown or JSON), one or several. Opens in the last
+    folder used."""
+    paths, _ = QFileDialog.getOpenFileNames(parent, "Import conversations", folders.folder() if folders else "",
+                                            IMPORT_FILTERS)
+    if folders and paths:
+        folders.remember(paths[0])
     return paths
 
 
-def pick_folder(parent: QWidget) -> str:
-    """A folder for "Export all conversations" (one Markdown file per conversation goes there)."""
-    return QFileDialog.getExistingDirectory(parent, "Export all conversations into a folder")
+def pick_folder(parent: QWidget, folders: FolderMemory | None = None) -> str:
+    """A folder for "Export all conversations" (one Markdown file per conversation goes there). Opens in the last
+    folder used."""
+    folder = QFileDialog.getExistingDirectory(parent, "Export all conversations into a folder",
+                                              folders.folder() if folders else "")
+    if folders:
+        folders.remember(folder)
+    return folder

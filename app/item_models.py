@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from PySide6.QtCore import QAbstractListModel, QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
-from PySide6.QtGui import QColor
+from PySide6.QtGui import QColor, QFont
 
 _Index = QModelIndex | QPersistentModelIndex
 STATES = ("resident", "ram", "disk", "dropped")
@@ -207,6 +207,10 @@ class BlockTableModel(QAbstractTableModel):
             attention = "" if row.attention is None else f"{row.attention:.2f}"
             state = STATE_LABELS.get(row.state, row.state) + (" · kept" if row.pinned and not row.shared else "")
             return (row.name, str(row.tokens), state, row.shared_with, attention)[col]
+        if role == Qt.ItemDataRole.FontRole and col == 0 and row.pinned and not row.shared:
+            font = QFont()
+            font.setBold(True)                         # a kept file's blocks stand out (and say "kept" in State)
+            return font
         if role == Qt.ItemDataRole.TextAlignmentRole and col in (1, 4):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         if role == Qt.ItemDataRole.ToolTipRole:

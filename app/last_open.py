@@ -1,6 +1,7 @@
 """The conversation the window showed last, kept across restarts, and the choice of what opens at start-up.
 
-Invariants: one small text file under the config folder holding one conversation id; a missing or unreadable
+Invariants: one small text file under the config folder holding one conversation id, private like every file of
+the app (0600 in a 0700 folder whatever the umask, written atomically); a missing or unreadable
 file reads as none and a failed write is logged, never raised (it only saves a click); the start-up choice is
 the conversation read while the model loaded, else the remembered one if it still exists, else the first listed.
 """
@@ -8,9 +9,10 @@ the conversation read while the model loaded, else the remembered one if it stil
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
+
+from evoke_engine import private_mkdir, private_write_text
 
 log = logging.getLogger(__name__)
 FILE_NAME = "last_conversation"
@@ -31,10 +33,8 @@ class LastConversation:
         if not conversation_id or conversation_id == self._written:
             return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = self.path.with_name(self.path.name + ".tmp")
-            temporary.write_text(conversation_id, encoding="utf-8")
-            os.replace(temporary, self.path)
+            private_mkdir(self.path.parent)
+            private_write_text(self.path, conversation_id)
             self._written = conversation_id
         except OSError as error:
             log.warning("could not remember the open conversation in %s: %s", self.path, error)

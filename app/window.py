@@ -8,6 +8,7 @@ starts in the message box and goes back there after every conversation change.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from PySide6.QtCore import QSettings, QSize, Qt, QTimer, Signal
@@ -91,8 +92,9 @@ class MainWindow(QMainWindow):
         self.ask_text = dialogs.ask_text
         self.pick_files = dialogs.pick_files
         self.edit_text = dialogs.edit_text
-        self.save_export = dialogs.save_export
-        self.pick_import = dialogs.pick_import
+        self.exchange_folders = dialogs.FolderMemory(controller.settings.config_dir / "window.ini")
+        self.save_export = partial(dialogs.save_export, folders=self.exchange_folders)
+        self.pick_import = partial(dialogs.pick_import, folders=self.exchange_folders)
         self.settings_dialog: SettingsDialog | None = None
         self.setWindowTitle("Evoke Desk")
         self.setWindowIcon(icon("evoke-desk"))

@@ -7,6 +7,7 @@ replaced in tests) and calls the controller (app/exchange_flow.py); it writes no
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from PySide6.QtGui import QAction
@@ -22,7 +23,7 @@ def file_stem(title: str) -> str:
 
 
 def install_exchange(window: MainWindow) -> None:
-    window.pick_folder = dialogs.pick_folder
+    window.pick_folder = partial(dialogs.pick_folder, folders=window.exchange_folders)
     window.export_all_action = QAction("Export all conversations…", window,
                                        toolTip="One Markdown file per conversation, into a folder",
                                        triggered=lambda: export_all(window))

@@ -3,8 +3,8 @@
 Public API, the one door the window (app/) and the endpoint (server/) use (tests/unit/test_layers.py holds them to
 it): Engine, Conversation, Settings, Reply, EngineEvent/EventKind, ConversationStats and the error classes; the
 rules and readers the window needs without an engine (the minimum budget, what a recovery backend does, the
-history read-only, search marks, the embedded model's path); what the endpoint builds requests from (the chat
-template's system message, a user message's rendering, the export format, sampling grammars, the off-thread
+history read-only, search marks, the embedded model's path, private files); what the endpoint builds requests from
+(the chat template's system message, a user message's rendering, the export format, sampling grammars, the off-thread
 vocabulary, a raw completion's result, engine priorities). No Qt here.
 """
 
@@ -34,6 +34,7 @@ _HOMES = {
     "DISK_FULL": "store.store_error", "StoreError": "store.store_error",
     "VocabCounter": "runtime.vocab", "Settings": "settings", "ConversationStats": "stats",
     "MARK_END": "store.search", "MARK_START": "store.search",
+    "private_mkdir": "store.private", "private_write_text": "store.private",
     **dict.fromkeys(("BACKGROUND", "FOREGROUND", "NORMAL", "Command", "Job"), "worker"),
 }
 _RENAMED = {"recovery_backend": "backend", "BUNDLED_EMBEDDER": "BUNDLED", "ENFORCED_SCHEMA_KEYWORDS": "ENFORCED"}
@@ -84,6 +85,7 @@ if TYPE_CHECKING:                             # what type checkers and IDEs see:
     from .runtime.vocab import VocabCounter
     from .settings import Settings
     from .stats import ConversationStats
+    from .store.private import private_mkdir, private_write_text
     from .store.search import MARK_END, MARK_START
     from .store.store_error import DISK_FULL, StoreError
     from .worker import BACKGROUND, FOREGROUND, NORMAL, Command, Job
@@ -93,7 +95,7 @@ __all__ = ["Engine", "Conversation", "ConversationInfo", "ConversationStats", "S
            "ImportFormatError", "DataDirInUseError", "RebuildCancelled", "EngineBusyError",
            # for the window without an engine
            "min_budget_tokens", "recovery_backend", "read_conversations", "read_messages", "search_messages",
-           "MARK_START", "MARK_END", "default_model_path",
+           "MARK_START", "MARK_END", "default_model_path", "private_mkdir", "private_write_text",
            # for the endpoint
            "Completion", "FORMAT_NAME", "FORMAT_VERSION", "REUSE_OWNER", "render_user_content", "default_system_prompt",
            "system_message", "GrammarError", "json_grammar", "json_schema_grammar", "VocabCounter", "BACKGROUND",

@@ -76,7 +76,21 @@ class BlockStrip(QWidget):
 
 
 class StateDelegate(QStyledItemDelegate):
-    """Draws the state column as a coloured pill."""
+    """Draws the state column as a coloured pill holding the model's text (the state, and "· kept" on a block of a
+    file kept in context)."""
+
+    PADDING = 20              # the pill's inset and rounded ends around its text
+    MIN_WIDTH = 92            # every pill at least this wide, kept or not
+
+    @staticmethod
+    def pill_text(index: QModelIndex) -> str:
+        state = index.data(StateRole) or "resident"
+        return str(index.data(Qt.ItemDataRole.DisplayRole) or STATE_LABELS.get(state, state))
+
+    def sizeHint(self, option, index: QModelIndex) -> QSize:  # noqa: N802
+        hint = super().sizeHint(option, index)
+        width = option.fontMetrics.horizontalAdvance(self.pill_text(index)) + self.PADDING
+        return QSize(max(width, self.MIN_WIDTH), hint.height())
 
     def paint(self, painter: QPainter, option, index: QModelIndex) -> None:
         state = index.data(StateRole) or "resident"
@@ -89,7 +103,7 @@ class StateDelegate(QStyledItemDelegate):
         painter.setPen(QPen(color, 1))
         painter.setBrush(fill)
         painter.drawRoundedRect(r, r.height() / 2, r.height() / 2)
-        painter.drawText(r, Qt.AlignmentFlag.AlignCenter, STATE_LABELS.get(state, state))
+        painter.drawText(r, Qt.AlignmentFlag.AlignCenter, self.pill_text(index))
         painter.restore()
 
 
@@ -163,7 +177,7 @@ class MemoryPanel(QWidget):
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
-        header.resizeSection(2, 92)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)   # "resident · kept" fits
         header.setSectionResizeMode(3, QHeaderView.ResizeMode.ResizeToContents)
         header.setResizeContentsPrecision(CONTENTS_PRECISION_ROWS)    # not every row at every stats refresh
         blocks_model.modelReset.connect(self._fit_attention_column)
