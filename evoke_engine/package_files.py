@@ -6,7 +6,8 @@ Invariants: resources are read through `importlib.resources` from the installed 
 on PYTHONPATH, a PyInstaller bundle) is resources/ beside this package used. A native library is looked for in
 the package's own folder (`native_dir()`, where `bash native/build.sh DIR` puts it for an installed package)
 and then in the checkout's native/build/; a missing one is never an error, its callers fall back and say why
-with `native_missing_note`.
+with `native_missing_note`. Every native file is named in `NATIVE_FILES`, which the bundle's spec copies from
+(`native_library` refuses a name not listed there, so a new library cannot be left out of the bundle again).
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 RESOURCES_PACKAGE = "evoke_resources"
+ROPE_LIB = "libevoke_rope.so"                 # the RoPE re-anchor (runtime/reanchor.py)
+ATTENTION_LIB = "libevoke_attention.so"       # the attention capture (runtime/attention.py)
+KV_DIRECT_LIB = "libevoke_kvdirect.so"        # the direct per-layer KV path (runtime/kv_direct.py)
+KV_QUANT_LIB = "libevoke_kvquant.so"          # the 8/4-bit host tier's kernels (kvcache/kvquant.py)
+RPC_SERVER = "rpc-server"                     # llama.cpp's RPC worker (runtime/rpc_worker.py)
+NATIVE_FILES = (ROPE_LIB, ATTENTION_LIB, KV_DIRECT_LIB, KV_QUANT_LIB, RPC_SERVER)
 _BESIDE = Path(__file__).resolve().parent.parent          # the checkout root, or a PyInstaller bundle's folder
 
 
@@ -43,7 +50,9 @@ def native_search_dirs() -> list[Path]:
 
 
 def native_library(name: str) -> Path | None:
-    """The first `name` (e.g. libevoke_rope.so) in `native_search_dirs()`, or None."""
+    """The first `name` (one of `NATIVE_FILES`) in `native_search_dirs()`, or None."""
+    if name not in NATIVE_FILES:
+        raise ValueError(f"{name} is not in package_files.NATIVE_FILES: list it there so the bundle carries it")
     return next((d / name for d in native_search_dirs() if (d / name).is_file()), None)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..package_files import native_library
+from ..package_files import KV_QUANT_LIB, native_library
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ def _codes_of(packed: bytes | bytearray | memoryview, offset: int, count: int, b
 
 
 def _load_native() -> ctypes.CDLL | None:
-    path = native_library("libevoke_kvquant.so")
+    path = native_library(KV_QUANT_LIB)
     if path is None:
         return None
     try:

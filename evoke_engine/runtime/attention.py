@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import llama_cpp as ll
 import numpy as np
 
-from ..package_files import native_library, native_missing_note
+from ..package_files import ATTENTION_LIB, native_library, native_missing_note
 from ..settings import ATTENTION_GQA as GQA_REDUCTIONS
 from . import reanchor
 
 log = logging.getLogger(__name__)
 
-LIB_NAME = "libevoke_attention.so"
+LIB_NAME = ATTENTION_LIB
 DECAY = 0.95                # per scored query step: 0.95 ** 64 = 0.04, so about the last 64 steps count
 ADAKV_ALPHA = 0.2           # each head's floor: this share of the uniform per-head budget
 KEEP_FRACTION = 0.5         # Ada-KV per-head budget: this share of the sequence's resident tokens

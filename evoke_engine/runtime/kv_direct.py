@@ -20,12 +20,12 @@ import logging
 
 import numpy as np
 
-from ..package_files import native_library, native_missing_note
+from ..package_files import KV_DIRECT_LIB, native_library, native_missing_note
 from .reanchor import RopeGeometry
 
 log = logging.getLogger(__name__)
 
-_LIB_NAME = "libevoke_kvdirect.so"
+_LIB_NAME = KV_DIRECT_LIB
 _u8p = ctypes.POINTER(ctypes.c_uint8)
 
 BAD_RANGE, UNFIT, NO_ROOM, TAKEN, SMALL_BUFFER, BAD_SEQ = -1, -2, -3, -4, -5, -6

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..package_files import native_library, native_missing_note
+from ..package_files import ROPE_LIB, native_library, native_missing_note
 
 log = logging.getLogger(__name__)
 
-_LIB_NAME = "libevoke_rope.so"
+_LIB_NAME = ROPE_LIB
 _GGML_TYPE_F16 = 1
 _ROPE_NORM, _ROPE_NEOX = 0, 2
 

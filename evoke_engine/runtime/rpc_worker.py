@@ -20,12 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from ..package_files import native_library, native_missing_note
+from ..package_files import RPC_SERVER, native_library, native_missing_note
 from ..rpc_split import DEFAULT_WORKER_PORT, parse_endpoints
 from . import device
 from .rpc import NO_SECURITY, probe
 
-BINARY = "rpc-server"
+BINARY = RPC_SERVER
 READY_TIMEOUT_S = 30.0
 
 

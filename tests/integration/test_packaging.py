@@ -38,7 +38,8 @@ def test_every_resource_file_is_package_data():
 def test_resources_and_native_libraries_are_found_through_the_package():
     assert (package_files.resources_root() / "system_prompt.txt").read_text(encoding="utf-8").strip()
     assert (package_files.resources_path() / "icons" / "evoke-desk.svg").is_file()
-    assert package_files.native_library("libevoke_nothing.so") is None
+    with pytest.raises(ValueError, match="NATIVE_FILES"):          # an unlisted library would miss the bundle
+        package_files.native_library("libevoke_nothing.so")
     note = package_files.native_missing_note("libevoke_nothing.so")
     assert str(package_files.native_dir()) in note and "native/build.sh" in note
 
