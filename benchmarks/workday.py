@@ -4,7 +4,8 @@ vocabulary, the configured embedder); a probe passes when every block holding it
 starts. Reported with Wilson intervals, pooled, per fact form and per distance (real tokens between the fact and
 its probe), with the deciding cost.
 
-Invariants: the `dev` script is the one levers are tried on; `held` is run for the final check only; a distance
+Invariants: the `dev` script is the one levers are tried on; `held` and `paraphrase` (issue 61: questions that share
+no content word with the fact's line, in forms of its own) are run for the final check only; a distance
 is counted with the model's tokenizer over the turns' texts, attachments and replies (template tokens aside).
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 from evoke_engine.memory.embedder import Embedder
 from evoke_engine.settings import Settings
 
+from .paraphrase_workload import PARAPHRASE
 from .recall_suite import SYSTEM, wilson
 from .recall_workload import Session
 from .retrieval import replay
@@ -27,9 +29,11 @@ from .retrieval_sim import VocabRuntime
 from .workday_workload import FORMS, SCRIPTS, make_session
 
 log = logging.getLogger(__name__)
+SCRIPTS = {**SCRIPTS, "paraphrase": PARAPHRASE}     # issue 61: the final check only, never tuned on
 DISTANCES = ((2_000, 5_000), (5_000, 10_000), (10_000, 18_000), (18_000, 40_000))
 BARS = {2048: 0.85, 4096: 0.90}                # issue 46, on the held-back script
 FORM_BAR = 0.70
+SCRIPT_BARS = {"paraphrase": ({2048: 0.80, 4096: 0.90}, 0.60)}     # issue 61's bars; other scripts: issue 46's
 
 
 def distances(session: Session, rt: VocabRuntime) -> list[int]:
@@ -57,8 +61,10 @@ def _rate(rows: list[dict]) -> dict:
             "wilson95": wilson(k, len(rows))}
 
 
-def summarize(rows: list[dict], decide_ms: list[float], budget: int) -> dict:
-    per_form = {form: _rate([r for r in rows if r["type"] == form]) for form in FORMS}
+def summarize(rows: list[dict], decide_ms: list[float], budget: int, forms: tuple[str, ...] = FORMS,
+              script: str = "dev") -> dict:
+    bars, form_bar = SCRIPT_BARS.get(script, (BARS, FORM_BAR))
+    per_form = {form: _rate([r for r in rows if r["type"] == form]) for form in forms}
     per_distance = {f"{lo // 1000}K-{hi // 1000}K": _rate([r for r in rows if lo <= r["distance"] < hi])
                     for lo, hi in DISTANCES}
     pooled = _rate(rows)
@@ -66,8 +72,8 @@ def summarize(rows: list[dict], decide_ms: list[float], budget: int) -> dict:
     return {"fact_block_in_context": pooled, "per_form": per_form, "per_distance": per_distance,
             "decide_ms": {"p50": round(float(np.percentile(decide_ms, 50)), 2),
                           "p95": round(float(np.percentile(decide_ms, 95)), 2)},
-            "bars": {"pooled": BARS.get(budget), "pooled_ok": pooled["rate"] >= BARS.get(budget, 0.0),
-                     "worst_form": worst, "worst_form_ok": worst is not None and worst >= FORM_BAR,
+            "bars": {"pooled": bars.get(budget), "pooled_ok": pooled["rate"] >= bars.get(budget, 0.0),
+                     "worst_form": worst, "worst_form_ok": worst is not None and worst >= form_bar,
                      "decide_p50_le_30ms": float(np.percentile(decide_ms, 50)) <= 30.0}}
 
 
@@ -98,7 +104,7 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
             tokens.append(out["conversation_tokens"])
             log.info("day %s seed %d budget %d: %d/%d in context (%.0f s)", script, session.seed, budget,
                      sum(p["in_context"] for p in out["probes"]), len(out["probes"]), time.perf_counter() - started)
-        summary = summarize(rows, decide, budget)
+        summary = summarize(rows, decide, budget, SCRIPTS[script].forms, script)
         summary["conversation_tokens"] = tokens
         result["results"][str(budget)] = summary
     result["seconds"] = round(time.perf_counter() - started, 1)

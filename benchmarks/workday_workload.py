@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from .recall_workload import Fact, Session, Turn
 
@@ -285,9 +286,16 @@ PROBE_REPLIES = ["Let me look back at what you shared.", "I'd need to check the 
 
 @dataclass(frozen=True)
 class WorkdayScript:
+    """A script: its frames per form, its seed salt; a script with forms of its own (`paraphrase`) names them, the
+    turn that states a line in each (`plant(form, line, rng)`) and the numbers its files carry themselves."""
+
     name: str
     frames: Frames
     salt: tuple[int, int]
+    forms: tuple[str, ...] = FORMS
+    plant: Callable[[str, str, random.Random], Turn] | None = None
+    fixed_numbers: frozenset[str] = field(default_factory=frozenset)
+    values: dict[str, Callable[[random.Random], str]] | None = None
 
 
 DEV = WorkdayScript("dev", DEV_FRAMES, (6151, 17))
@@ -375,21 +383,22 @@ def make_session(seed: int, script: WorkdayScript = DEV, *, facts_per_form: int 
     rng = random.Random(seed * script.salt[0] + script.salt[1])
     used: set[str] = set()
     planned: list[tuple[int, str, Fact | None, Turn | None]] = []     # (token position, kind, fact, turn)
-    for form in FORMS:
+    plant = script.plant or _plant
+    for form in script.forms:
         for index in rng.sample(range(len(script.frames[form])), facts_per_form):
             line, asks, maker = script.frames[form][index]
             for _ in range(200):
-                value = VALUES[maker](rng)
-                if value not in used and value not in _FIXED_NUMBERS:
+                value = (script.values or VALUES)[maker](rng)
+                if value not in used and value not in _FIXED_NUMBERS and value not in script.fixed_numbers:
                     break
             used.add(value)
             statement = line.format(v=value)
             fact = Fact(kind=form, frame=index, statement=statement, question=rng.choice(asks), value=value,
                         answer_tokens=[value], where="chat" if form in ("cli_flag", "stack_trace", "chat_decision",
-                                                                       "assistant_table") else "file")
+                                                                       "assistant_table", "log_line") else "file")
             gap = int(MIN_GAP * (MAX_GAP / MIN_GAP) ** rng.random())         # log-uniform over 2K-25K
             at = rng.randint(500, DAY_TOKENS - gap - 500)
-            planned.append((at, "plant", fact, _plant(form, statement, rng)))
+            planned.append((at, "plant", fact, plant(form, statement, rng)))
             planned.append((at + gap, "probe", fact, None))
     planned.sort(key=lambda p: (p[0], p[1] == "probe"))
     turns: list[Turn] = []
