@@ -312,6 +312,10 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         creates it behind whatever it is doing. The conversation left is kept only if it has messages."""
         if not self._engine_or_say():
             return
+        refused = self.new_conversation_refusal()     # a saved budget below the smallest that works (SettingsFlow)
+        if refused:
+            self.raise_error(refused, "settings")
+            return
         previous = self.conv
         previous_title = self.title
         self._leave()

@@ -116,6 +116,12 @@ class SettingsFlow:
         refused, so none is started for the user at start-up)."""
         return "budget" in self.__dict__.get("_settings_notes", {})
 
+    def new_conversation_refusal(self) -> str:
+        """Why New cannot create a conversation now ("" when it can): the saved budget is below the smallest that
+        works (the engine would refuse it; the banner already names the value and where to change it)."""
+        note = self.__dict__.get("_settings_notes", {}).get("budget", "")
+        return f"A new conversation cannot start: {note}" if note else ""
+
     @property
     def floor_prefix_tokens(self) -> int | None:
         """The longest shared prefix the engine's smallest budget was last measured for (None: not yet)."""

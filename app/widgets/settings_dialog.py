@@ -130,6 +130,26 @@ class SettingsDialog(QDialog):
             self._on_change(self.editors.get(name), self.update_recompute)
         for name in ("block_tokens", "tail_fraction"):        # the smallest budget follows them
             self._on_change(self.editors.get(name), self._update_budget_hint)
+        for name in ("budget_tokens", "block_tokens", "tail_fraction"):
+            self._on_change(self.editors.get(name), self.check_budget)
+
+    def check_budget(self, *_: Any) -> str:
+        """Say at once, under the tabs, why the typed budget cannot work (the same rule as Apply and as the
+        settings file at start-up: the declared range, then the smallest budget that holds the shared prefix and a
+        reply); the message goes when the budget works. Returns the problem ("" when none)."""
+        spec = self.spec("budget_tokens")
+        try:
+            budget = self.value("budget_tokens")
+            problem = self.budget_problem(self._pending_floor_settings(), budget) or spec.check(budget)
+        except (ValueError, TypeError):
+            return ""
+        if problem:
+            self.show_error(f"Not applied: {problem}")
+            self._budget_error = True
+        elif getattr(self, "_budget_error", False):
+            self._budget_error = False
+            self.error.hide()
+        return problem
 
     # -- building ---------------------------------------------------------------------------
     def _page(self, specs: list[form.FieldSpec], model_info: Any = None) -> QWidget:
@@ -183,7 +203,8 @@ class SettingsDialog(QDialog):
             return QCheckBox()
         if spec.kind == "int":
             box = QSpinBox()
-            box.setRange(int(max(spec.low or 0, -INT_MAX)), int(min(spec.high or INT_MAX, INT_MAX)))
+            low = 1 if spec.name == "budget_tokens" else spec.low    # a budget too small is typed, then refused
+            box.setRange(int(max(low or 0, -INT_MAX)), int(min(spec.high or INT_MAX, INT_MAX)))   # with the reason
             if spec.unit:
                 box.setSuffix(" " + spec.unit)
             box.setMaximumWidth(200)
@@ -318,15 +339,16 @@ class SettingsDialog(QDialog):
         for spec in self.specs:
             self.set_value(spec.name, spec.default)
 
-    def budget_problem(self, settings: Any) -> str:
-        """Why the budget of `settings` cannot work ("" when it can): it must hold the shared prefix and
-        leave room for a reply."""
+    def budget_problem(self, settings: Any, budget: int | None = None) -> str:
+        """Why the budget of `settings` (or `budget` under `settings`) cannot work ("" when it can): it must hold
+        the shared prefix and leave room for a reply."""
+        budget = settings.budget_tokens if budget is None else budget
         smallest = self.min_budget(settings) if self.min_budget is not None else 0
-        if settings.budget_tokens >= smallest:
+        if budget >= smallest:
             return ""
         held = f"the shared prefix ({self.prefix_tokens} tokens: system prompt and tools)" \
             if self.prefix_tokens else "the shared prefix"
-        return (f"an active-KV budget of {settings.budget_tokens} tokens is too small: it must hold {held} and "
+        return (f"an active-KV budget of {budget} tokens is too small: it must hold {held} and "
                 f"leave room for a reply. The smallest budget that works is {smallest} tokens.")
 
     def _tab_of(self, name: str) -> int:
@@ -341,6 +363,10 @@ class SettingsDialog(QDialog):
         self.error.show()
 
     def apply(self) -> bool:
+        if self.check_budget():                     # shown under the tabs; the budget's tab comes forward
+            self.tabs.setCurrentIndex(self._tab_of("budget_tokens"))
+            self.editors["budget_tokens"].setFocus()
+            return False
         try:
             new = self.result_settings()
             problem = self.budget_problem(new)
