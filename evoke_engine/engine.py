@@ -270,19 +270,33 @@ class Engine:
         self.thread.call(lambda: None, priority=BACKGROUND + 1, command=Command.DRAIN)
 
     def warm_default_prefix(self) -> Prefix:
-        """The prefix a new conversation gets, decoded now if it was dropped (engine thread)."""
-        return self.model.prefixes.for_conversation(system_prompt_of(self.settings), tools_of(self.settings))
+        """The prefix a new conversation gets, decoded now if it was dropped (engine thread); it and the default
+        prompt without tools (what the endpoint gives a request that sends neither) are public: shared by every
+        owner, where any other prefix is shared only within the owner that asked for it."""
+        system_prompt = system_prompt_of(self.settings)
+        self.model.prefixes.declare_public(system_prompt, [])
+        return self.model.prefixes.for_conversation(system_prompt, tools_of(self.settings))
 
     # -- conversations ----------------------------------------------------------------------
     def new_conversation(self, system_prompt: str | None = None, tools: list[dict] | None = None,
-                         title: str | None = None, source: str | None = None) -> Conversation:
+                         title: str | None = None, source: str | None = None,
+                         owner: str | None = None) -> Conversation:
+        """A new conversation; `owner` (the endpoint's client, with `source="api"`) is stored with it from the
+        start, so its shared prefix is that owner's (or the public prewarmed one) and its chunk reuse stays within."""
         self.ready.result()
         conversation_id = uuid.uuid4().hex
         system_prompt = system_prompt_of(self.settings) if system_prompt is None else system_prompt
         tools = tools_of(self.settings) if tools is None else tools
         state = self.thread.call(self.lifecycle.create, conversation_id, title or "New conversation",
-                                 system_prompt, tools, source)
+                                 system_prompt, tools, source, owner)
         return Conversation(self, state.id)
+
+    def prefix_decoded_at(self, conversation_id: str) -> float | None:
+        """When the shared prefix an open conversation holds was decoded (`time.monotonic`: usage counts it as
+        decoded for a request that arrived before); None when the conversation is not in a slot (any thread)."""
+        state = self.lifecycle.get(conversation_id)
+        prefix = state.prefix if state is not None else None
+        return None if prefix is None else prefix.decoded_at
 
     def open_conversation(self, conversation_id: str) -> Conversation:
         self.thread.call(self.lifecycle.open, conversation_id, priority=FOREGROUND, command=Command.OPEN,

@@ -43,6 +43,15 @@ WINDOW_OWNER = "window"          # the owner, for chunk reuse, of every conversa
 REUSE_OWNER = "owner"            # the settings key where the endpoint stores a conversation's client (`reuse_owner`)
 
 
+def owner_of(conversation_id: str, settings: dict) -> str:
+    """The owner a conversation's stored settings name: an endpoint conversation's client (`api:` its `owner`; one
+    without is an owner alone), else the window."""
+    if settings.get("source") != "api":
+        return WINDOW_OWNER
+    owner = settings.get(REUSE_OWNER)
+    return f"api:{owner}" if isinstance(owner, str) and owner else f"conversation:{conversation_id}"
+
+
 @dataclass
 class ConversationState:
     """Engine-thread state of one open conversation."""
@@ -90,20 +99,17 @@ class ConversationLifecycle:
         model.chunks.owner_of = self.reuse_owner
 
     def reuse_owner(self, conversation_id: str) -> str:
-        """Whose a conversation is, for chunk reuse (any thread): an endpoint conversation's client (the `owner`
-        the endpoint stores in its settings; one without is an owner alone), else the window's."""
+        """Whose a conversation is, for chunk reuse and its shared prefix (any thread): an endpoint conversation's
+        client (the `owner` the endpoint stores in its settings; one without is an owner alone), else the window's."""
         known = self._reuse_owners.get(conversation_id)
         if known is not None:
             return known
         row = self.history.get_conversation(conversation_id)
         settings = row.settings if row is not None and isinstance(row.settings, dict) else {}
-        if settings.get("source") != "api":
-            return WINDOW_OWNER                  # not kept: the endpoint marks its conversations after making them
-        owner = settings.get(REUSE_OWNER)
-        if not isinstance(owner, str) or not owner:
-            return f"conversation:{conversation_id}"
-        self._reuse_owners[conversation_id] = owner = f"api:{owner}"    # set once, never changed
-        return owner
+        owner = owner_of(conversation_id, settings)
+        if owner.startswith("api:"):
+            self._reuse_owners[conversation_id] = owner     # set once, never changed
+        return owner                 # the window's is not kept: the endpoint may mark its conversations later
 
     def detach(self) -> None:
         """Every open conversation leaves the model (persisted), which is about to be closed."""
@@ -171,15 +177,16 @@ class ConversationLifecycle:
         self._states[state.id] = state
 
     def create(self, conversation_id: str, title: str, system_prompt: str, tools: list[dict],
-               source: str | None = None) -> ConversationState:
-        """A new conversation: its SQLite row, its prefix shared into a slot."""
+               source: str | None = None, owner: str | None = None) -> ConversationState:
+        """A new conversation: its SQLite row (with its `owner`, an endpoint client, when given), its prefix (that
+        owner's, or a public one) shared into a slot."""
         model = self._ensure_model()
         state = self.fresh_state(conversation_id, title, system_prompt, tools)
-        prefix = model.prefixes.for_conversation(system_prompt, tools)
+        settings = {"tools": tools, **({"source": source} if source else {}), **({REUSE_OWNER: owner} if owner else {})}
+        prefix = model.prefixes.for_conversation(system_prompt, tools, owner_of(conversation_id, settings))
         if recovery_backend(model.settings.recovery).evicts:
             require_budget(model.settings.budget_tokens, len(prefix.tokens), model.settings)
-        self.history.create_conversation(conversation_id, title, system_prompt,
-                                        settings={"tools": tools, **({"source": source} if source else {})})
+        self.history.create_conversation(conversation_id, title, system_prompt, settings=settings)
         self.adopt(state, prefix)
         self.ensure_slot(state)
         state.last_used = self.clock()
@@ -191,7 +198,7 @@ class ConversationLifecycle:
 
         `cancel`, once set, stops a rebuild between two prefill blocks: the conversation is left closed (no
         slot, no cells; its KV file, if any, kept) and `RebuildCancelled` is raised."""
-        model = self._ensure_model()
+        self._ensure_model()
         state = self._states.get(conversation_id)
         if state is not None:
             return state
@@ -200,7 +207,7 @@ class ConversationLifecycle:
             raise KeyError(f"no conversation {conversation_id}")
         tools = row.settings.get("tools", []) if isinstance(row.settings, dict) else []
         state = self.fresh_state(row.id, row.title, row.system_prompt, tools, row.pinned)
-        prefix = model.prefixes.for_conversation(state.system_prompt, state.tools)
+        prefix = self.prefix_of(state)
         try:
             if not self._restore_from_file(state, prefix, cancel):
                 self._rebuild_from_history(state, prefix, cancel)
@@ -212,6 +219,11 @@ class ConversationLifecycle:
         state.last_used = self.clock()
         self.refresh(state)
         return state
+
+    def prefix_of(self, state: ConversationState) -> Prefix:
+        """The shared prefix the conversation gets: its owner's (`reuse_owner`), or a public one (the prewarmed
+        default prompt and tools), decoded now when neither holds it."""
+        return self.model.prefixes.for_conversation(state.system_prompt, state.tools, self.reuse_owner(state.id))
 
     # -- slots ------------------------------------------------------------------------------
     def ensure_slot(self, state: ConversationState, keep: str | None = None) -> None:
@@ -231,7 +243,7 @@ class ConversationLifecycle:
             self.emit(EngineEvent(EventKind.PARKED, f"conversation left slot {slot}", conversation_id=oldest))
             self.refresh(self._states[oldest])
         model.slots.pin(state.id, slot)
-        prefix = model.prefixes.for_conversation(state.system_prompt, state.tools)
+        prefix = self.prefix_of(state)
         state.prefix = prefix
         try:
             memory.enter_slot(slot, model.prefixes, prefix)
@@ -265,7 +277,7 @@ class ConversationLifecycle:
         self._reset(state)
         self.emit(EngineEvent(EventKind.KV_REBUILT, f"saved K/V lost ({error}): rebuilt from history",
                                      conversation_id=state.id))
-        self._rebuild_from_history(state, self.model.prefixes.for_conversation(state.system_prompt, state.tools))
+        self._rebuild_from_history(state, self.prefix_of(state))
 
     # -- restore and rebuild ----------------------------------------------------------------
     def _restore_from_file(self, state: ConversationState, prefix: Prefix,

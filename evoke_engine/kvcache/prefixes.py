@@ -3,7 +3,12 @@
 Invariants: a prefix's key is the hash of its tokens; its cells are decoded once and only ever shared
 into slots (never shifted or evicted); a slot with a context of its own gets a copy of the prefix's
 bytes instead (kept in host RAM, spliced without a decode); when every prefix sequence is taken the
-least recently used goes.
+least recently used goes (an owner's before a public one).
+A prefix is shared only within its scope (issue 57 item 3: a guessed system prompt must not be confirmed by
+how fast it answers): the public scope holds the prewarmed ones (the configured default prompt and tool schema,
+asked for with no owner, and the default prompt without tools: `declare_public`); every other prefix belongs to
+the owner that asked for it (the endpoint's client, the window), and another owner sending the same text decodes
+its own.
 The first user message's opening is decoded with the prefix, kept as bytes and spliced (held ahead)
 into a slot that holds the prefix alone, so a first message decodes only its own tokens.
 """
@@ -61,6 +66,9 @@ def tools_text(tools: list[dict]) -> str:
     return "\n".join(lines)
 
 
+PUBLIC = ""             # the scope of the prewarmed prefixes (the configured default prompt and tools): anyone's
+
+
 def prefix_key(tokens: list[int]) -> str:
     return "pfx:" + hashlib.sha256(np.asarray(tokens, dtype=np.int32).tobytes()).hexdigest()[:16]
 
@@ -75,6 +83,7 @@ class Prefix:
     opening_kv: SavedKV | None = None                    # its K/V, decoded after the prefix
     kv: SavedKV | None = None                            # the prefix's own K/V, for slots in other contexts
     decoded_at: float = field(default_factory=time.monotonic)   # when its cells were decoded (usage's cached tokens)
+    scope: str = PUBLIC                                  # who may share it: PUBLIC, or the owner it was decoded for
 
     def blocks(self) -> list[Block]:
         """The conversation's first blocks: one per piece, their cells shared with the prefix sequence."""
@@ -88,16 +97,31 @@ class SharedPrefixes:
     def __init__(self, runtime: Runtime, kv: KVCache, template: ChatTemplate) -> None:
         self.rt, self.kv, self.template = runtime, kv, template
         self.seqs = list(runtime.prefix_seqs)
-        self._by_key: OrderedDict[str, Prefix] = OrderedDict()
-        self._key_by_content: dict[str, str] = {}    # system message content -> key (no re-tokenizing)
+        self._by_key: OrderedDict[tuple[str, str], Prefix] = OrderedDict()    # (scope, key) -> prefix
+        self._key_by_content: dict[tuple[str, str], str] = {}   # (scope, system message content) -> key
+        self._public: set[str] = set()         # contents asked for with no owner (prewarmed): shared by everyone
 
-    def for_conversation(self, system_prompt: str, tools: list[dict]) -> Prefix:
-        """The prefix of a conversation with this system prompt and tools, decoded now if it is not cached."""
+    def declare_public(self, system_prompt: str, tools: list[dict]) -> None:
+        """Make this system prompt and tools public (decoded on first use, then shared by everyone): the configured
+        default prompt as the endpoint sends it to a request with no system message and no tools."""
+        self._public.add(system_prompt + tools_text(tools))
+
+    def scope_of(self, content: str, owner: str | None) -> str:
+        """Who shares the prefix of this system message content asked for by `owner`: everyone (PUBLIC) for a
+        prewarmed one (asked for with no owner, now or before), else that owner alone."""
+        return PUBLIC if owner is None or content in self._public else f"owner:{owner}"
+
+    def for_conversation(self, system_prompt: str, tools: list[dict], owner: str | None = None) -> Prefix:
+        """The prefix of a conversation of `owner` with this system prompt and tools, decoded now if that owner
+        holds none (nor the public scope: no owner is the prewarm's, which makes the content public)."""
         extra = tools_text(tools)
         content = system_prompt + extra                 # the system message's content (`system_message`)
-        known = self._by_key.get(self._key_by_content.get(content, ""))
+        if owner is None:
+            self._public.add(content)
+        scope = self.scope_of(content, owner)
+        known = self._by_key.get((scope, self._key_by_content.get((scope, content), "")))
         if known is not None:                   # every open and slot change asks: skip render and tokenize
-            self._by_key.move_to_end(known.key)
+            self._by_key.move_to_end((scope, known.key))
             return known
         segment = self.template.segment([], system_message(system_prompt, tools))
         split = segment.find(extra) if extra else -1
@@ -106,14 +130,14 @@ class SharedPrefixes:
         pieces = [(name, text, self.rt.tokenize(text, add_special=(i == 0))) for i, (name, text) in enumerate(texts)]
         tokens = [t for _, _, toks in pieces for t in toks]
         key = prefix_key(tokens)
-        self._key_by_content[content] = key
-        prefix = self._by_key.get(key)
+        self._key_by_content[(scope, content)] = key
+        prefix = self._by_key.get((scope, key))
         if prefix is not None:
-            self._by_key.move_to_end(key)
+            self._by_key.move_to_end((scope, key))
             return prefix
         seq, displaced = self._free_seq()
         self.kv.drop(seq)
-        prefix = Prefix(key=key, seq=seq, tokens=tokens, pieces=pieces)
+        prefix = Prefix(key=key, seq=seq, tokens=tokens, pieces=pieces, scope=scope)
         if tokens:
             opening_text = self.template.user_opening([system_message(system_prompt, tools)])
             prefix.opening = self.rt.tokenize(opening_text) if opening_text else []
@@ -123,16 +147,18 @@ class SharedPrefixes:
             if prefix.opening:
                 prefix.opening_kv = self.kv.save(seq, len(tokens), len(tokens) + len(prefix.opening))
                 self.kv.drop(seq, len(tokens), -1)
-        self._by_key[key] = prefix
+        self._by_key[(scope, key)] = prefix
         if displaced is not None:
             log.info("prefix %s displaced by %s", displaced.key, key)
-            self._key_by_content = {c: k for c, k in self._key_by_content.items() if k in self._by_key}
+            self._key_by_content = {c: k for c, k in self._key_by_content.items() if (c[0], k) in self._by_key}
         return prefix
 
-    def decoded_at(self, system_prompt: str, tools: list[dict]) -> float | None:
-        """When the prefix of this system prompt and tools was decoded (`time.monotonic`), None when it is not held;
-        any thread (two dict reads)."""
-        prefix = self._by_key.get(self._key_by_content.get(system_prompt + tools_text(tools), ""))
+    def decoded_at(self, system_prompt: str, tools: list[dict], owner: str | None = None) -> float | None:
+        """When the prefix `owner` gets for this system prompt and tools was decoded (`time.monotonic`), None when it
+        is not held; any thread (dict reads)."""
+        content = system_prompt + tools_text(tools)
+        scope = self.scope_of(content, owner)
+        prefix = self._by_key.get((scope, self._key_by_content.get((scope, content), "")))
         return None if prefix is None else prefix.decoded_at
 
     def share_into(self, prefix: Prefix, seq: int) -> None:
@@ -157,12 +183,15 @@ class SharedPrefixes:
         self.kv.hold_ahead(seq, at, prefix.opening, opening=len(prefix.opening))
 
     def _free_seq(self) -> tuple[int, Prefix | None]:
-        """A sequence for a new prefix, and the prefix it displaces (if any)."""
+        """A sequence for a new prefix, and the prefix it displaces (if any): the least recently used of an owner,
+        else the least recently used public one (owners' prefixes never push the prewarmed ones out while an owner's
+        can go)."""
         used = {p.seq for p in self._by_key.values()}
         for seq in self.seqs:
             if seq not in used:
                 return seq, None
-        _, oldest = self._by_key.popitem(last=False)
+        victim = next((k for k, p in self._by_key.items() if p.scope != PUBLIC), next(iter(self._by_key)))
+        oldest = self._by_key.pop(victim)
         return oldest.seq, oldest
 
     def all(self) -> list[Prefix]:

@@ -13,8 +13,10 @@ client leaves (the conversation deleted). A session's KV file is rewritten on id
 X-Evoke-Session) that makes a conversation marks it `stateless`; one that fails or is cancelled before its first
 token leaves nothing behind (the conversation it made is deleted, the turn it added to one is taken back), and a
 stateless conversation idle past its KV file's TTL is deleted (`expire_stateless`). A conversation a request makes
-stores its owner (the `owner` setting: the client's, as routing knows it) before its first turn, so chunk reuse never
-splices another client's K/V into it (`chunk_reuse_across_owners`, off), nor reports them in `usage`.
+stores its owner (the `owner` setting: the client's, as routing knows it) from its creation, so chunk reuse never
+splices another client's K/V into it (`chunk_reuse_across_owners`, off), nor reports them in `usage`, and its shared
+system-prompt prefix is its owner's or a public prewarmed one (another client's same prompt is decoded again: a
+guessed system prompt is not confirmed by the time it takes, nor by `cached_tokens`).
 """
 
 from __future__ import annotations
@@ -315,7 +317,7 @@ class ChatService:
             prepared = await to_thread.run_sync(self._open, request, client, session, target, system, tools,
                                                 tools_key, canonical.messages, lock, opening)
             prepared.arrived = arrived
-            prepared.opened_tokens = self._opened_tokens(prepared, system, tools, arrived)
+            prepared.opened_tokens = self._opened_tokens(prepared, arrived)
         except BaseException:
             lock.release()
             raise
@@ -358,7 +360,8 @@ class ChatService:
             elif route.action == "import":
                 conv = self._import(system, tools, title, messages[:-1], opening or Opening(self.engine), owner)
             else:
-                conv = self.engine.new_conversation(system_prompt=system, tools=tools, title=title, source="api")
+                conv = self.engine.new_conversation(system_prompt=system, tools=tools, title=title, source="api",
+                                                    owner=owner)
             if route.action != "continue":      # its owner before its first turn: chunk reuse stays within it
                 self._mark(conv.id, source="api", **{REUSE_OWNER: owner},
                            **({STATELESS: True} if session is None else {}))
@@ -379,12 +382,11 @@ class ChatService:
                                 "keep": [(i, m.keep) for i, m in enumerate(messages) if m.keep],
                                 "roles": [m.role for m in messages]})
 
-    def _opened_tokens(self, prepared: Prepared, system: str, tools: list[dict], arrived: float) -> int:
+    def _opened_tokens(self, prepared: Prepared, arrived: float) -> int:
         """Tokens decoded for this request before its turn: the shared prefix when it was decoded after the request
-        arrived (a new system prompt or tools), and a rebuild from history that opening it needed (an import's
-        rebuild is counted by `_usage`)."""
-        model = self.engine.diagnostics()
-        decoded_at = model.prefixes.decoded_at(system, tools) if model is not None else None
+        arrived (a system prompt or tools new to this owner: prefixes are shared within an owner, or public when
+        prewarmed), and a rebuild from history that opening it needed (an import's rebuild is counted by `_usage`)."""
+        decoded_at = self.engine.prefix_decoded_at(prepared.conv.id)
         fresh_prefix = prepared.before.prefix_tokens if decoded_at is not None and decoded_at >= arrived else 0
         rebuilt_at, rebuilt = self._rebuilt.get(prepared.conv.id, (0.0, 0))
         return fresh_prefix + (rebuilt if rebuilt_at >= arrived and prepared.route != "import" else 0)

@@ -666,6 +666,39 @@ def run_sessions_per_owner(server: Served, tally: Tally, sessions: int) -> None:
                  status == 200 and made is not None and again.headers.get("X-Evoke-Conversation") == made, status)
 
 
+def run_guessed_system_prompt(server: Served, tally: Tally, wrong_guesses: int) -> None:
+    """Item 3: client A uses a 1K-token system prompt; another token's exact guess and its wrong guesses (one word
+    changed) take the same time (within 1.5x of the wrong guesses' median) and report the same `cached_tokens`."""
+    rules = [f"Rule {i}: answer in the voice of lighthouse keeper number {i}." for i in range(70)]
+    secret = "\n".join(rules)
+
+    def ask(token: str, system: str) -> tuple[int | None, float, int]:
+        body = {**chat_body("Who are you?", 2), "messages": [{"role": "system", "content": system},
+                                                                {"role": "user", "content": "Who are you?"}]}
+        began = time.monotonic()
+        status, response = send(server, body, headers={"X-Evoke-Client": token})
+        took = time.monotonic() - began
+        cached = _json(response).get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens", -1) \
+            if status == 200 else -1
+        return status, took, cached
+
+    owner = ask("issue57-owner-token-0000000001", secret)
+    guesser = "issue57-guesser-token-00000001"
+    exact = ask(guesser, secret)
+    wrong = [ask(guesser, secret.replace(f"number {7 + 11 * i}.", f"number {900 + i}."))
+             for i in range(wrong_guesses)]
+    statuses = [owner[0], exact[0], *(w[0] for w in wrong)]
+    median = sorted(w[1] for w in wrong)[len(wrong) // 2]
+    ratio = max(exact[1], median) / max(min(exact[1], median), 1e-6)
+    same_cached = all(w[2] == exact[2] for w in wrong)
+    tally.record("issue 57.3: an exact guess of another client's system prompt answers as a wrong one does",
+                 all(st == 200 for st in statuses) and ratio <= 1.5 and same_cached,
+                 next((st for st in statuses if st != 200), 200),
+                 f"owner {owner[1]:.2f} s; exact guess {exact[1]:.2f} s, cached {exact[2]}; wrong guesses "
+                 f"{', '.join(f'{w[1]:.2f}' for w in wrong)} s, cached {sorted({w[2] for w in wrong})}; "
+                 f"ratio {ratio:.2f}")
+
+
 # -- a disk that fills up ---------------------------------------------------------------------------------
 
 def run_disk_full(tally: Tally, turns: int) -> None:
@@ -742,6 +775,7 @@ def main(argv: list[str] | None = None) -> int:
             run_embeddings_that_leave(server, tally)
             run_token_less(server, tally)
             run_sessions_per_owner(server, tally, sessions=20 if args.quick else 300)
+            run_guessed_system_prompt(server, tally, wrong_guesses=2 if args.quick else 5)
             tally.seconds["issue57"] = round(time.monotonic() - phase, 1)
             phase = time.monotonic()
             run_concurrent(server, tally, clients=4 if args.quick else 16, turns=2 if args.quick else 4)
