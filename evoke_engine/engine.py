@@ -355,6 +355,21 @@ class Engine:
                 self.lifecycle.release(state, persist=persist)
         self.thread.call(release, command=Command.OPEN, about=conversation_id)
 
+    def release_soon(self, conversation_id: str) -> Future:
+        """Persist a conversation to its KV file and free its slot and RAM, as a job about it queued at NORMAL priority
+        (behind the turns already waiting; never in the middle of its reply: a job about a streaming conversation
+        waits for it to end); the next use reopens it from the file. The endpoint releases the live conversations
+        past its caps this way. One not open, or the focused one, is left as it is (False)."""
+        def release() -> bool:
+            state = self.lifecycle.get(conversation_id)
+            if state is None or conversation_id == self.focused:
+                return False
+            self.lifecycle.release(state)
+            self.emit(EngineEvent(EventKind.RELEASED, "conversation saved to disk and released",
+                                  conversation_id=conversation_id))
+            return True
+        return self.thread.submit(release, priority=NORMAL, command=Command.OPEN, about=conversation_id)
+
     def conversations(self) -> list[ConversationInfo]:
         rows = self.history.list_conversations()
         out = []

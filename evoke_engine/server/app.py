@@ -63,6 +63,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
     service.sessions.max_per_owner = config.max_sessions_per_client
     service.sessions.max_sessions = config.max_sessions
     service.sessions.on_forget = lambda ids: forget_sessions(engine, ids)
+    service.max_live_per_owner, service.max_live = config.max_live_per_client, config.max_live
     app.add_middleware(GuardMiddleware, config=config)
     app.add_middleware(AdmissionMiddleware, max_requests=config.max_connections,     # outside the body reader:
                        per_client=config.max_requests_per_client,                    # a trickling body holds a place

@@ -47,6 +47,9 @@ class ServerConfig:
     max_connections: int = 64            # open connections (and requests) at once: past it, the idle go first
     max_sessions_per_client: int = 256   # named sessions one client keeps: past it, its own least recently used go
     max_sessions: int = 10_000           # named sessions in all: past it a new name is a 503 (none is forgotten)
+    max_live_per_client: int = 4         # API conversations one client keeps live (in a slot or host RAM): past it,
+                                         # its least recently used are saved to their KV files and released
+    max_live: int = 16                   # live API conversations in all (the same, oldest first, whoever's)
     max_prefill_tokens: int = 0          # tokens one request may have decoded before its reply (0: the whole
                                          # context less the reply's room; lower it to bound one request's hold)
 

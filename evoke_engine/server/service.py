@@ -16,7 +16,12 @@ stateless conversation idle past its KV file's TTL is deleted (`expire_stateless
 stores its owner (the `owner` setting: the client's, as routing knows it) from its creation, so chunk reuse never
 splices another client's K/V into it (`chunk_reuse_across_owners`, off), nor reports them in `usage`, and its shared
 system-prompt prefix is its owner's or a public prewarmed one (another client's same prompt is decoded again: a
-guessed system prompt is not confirmed by the time it takes, nor by `cached_tokens`).
+guessed system prompt is not confirmed by the time it takes, nor by `cached_tokens`). The API conversations kept live
+(in a slot or host RAM) are at most `max_live_per_owner` of one owner and `max_live` in all: past them, once a turn has
+ended, the least recently used with no request running are saved to their KV files and released (`Engine.release_soon`,
+a job about that conversation: never in the middle of its reply), so one-shot requests never grow RAM; a released one
+is reopened from its file when its session names it, or when its client re-sends its history (the last
+`REPLAYABLE_RELEASED` released stay routable).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -71,6 +77,9 @@ EXPIRY_CHECK_S = 60.0                # how often requests look for expired state
 GONE_POLL_S = 0.25                   # how often an import's rebuild checks that its client is still there
 TEMPLATE_TOKENS = 5                  # the chat template's tokens around each message (an estimate)
 PERSIST_EVERY_S = 30.0               # an API conversation's KV file is rewritten after a turn at most this often
+MAX_LIVE_PER_OWNER = 4               # API conversations one owner keeps live (slot or RAM); past it they are released
+MAX_LIVE = 16                        # live API conversations in all
+REPLAYABLE_RELEASED = 256            # released API conversations a re-sent history may still continue
 
 
 class ClientGone(ApiError):
@@ -112,6 +121,7 @@ class Prepared:
     first_token_at: float | None = None   # time.monotonic() when the reply's first piece came
     opened_tokens: int = 0           # tokens decoded for this request before its turn (a new prefix, a rebuild)
     acknowledged: bool = False       # its message was stored and the 200 said so (a failure keeps it)
+    owner: str = ""                  # whose the conversation is (as `sessions` records it)
 
     @property
     def made_here(self) -> bool:
@@ -148,6 +158,9 @@ class ChatService:
         self._cleanups: set[asyncio.Task] = set()    # `abandon` tasks running (held: the loop keeps weak references)
         self._persisted: dict[str, float] = {}        # conversation id -> when its KV file was last asked for
         self._rebuilt: dict[str, tuple[float, int]] = {}   # conversation id -> (when, tokens) of its last rebuild
+        self.max_live_per_owner, self.max_live = MAX_LIVE_PER_OWNER, MAX_LIVE
+        self._live: OrderedDict[str, str] = OrderedDict()       # live API conversation -> owner, least recent first
+        self._released: OrderedDict[str, str] = OrderedDict()   # released by the caps -> owner (replay may continue)
         engine.subscribe(self._on_event)
 
     def cancel_all(self) -> None:
@@ -245,12 +258,14 @@ class ChatService:
         return ANONYMOUS_OWNER if client.issued else client.owner
 
     def _route(self, owner: str, system: str, tools_key: str, messages: list[Msg]) -> str | None:
-        """The open conversation of `owner` sharing the longest prefix (>= 64 tokens, >= 1 message) with the
-        request: another client's history re-sent word for word never reaches that client's conversation, and two
-        clients with identical histories keep two conversations (the window's own are never routed into)."""
+        """The open conversation of `owner` (or one the live caps released lately) sharing the longest prefix (>= 64
+        tokens, >= 1 message) with the request: another client's history re-sent word for word never reaches that
+        client's conversation, and two clients with identical histories keep two conversations (the window's own are
+        never routed into)."""
         best, best_k = None, 0
         for info in self.engine.conversations():
-            if info.memory not in ("slot", "ram") or self.sessions.owner_of(info.id) != owner:
+            if (info.memory not in ("slot", "ram") and info.id not in self._released) \
+                    or self.sessions.owner_of(info.id) != owner:
                 continue
             view = self._view(info.id, info.updated_at)
             if view is None or view[0] != system or view[1] != tools_key:
@@ -373,7 +388,7 @@ class ChatService:
             self.sessions.set(owner, session, conv.id)
         if request.evoke_task_boundary:
             conv.reset_focus()
-        return Prepared(conv=conv, route=route.action, session=session, client=client, message=message,
+        return Prepared(conv=conv, route=route.action, session=session, client=client, message=message, owner=owner,
                         sampling=request.sampling(min(self.engine.settings.max_tokens, 4096)),
                         before=conv.stats(), lock=lock,
                         messages_before=len(conv.messages()) if route.action == "continue" else 0,
@@ -634,12 +649,43 @@ class ChatService:
                 task.add_done_callback(self._cleanups.discard)
             else:
                 prepared.lock.release()
+                self.keep_live(prepared.conv.id, prepared.owner)
 
         future = prepared.future
         if future is None or future.done():
             loop.call_soon_threadsafe(settle)
         else:
             future.add_done_callback(lambda _: loop.call_soon_threadsafe(settle))
+
+    def keep_live(self, conversation_id: str, owner: str) -> list[str]:
+        """`conversation_id` (of `owner`) was just used: it is the most recent live API conversation; past the caps
+        (`max_live_per_owner` of that owner, `max_live` in all) the least recently used others with no request
+        running are released to their KV files (`Engine.release_soon`); their ids (event loop)."""
+        self._live.pop(conversation_id, None)
+        self._live[conversation_id] = owner
+        self._released.pop(conversation_id, None)
+        own = [c for c, o in self._live.items() if o == owner]
+        over_own, over_all = len(own) - self.max_live_per_owner, len(self._live) - self.max_live
+        victims: list[str] = []
+        for cid, whose in self._live.items():        # least recently used first
+            if over_own <= 0 and over_all <= 0:
+                break
+            lock = self._locks.get(cid)
+            if cid == conversation_id or (lock is not None and lock.locked()):
+                continue                             # a request of its own runs: it goes after that one
+            if whose == owner and over_own > 0 or over_all > 0:
+                victims.append(cid)
+                over_own -= whose == owner
+                over_all -= 1
+        for cid in victims:
+            whose = self._live.pop(cid)
+            self._released[cid] = whose
+            self._views.pop(cid, None)
+            future = self.engine.release_soon(cid)
+            future.add_done_callback(_log_release_failure(cid))
+        while len(self._released) > REPLAYABLE_RELEASED:
+            self._released.popitem(last=False)
+        return victims
 
     async def _abandon_then_release(self, prepared: Prepared) -> None:
         try:
@@ -648,6 +694,13 @@ class ChatService:
             prepared.lock.release()
             if prepared.made_here:
                 self._locks.pop(prepared.conv.id, None)
+
+
+def _log_release_failure(conversation_id: str) -> Callable[[Future], None]:
+    def done(future: Future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("endpoint: releasing %s failed: %s", conversation_id, future.exception())
+    return done
 
 
 def finish_reason(stopped: str, has_calls: bool, unfinished_call: bool) -> str:
