@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decoys", type=int, default=2)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--raw", action="store_true", help="keep per-session rows (recovery decisions included)")
+    p.add_argument("--identifier-words", choices=("on", "off"), default=None, help="issue 61: lines read with "
+                   "identifiers as words and code abbreviations expanded (default: the engine's)")
     p = sub.add_parser("rerank", help="the model as a second-stage retriever: its rank of the fact block among a "
                                       "wide recovery's candidates, against the memory manager's signal")
     p.add_argument("--families", default="", help="default: all (as bench retrieval)")
@@ -169,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed-start", type=int, default=0)
     p.add_argument("--budgets", type=_ints, default=(2048, 4096))
     p.add_argument("--set", action="append", default=[], help="a setting override, name=value (repeatable)")
+    p.add_argument("--identifier-words", choices=("on", "off"), default=None, help="issue 61: lines read with "
+                   "identifiers as words and code abbreviations expanded (default: the engine's)")
     p = sub.add_parser("decode", help="tokens/s of a greedy reply at 2K and 8K context: Evoke against "
                        "llama-cpp-python's Llama (and llama-server with --server), same threads and sampler")
     p.add_argument("--contexts", type=_ints, default=(2048, 8192), help="context lengths, comma-separated")
@@ -255,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         from .recall_suite import parse_overrides
         from .retrieval import run
 
+        if getattr(args, "identifier_words", None) is not None:
+            from evoke_engine.memory import recall_signals
+
+            recall_signals.IDENTIFIER_WORDS = args.identifier_words == "on"
         result = run(families=_families(args.families), seeds=args.seeds,
                      seed_start=args.seed_start if args.name == "retrieval" else 100 + args.seed_start,
                      budgets=tuple(int(b) for b in args.budgets.split(",")),
@@ -290,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         from .workday import run
 
         result = run(script=args.script, seeds=args.seeds, seed_start=args.seed_start, budgets=args.budgets,
-                     overrides=parse_overrides(args.set))
+                     overrides=parse_overrides(args.set),
+                     identifier_words=None if args.identifier_words is None else args.identifier_words == "on")
     elif args.name == "decode":
         from .decode import run
 

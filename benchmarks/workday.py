@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from evoke_engine.memory import recall_signals
 from evoke_engine.memory.embedder import Embedder
 from evoke_engine.settings import Settings
 
@@ -78,10 +79,12 @@ def summarize(rows: list[dict], decide_ms: list[float], budget: int, forms: tupl
 
 
 def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tuple[int, ...] = (2048, 4096),
-        overrides: dict | None = None) -> dict:
+        overrides: dict | None = None, identifier_words: bool | None = None) -> dict:
     if script not in SCRIPTS:
         raise ValueError(f"unknown script {script!r}; valid: {', '.join(SCRIPTS)}")
     overrides = dict(overrides or {})
+    if identifier_words is not None:        # issue 61's lever, a policy constant until it is a setting
+        recall_signals.IDENTIFIER_WORDS = identifier_words
     base = Settings(home=tempfile.mkdtemp(prefix="evoke-day-"), recovery="kv_restore", system_prompt=SYSTEM,
                     tools_enabled=False, **overrides)
     rt = VocabRuntime(None)
@@ -91,7 +94,8 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
     gaps = {s.seed: distances(s, rt) for s in sessions}
     result: dict = {"bench": "day", "script": script, "seeds": [seed_start, seed_start + seeds],
                     "facts_per_session": [len(s.facts) for s in sessions], "budgets": list(budgets),
-                    "overrides": overrides, "results": {}}
+                    "overrides": overrides, "identifier_words": recall_signals.IDENTIFIER_WORDS,
+                    "results": {}}
     started = time.perf_counter()
     for budget in budgets:
         settings = dataclasses.replace(base, budget_tokens=budget, n_ctx=max(base.n_ctx, 2 * budget))

@@ -32,6 +32,7 @@ from ..runtime.kv import KVPrimitives
 from ..runtime.runtime import Runtime
 from ..settings import Settings
 from ..stats import ConversationStats, Counters
+from . import recall_signals
 from .attention_signal import AttentionSignal
 from .embedder import Embedder
 from .policy import RecoveryPick, choose_recoveries, choose_victims, file_neighbours, named_in, protected_blocks
@@ -276,7 +277,8 @@ class ConversationMemory:
         prepare_lines(self.embedder, self.settings.recall_signal, blocks,
                       file_names=self.settings.recall_file_name_line,
                       skip_questions=self.settings.recall_skip_questions,
-                      line_context=self.settings.recall_line_context, before=self._file_text_before)
+                      line_context=self.settings.recall_line_context,
+                      words=recall_signals.IDENTIFIER_WORDS, before=self._file_text_before)
 
     def _file_text_before(self, block: Block) -> str:
         """The text of `block`'s file ahead of it in the same message (its earlier blocks), for parent keys."""
@@ -608,7 +610,7 @@ class ConversationMemory:
             query=None if warming else (lambda: self.query), saved=saved, residents=residents, embedder=self.embedder,
             user_margin=self.settings.recall_user_margin, file_names=self.settings.recall_file_name_line,
             skip_questions=self.settings.recall_skip_questions, line_context=self.settings.recall_line_context,
-            value_lines=self._value_lines_apply(), embed_lines=False)
+            value_lines=self._value_lines_apply(), embed_lines=False, words=recall_signals.IDENTIFIER_WORDS)
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
         plan.room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens
                         - reply_reserve)

@@ -26,7 +26,7 @@ from ..kvcache.blocks import Block
 from ..settings import RECALL_SIGNALS as SIGNALS
 from . import lexical as code_lexical
 from .embedder import Embedder
-from .line_context import spell_out
+from .line_context import expansions, read_as_words, spell_out
 from .value_lines import value_line_scores, value_mask
 
 RRF_K = 60                        # the usual reciprocal-rank-fusion constant (Cormack et al.)
@@ -34,7 +34,13 @@ CACHE_BLOCKS = 4096               # line vectors kept per embedder (LRU by block
 # The version of the text a structured line is embedded as (`line_context.spell_out`). It is part of `line_key`, so a
 # KV file's vectors of another text are never taken for these (a file written before has none of this version: its
 # blocks' lines are embedded again at the next turn end). Bump it when `spell_out` changes what it writes.
-LINE_CONTEXT_VERSION = 1
+LINE_CONTEXT_VERSION = 2
+# The version of `line_context.read_as_words` (identifiers read as words, abbreviations expanded: `recall_identifier_
+# words`), part of `line_key` where that is on (`|w1`) for the same reason. Bump it when `read_as_words` changes.
+WORDS_VERSION = 1
+# Whether the engine's decisions read lines with `words` (issue 61, first pass): a policy constant here until it is a
+# `Settings` field (settings.py is another owner's file); `bench day --identifier-words` sets it for a run.
+IDENTIFIER_WORDS = False
 _MARKUP = re.compile(r"<\|[^|>]*\|>")
 _ROLE_LINE = re.compile(r"^(system|user|assistant|tool)$")
 _CASE_TURN = re.compile(r"[a-z][A-Z]")
@@ -134,13 +140,16 @@ def only_asks(block: Block) -> bool:
     return block.role == "user" and bool(_block_lines(block.text)) and not _fact_lines(block.text, "user", True)
 
 
-def line_key(block: Block, file_names: bool = False, skip_questions: bool = False, line_context: bool = False) -> str:
+def line_key(block: Block, file_names: bool = False, skip_questions: bool = False, line_context: bool = False,
+             words: bool = False) -> str:
     """The cache key of a block's lines: its content hash, with its file's name where that is one of the lines, a
-    mark where its questions are left out (a user message's, with `skip_questions`), and the version of the spelled-
-    out text where structured lines are embedded with their context (`line_context`: `|c1`)."""
+    mark where its questions are left out (a user message's, with `skip_questions`), the version of the spelled-
+    out text where structured lines are embedded with their context (`line_context`: `|c1`) and that of the words
+    identifiers are read as (`words`: `|w1`)."""
     key = f"{block.hash}|{block.file_name}" if file_names and block.file_name else block.hash
     key = f"{key}|q" if skip_questions and block.role == "user" else key
-    return f"{key}|c{LINE_CONTEXT_VERSION}" if line_context else key
+    key = f"{key}|c{LINE_CONTEXT_VERSION}" if line_context else key
+    return f"{key}|w{WORDS_VERSION}" if words else key
 
 
 def file_name_line(file_name: str) -> str:
@@ -150,15 +159,16 @@ def file_name_line(file_name: str) -> str:
 
 
 def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: bool = False,
-                 skip_questions: bool = False, line_context: bool = False,
+                 skip_questions: bool = False, line_context: bool = False, words: bool = False,
                  before: Callable[[Block], str] | None = None) -> dict[str, tuple[list[str], np.ndarray | None]]:
     """Lines and their unit vectors for each block (by `line_key`), embedded in one batch where missing; with
     `file_names`, a file's block has its file's name as one more line; with `skip_questions`, a user message's
     lines are its `fact_lines` (none, when all of it asks); with `line_context`, structured lines are embedded
-    spelled out (`before(block)`: its file's text ahead of it, for parent keys). A decision on the critical path
-    embeds nothing: it reads `cached_lines`."""
+    spelled out (`before(block)`: its file's text ahead of it, for parent keys); with `words`, every line is embedded
+    as `line_context.read_as_words` reads it (identifiers as words, abbreviations expanded) instead of `code_words`.
+    A decision on the critical path embeds nothing: it reads `cached_lines`."""
     cache = _line_cache.setdefault(embedder, OrderedDict())
-    keys = {b: line_key(b, file_names, skip_questions, line_context) for b in blocks if b.text.strip()}
+    keys = {b: line_key(b, file_names, skip_questions, line_context, words) for b in blocks if b.text.strip()}
     missing: dict[str, list[str]] = {}
     for block, key in keys.items():
         if key in cache:
@@ -169,7 +179,8 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: boo
             named = file_names and bool(block.file_name)
             missing[key] = [*lines, file_name_line(block.file_name)] if named else lines
     if missing:
-        flat = [code_words(line) for lines in missing.values() for line in lines]
+        read = read_as_words if words else code_words
+        flat = [read(line) for lines in missing.values() for line in lines]
         vectors = embedder.embed(flat) if flat else None
         at = 0
         for key, lines in missing.items():
@@ -204,18 +215,24 @@ def code_words(line: str) -> str:
     return code_lexical.RAW.sub(split, line)
 
 
-def lexical_lines(block: Block, skip_questions: bool = False) -> list[str]:
+def lexical_lines(block: Block, skip_questions: bool = False, words: bool = False) -> list[str]:
     """The block's lines as the code-aware BM25 reads them: a file's lines carry its path (`lib/db.py`: `lib db py`),
     so a question that names the module ("the DB helper") meets every line of it, not only the framing line; with
-    `skip_questions`, a user message's are its `fact_lines`."""
-    return list(_lexical_lines(block.text, block.role, block.file_name, skip_questions))
+    `skip_questions`, a user message's are its `fact_lines`; with `words`, each line (and path) also carries the
+    words its abbreviations stand for (`line_context.expansions`: `..._MS = 4500` gains `milliseconds`)."""
+    return list(_lexical_lines(block.text, block.role, block.file_name, skip_questions, words))
 
 
 @lru_cache(maxsize=1 << 14)
-def _lexical_lines(text: str, role: str, file_name: str | None, skip_questions: bool) -> tuple[str, ...]:
+def _lexical_lines(text: str, role: str, file_name: str | None, skip_questions: bool,
+                   words: bool = False) -> tuple[str, ...]:
     """`lexical_lines` of a text in a role and file, once per distinct one."""
     lines = _fact_lines(text, role, skip_questions)
-    return tuple(f"{line} {file_name}" for line in lines) if file_name else lines
+    if file_name:
+        lines = tuple(f"{line} {file_name}" for line in lines)
+    if words:
+        lines = tuple(f"{line} {' '.join(extra)}" if (extra := expansions(line)) else line for line in lines)
+    return lines
 
 
 def reply_grounding(reply: str, message: str, blocks: Iterable[Block]) -> dict[Block, int]:
@@ -282,7 +299,7 @@ class RecallSignal:
     def __init__(self, mode: str, *, query_text: str, query: np.ndarray | Callable[[], np.ndarray | None] | None,
                  saved: list[Block], residents: list[Block], embedder: Embedder, user_margin: float = 0.0,
                  file_names: bool = False, skip_questions: bool = False, line_context: bool = False,
-                 value_lines: bool = False, embed_lines: bool = True) -> None:
+                 value_lines: bool = False, embed_lines: bool = True, words: bool = False) -> None:
         if mode not in SIGNALS:
             raise ValueError(f"recall signal {mode!r}: choose one of {', '.join(SIGNALS)}")
         self.mode = mode
@@ -293,16 +310,16 @@ class RecallSignal:
             if lexical_kind == "fts5":
                 by_hash = bm25_by_block({b.hash: fact_lines(b, skip_questions) for b in pool}, query_text)
             else:
-                by_hash = code_lexical.bm25_lines({b.hash: lexical_lines(b, skip_questions) for b in pool},
+                by_hash = code_lexical.bm25_lines({b.hash: lexical_lines(b, skip_questions, words) for b in pool},
                                                   query_text)
             lexical = {b: by_hash[b.hash] for b in pool if b.hash in by_hash}
         by_lines = dense_kind == "lines" and query is not None and embedder.enabled
-        keys = {b: line_key(b, file_names, skip_questions, line_context) for b in pool} if by_lines else {}
+        keys = {b: line_key(b, file_names, skip_questions, line_context, words) for b in pool} if by_lines else {}
         if not by_lines:
             vectors = {}
         elif embed_lines:
             vectors = line_vectors(embedder, pool, file_names=file_names, skip_questions=skip_questions,
-                                   line_context=line_context)
+                                   line_context=line_context, words=words)
         else:
             vectors = cached_lines(embedder, keys.values())
         if callable(query):              # a message's vector made meanwhile (`Embedder.embed_soon`): needed from here
@@ -418,12 +435,12 @@ def _cos(a: np.ndarray | None, b: np.ndarray | None) -> float:
 
 
 def prepare(embedder: Embedder, mode: str, blocks: Iterable[Block], *, file_names: bool = False,
-            skip_questions: bool = False, line_context: bool = False,
+            skip_questions: bool = False, line_context: bool = False, words: bool = False,
             before: Callable[[Block], str] | None = None) -> None:
     """Embed the lines of `blocks` now (turn end), so a later recovery finds them cached."""
     if MODES[mode][0] == "lines" and embedder.enabled:
         line_vectors(embedder, blocks, file_names=file_names, skip_questions=skip_questions,
-                     line_context=line_context, before=before)
+                     line_context=line_context, words=words, before=before)
 
 
 def export_lines(embedder: Embedder, blocks: Iterable[Block]) -> dict[str, tuple[list[str], np.ndarray]]:
