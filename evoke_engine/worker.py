@@ -86,8 +86,9 @@ class _Stream:
     """A reply on a thread of its own that runs only between `resume` (scheduler) and its next `pause` (itself,
     at a step boundary) or its end: the engine is handed back and forth, never held by two threads."""
 
-    def __init__(self, entry: _Entry, name: str, local: threading.local) -> None:
+    def __init__(self, entry: _Entry, name: str, local: threading.local, clock: Callable[[], float]) -> None:
         self.entry = entry
+        self._clock = clock
         self.result: Any = None
         self.failure: BaseException | None = None
         self.done = False
@@ -121,10 +122,10 @@ class _Stream:
     def resume(self) -> None:
         """Scheduler side: let the stream run one step (or to its end) and wait until it hands the engine back."""
         self.steps += 1
-        started = time.perf_counter()
+        started = self._clock()
         self._go.release()
         self._back.acquire()
-        self.used_s += (time.perf_counter() - started) / self.weight
+        self.used_s += (self._clock() - started) / self.weight
 
     def pause(self) -> None:
         """Stream side, at a step boundary: hand the engine back and wait for the next turn."""
@@ -133,8 +134,10 @@ class _Stream:
 
 
 class EngineThread:
-    def __init__(self, name: str = "evoke-engine", *, stream_limit: Callable[[], int] = lambda: 1) -> None:
+    def __init__(self, name: str = "evoke-engine", *, stream_limit: Callable[[], int] = lambda: 1,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.name = name
+        self.clock = clock                           # what a stream's engine time is measured with
         self.stream_limit = stream_limit             # how many replies may stream at once (read at each admission)
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._ready: list[_Entry] = []               # taken from the queue, not started yet (some wait on a stream)
@@ -243,7 +246,8 @@ class EngineThread:
                 self._ready.remove(entry)
                 if entry.job is None:                # the stop marker: every job before it has run
                     break
-                self._start(entry)
+                if self._start(entry):               # a reply started: its first step was this turn's
+                    continue
             elif not self._streams:                  # nothing can run: wait for a submission
                 self._take_queued(block=True)
                 continue
@@ -278,19 +282,20 @@ class EngineThread:
             return entry
         return None
 
-    def _start(self, entry: _Entry) -> None:
+    def _start(self, entry: _Entry) -> bool:
+        """Run a plain job to its end, or start a stream and run its first step (True)."""
         job, future = entry.job, entry.future
         assert job is not None and future is not None
         if not future.set_running_or_notify_cancel():
             self._forget(job)
-            return
+            return False
         log.debug("%s started after %.1f ms queued", job.describe(), (time.monotonic() - job.queued_at) * 1000)
         if job.command in STREAM_COMMANDS:
-            stream = _Stream(entry, f"{self.name}-stream-{next(self._stream_names)}", self._local)
+            stream = _Stream(entry, f"{self.name}-stream-{next(self._stream_names)}", self._local, self.clock)
             stream.used_s = min((s.used_s for s in self._streams), default=0.0)   # no credit for having waited
             self._streams.append(stream)
             self._advance(stream)                     # its first step now: a reply starts without a round's wait
-            return
+            return True
         self.running = job
         started = time.monotonic()
         result, failure = None, None
@@ -301,12 +306,15 @@ class EngineThread:
             failure = exc
         self.running = None
         self._settle(job, future, result, failure, started)
+        return False
 
     def _step_one_stream(self) -> None:
-        """One step for the stream that has had the least engine time for its weight (the first started on a tie):
-        a reply's token is not held back by another's long prefill steps, and short steps take turns."""
+        """One step for the stream that has had the least engine time for its weight (the newest on a tie: a new
+        reply's first token comes soonest): a reply's token is not held back by another's long prefill steps, and
+        short steps take turns."""
         if self._streams:
-            self._advance(min(self._streams, key=lambda s: s.used_s))
+            newest_first = reversed(self._streams)
+            self._advance(min(newest_first, key=lambda s: s.used_s))
 
     def _advance(self, stream: _Stream) -> None:
         stream.resume()
