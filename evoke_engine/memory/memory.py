@@ -278,7 +278,7 @@ class ConversationMemory:
                       file_names=self.settings.recall_file_name_line,
                       skip_questions=self.settings.recall_skip_questions,
                       line_context=self.settings.recall_line_context,
-                      words=recall_signals.IDENTIFIER_WORDS, before=self._file_text_before)
+                      words=self._identifier_words_apply(), before=self._file_text_before)
 
     def _file_text_before(self, block: Block) -> str:
         """The text of `block`'s file ahead of it in the same message (its earlier blocks), for parent keys."""
@@ -610,7 +610,7 @@ class ConversationMemory:
             query=None if warming else (lambda: self.query), saved=saved, residents=residents, embedder=self.embedder,
             user_margin=self.settings.recall_user_margin, file_names=self.settings.recall_file_name_line,
             skip_questions=self.settings.recall_skip_questions, line_context=self.settings.recall_line_context,
-            value_lines=self._value_lines_apply(), embed_lines=False, words=recall_signals.IDENTIFIER_WORDS)
+            value_lines=self._value_lines_apply(), embed_lines=False, words=self._identifier_words_apply())
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
         plan.room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens
                         - reply_reserve)
@@ -676,6 +676,14 @@ class ConversationMemory:
         ones decide as before, where the rule cost the short recall suite an identifier fact)."""
         return (self.settings.recall_value_lines and self.recovery_width() > self.settings.recovery_top_k
                 and message_asks(self._query_text))
+
+    def _identifier_words_apply(self) -> bool:
+        """Whether the recall signals read lines with identifiers as words and abbreviations expanded (issue 61,
+        `recall_signals.IDENTIFIER_WORDS`): where the working set has grown past `recovery_top_k` (a budget over
+        `recovery_width_tokens`), as `_value_lines_apply`; smaller budgets decide as before (at 512 the words cost
+        `bench retrieval` one env-line probe). The same for every turn of a budget, so turn-end lines and a
+        decision's keys agree."""
+        return recall_signals.IDENTIFIER_WORDS and self.recovery_width() > self.settings.recovery_top_k
 
     def recovery_width(self) -> int:
         """Blocks one recovery decision may consider: `recovery_top_k` for each `recovery_width_tokens` of the

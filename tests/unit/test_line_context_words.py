@@ -5,11 +5,14 @@ every key and line as before)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from helpers.rig import Rig
 from helpers.word_embedder import CountingEmbedder
 
 from evoke_engine.kvcache.blocks import Block, BlockState
-from evoke_engine.memory import lexical
+from evoke_engine.memory import lexical, recall_signals
 from evoke_engine.memory.line_context import expansions, read_as_words, spell_out, sql_table
 from evoke_engine.memory.recall_signals import WORDS_VERSION, lexical_lines, line_key, line_vectors
 
@@ -110,3 +113,16 @@ def test_the_signals_read_the_words_only_when_asked():
     line_vectors(read, [block], words=True)
     assert any("SEARCH DEBOUNCE MS" in text for text in plain.texts)
     assert any("search debounce milliseconds = 250" in text for text in read.texts)
+
+
+def test_the_memory_reads_the_words_only_when_on_and_the_working_set_has_grown(tmp_path, monkeypatch):
+    """Budgets up to `recovery_width_tokens` decide as before with the lever on (the short suites' figures hold)."""
+    rig = Rig(tmp_path, recall_signal="lines", recovery_top_k=2)            # a budget of 200 tokens
+    try:
+        for on, per, expect in [(False, 100, False), (True, 1024, False), (True, 100, True)]:
+            monkeypatch.setattr(recall_signals, "IDENTIFIER_WORDS", on)
+            memory = rig.memory(f"c{on}{per}", settings=dataclasses.replace(rig.settings, recovery_width_tokens=per))
+            assert memory._identifier_words_apply() is expect, (on, per)
+            memory.release()
+    finally:
+        rig.close()
