@@ -12,6 +12,10 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from helpers.ui_waits import generous_qt_waits  # noqa: E402 - after the environment above
+
+generous_qt_waits()
+
 
 @pytest.fixture(scope="session")
 def evoke_home(tmp_path_factory):

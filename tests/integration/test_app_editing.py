@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.ui_waits import UI_WAIT_MS
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtTest import QTest
@@ -32,7 +33,7 @@ def click_action(desk, qtbot, position: int, name: str) -> None:
     bubble = desk.w.chat.bubbles[position]
     desk.w.chat.ensureWidgetVisible(bubble)
     QTest.mouseMove(bubble, QPoint(bubble.width() // 2, 8))     # hovering shows the actions
-    qtbot.wait_until(lambda: bubble.actions.isVisible(), timeout=2000)
+    qtbot.wait_until(lambda: bubble.actions.isVisible(), timeout=UI_WAIT_MS)
     button = bubble.buttons[name]
     assert button.isVisible() and button.isEnabled(), name
     qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
@@ -51,11 +52,11 @@ def test_hover_shows_the_actions_that_apply_and_copy_takes_the_message(desk, qtb
     user, reply = desk.w.chat.bubbles
     assert not reply.actions.isVisible()
     QTest.mouseMove(reply, QPoint(reply.width() // 2, 8))
-    qtbot.wait_until(lambda: reply.actions.isVisible(), timeout=2000)
+    qtbot.wait_until(lambda: reply.actions.isVisible(), timeout=UI_WAIT_MS)
     assert reply.buttons["regenerate"].isVisible() and reply.buttons["edit"].isVisible()    # issue 41: replies too
     assert not user.buttons["edit"].isHidden() and user.buttons["regenerate"].isHidden()
     QTest.mouseMove(user, QPoint(user.width() // 2, 8))
-    qtbot.wait_until(lambda: user.actions.isVisible() and not reply.actions.isVisible(), timeout=2000)
+    qtbot.wait_until(lambda: user.actions.isVisible() and not reply.actions.isVisible(), timeout=UI_WAIT_MS)
     with qtbot.wait_signal(desk.w.chat.messageCopied):
         click_action(desk, qtbot, 0, "copy")
     assert QGuiApplication.clipboard().text() == "Say one word: hello."
@@ -116,7 +117,7 @@ def test_fork_opens_a_new_conversation_under_its_parent(desk, qtbot):
     ids = desk.w.sidebar.visible_ids()
     assert ids.index(child) == ids.index(parent) + 1
     assert desk.w.sidebar.depth_of(child) == 1 and desk.w.sidebar.depth_of(parent) == 0
-    qtbot.wait_until(lambda: any(r.sibling_shared for r in desk.c.blocks.rows), timeout=10_000)
+    qtbot.wait_until(lambda: any(r.sibling_shared for r in desk.c.blocks.rows), timeout=UI_WAIT_MS)
     marks = [desk.c.blocks.index(i, 3).data() for i in range(len(desk.c.blocks.rows))]
     assert "fork" in marks and "prefix" in marks
 

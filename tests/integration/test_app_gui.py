@@ -10,6 +10,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+from helpers.ui_waits import UI_WAIT_MS
 from PySide6.QtCore import QMimeData, Qt, QUrl
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QDialogButtonBox, QToolButton
@@ -152,10 +153,10 @@ def test_a_paused_draft_goes_to_the_engine_before_enter(desk, qtbot, monkeypatch
     handed: list[tuple] = []
     monkeypatch.setattr(desk.c.engine, "prepare_ahead", lambda *args: handed.append(args))
     prompt = desk.w.input.prompt
-    with qtbot.wait_signal(desk.w.input.draftSettled, timeout=5000) as settled:
+    with qtbot.wait_signal(desk.w.input.draftSettled, timeout=UI_WAIT_MS) as settled:
         qtbot.keyClicks(prompt, "  which notes did I keep?  ")
     assert settled.args == ["  which notes did I keep?  "]
-    qtbot.wait_until(lambda: handed == [(desk.c.current_id, "which notes did I keep?", [])], timeout=5000)
+    qtbot.wait_until(lambda: handed == [(desk.c.current_id, "which notes did I keep?", [])], timeout=UI_WAIT_MS)
     prompt.clear()
 
 
@@ -167,10 +168,10 @@ def test_a_short_pause_in_typing_starts_the_drafts_vector(desk, qtbot, monkeypat
     started: list[str] = []
     monkeypatch.setattr(desk.c.engine, "embed_draft", started.append)
     prompt = desk.w.input.prompt
-    with qtbot.wait_signal(desk.w.input.draftTyped, timeout=5000) as typed:
+    with qtbot.wait_signal(desk.w.input.draftTyped, timeout=UI_WAIT_MS) as typed:
         qtbot.keyClicks(prompt, "  where is the flag set?  ")
     assert typed.args == ["  where is the flag set?  "]
-    qtbot.wait_until(lambda: started == ["where is the flag set?"], timeout=5000)
+    qtbot.wait_until(lambda: started == ["where is the flag set?"], timeout=UI_WAIT_MS)
     monkeypatch.setattr(desk.c, "streams", {"elsewhere": Stream("elsewhere", 0.0)})   # a reply streams somewhere
     desk.c.draft_typed("and where is it read?")
     qtbot.wait(300)                                      # (the hand-off runs on the bridge's call thread)

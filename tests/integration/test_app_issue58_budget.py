@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from helpers.ui_waits import UI_WAIT_MS
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialogButtonBox
 
@@ -36,7 +37,7 @@ def test_a_saved_budget_too_small_is_named_and_new_says_why_it_cannot_create(des
     assert w.banner.isVisible() and "100 tokens" in w.banner.label.text()
     before = c.current_id
     w.activateWindow()
-    with qtbot.wait_signal(c.errorRaised, timeout=10_000) as said:
+    with qtbot.wait_signal(c.errorRaised, timeout=UI_WAIT_MS) as said:
         qtbot.keyClick(w.input.prompt, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
     assert "cannot start" in said.args[0] and "100 tokens" in said.args[0]
     assert c.current_id == before and not c.creating                    # the open conversation stays

@@ -6,6 +6,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from helpers.ui_waits import UI_WAIT_MS
 from PySide6.QtCore import Qt
 
 from app import settings_form as form
@@ -159,7 +160,7 @@ def test_scheduler_wakes_in_the_qt_loop_even_when_jobs_are_added_off_thread(qtbo
                                                                   "date"))
         adder.start()
         adder.join()
-        qtbot.wait_until(lambda: bool(ran), timeout=5000)
+        qtbot.wait_until(lambda: bool(ran), timeout=UI_WAIT_MS)
         assert wakeups and all(t is threading.main_thread() for t in wakeups)   # timer on the GUI thread
         assert ran[0] is not threading.main_thread()                           # jobs in the executor pool
     finally:
