@@ -38,9 +38,11 @@ LINE_CONTEXT_VERSION = 2
 # The version of `line_context.read_as_words` (identifiers read as words, abbreviations expanded: `recall_identifier_
 # words`), part of `line_key` where that is on (`|w1`) for the same reason. Bump it when `read_as_words` changes.
 WORDS_VERSION = 1
-# Whether the engine's decisions read lines with `words` (issue 61, first pass): a policy constant here until it is a
-# `Settings` field (settings.py is another owner's file); `bench day --identifier-words` sets it for a run.
-IDENTIFIER_WORDS = False
+# Whether the engine's decisions read lines with `words` (issue 61, first pass; where the working set has grown, see
+# `ConversationMemory._identifier_words_apply`): on, measured on the dev, held and paraphrase day scripts
+# (docs/benchmarks.md). A policy constant here until it is a `Settings` field (settings.py is another owner's file);
+# `bench day|retrieval --identifier-words on|off` sets it for a run.
+IDENTIFIER_WORDS = True
 _MARKUP = re.compile(r"<\|[^|>]*\|>")
 _ROLE_LINE = re.compile(r"^(system|user|assistant|tool)$")
 _CASE_TURN = re.compile(r"[a-z][A-Z]")
