@@ -118,7 +118,7 @@ NEW_VALUES = {
     "chunk_reuse": False, "chunk_reuse_across_owners": True, "chunk_reuse_approximate": True,
     "chunk_reuse_repair_tokens": 8,
     "recall_signal": "lines+lexical", "recall_user_margin": 0.2, "ram_budget_bytes": 1 << 20, "embedder": "off",
-    "pool_bits": 8, "kv_file_bits": 8,
+    "pool_bits": 8, "kv_file_bits": 8, "parallel_replies": 2, "prefill_step_tokens": 64,
     "weight_similarity": 2.0, "weight_focus": 0.25, "weight_recency": 0.75, "recency_half_life_turns": 6.0,
     "focus_ema": 0.45, "focus_snap_cosine": 0.1, "user_floor": 0.4, "assistant_floor": 0.3,
     "weight_attention": 0.5, "attention_aggregation": "mean",
@@ -150,6 +150,7 @@ def test_every_applies_now_setting_applies_without_a_reload_and_the_conversation
         assert engine.kvfiles.ttl_seconds == {"short": 111, "long": 222, "extended": 333}
         assert engine.settings.kv_file_bits == 8                    # read by the next persist (lifecycle.persist)
         assert not engine.diagnostics().embedder.enabled
+        assert engine.diagnostics().rt.step_tokens() in (0, 64)     # read at each decode: 64 while others wait
         jobs = {job["id"]: job["interval_s"] for job in engine.sweeps.jobs()}
         assert jobs["keepalive"] == 77 and jobs["eviction"] == 88
         conv.send("And again.", max_tokens=4)
