@@ -405,7 +405,6 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     first_at = None
     with rt.sampler(params, rt.context_of(memory.seq)) as sampler:
         while len(generated) < params.max_tokens:
-            rt.step_boundary()                    # other replies take their step; this context's logits stay
             if cancel.is_set():
                 stopped = "cancelled"
                 break
@@ -438,8 +437,9 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
                 if not memory.make_reply_room(keeps):
                     stopped = "budget"
                     break
-            at = perf()
-            memory.grow_reply(reply_block, token)
+            rt.step_boundary()     # other replies take their step here, between a sample and the decode that makes
+            at = perf()            # the next logits: work of theirs in this context (the prefixes' and scratch
+            memory.grow_reply(reply_block, token)    # sequences live in context 0) never clobbers logits we read
             token_decode_s += perf() - at
             generated.append(token)
     rest = reply_text.finish() if stopped != "stop" else ""

@@ -81,7 +81,9 @@ class Runtime:
         # who may touch the context: the creating thread, unless the engine widens it to any thread holding it
         self.holds_engine: Callable[[], bool] = lambda: threading.current_thread() is self.owner
         # called by a reply between two of its steps (a prefill block, a token): the engine lets other replies
-        # and jobs run there (`EngineThread.step_boundary`); a no-op until the engine installs it
+        # and jobs run there (`EngineThread.step_boundary`); a no-op until the engine installs it. Never between a
+        # decode and the sample that reads its logits: another context's work may decode in this one (context 0
+        # holds the prefixes and the scratch sequence), and a context has one logits buffer
         self.step_boundary: Callable[[], None] = lambda: None
         # while other work waits: the most tokens a slot sequence's decode runs before a step boundary (0: no split)
         self.step_tokens: Callable[[], int] = lambda: 0
