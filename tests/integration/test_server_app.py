@@ -19,7 +19,7 @@ def test_switch_follows_the_settings(qtbot, tmp_path):
 
     loaded: Future = Future()
     loaded.set_result(None)
-    listeners: list = []                               # /metrics' event counters, one per running server
+    listeners: list = []                               # the running server's engine-event listeners
     engine = SimpleNamespace(settings=Settings(home=str(tmp_path)), model_loaded=True,   # /health reads only these
                              ready=loaded, subscribe=listeners.append, unsubscribe=listeners.remove)
     switch = EndpointSwitch()
@@ -35,12 +35,14 @@ def test_switch_follows_the_settings(qtbot, tmp_path):
         switch.server.wait_started()
         health = httpx.get(seen[-1].removesuffix("/v1") + "/health", timeout=30)
         assert health.json() == {"status": "ok", "model_loaded": True}
+        per_server = len(listeners)                    # /metrics' counters and the service's usage clock
+        assert per_server >= 1
         switch.apply(engine, on)                       # unchanged settings: the same server keeps running
         assert len(seen) == 1
         switch.apply(engine, on.replace(api_key="k"))   # a new key: restarted with it
         switch.server.wait_started()
         assert httpx.get(seen[-1] + "/models", timeout=30).status_code == 401
-        assert len(listeners) == 1                      # the stopped server's counters left with it
+        assert len(listeners) == per_server             # the stopped server's listeners left with it
     finally:
         switch.apply(engine, off)
     assert seen[-1] == "" and switch.server is None and listeners == []
