@@ -197,8 +197,9 @@ def test_a_streamed_request_whose_message_cannot_be_stored_is_refused_before_the
     engine, server, _ = served
     full_disk(monkeypatch, engine, {"user", "assistant"})
     status, _, events = stream(server, "This cannot be written.", "full-disk-2", new_token())
-    assert status == 500 and shaped(json.loads(events)), events
-    assert "disk is full" in json.loads(events)["error"]["message"]
+    assert status == 507 and shaped(json.loads(events)), events          # issue 57 item 7: 507, no path
+    message = json.loads(events)["error"]["message"]
+    assert "disk is full" in message and "history.sqlite3" not in message
 
 
 # -- item 8: the data-folder lock ------------------------------------------------------------------------------
