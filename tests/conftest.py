@@ -3,6 +3,7 @@ embedded model, pytest-qt, end to end: marker `model`, added here to every test 
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -15,6 +16,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from helpers.ui_waits import generous_qt_waits  # noqa: E402 - after the environment above
 
 generous_qt_waits()
+
+
+@pytest.fixture
+def restore_logging():
+    """Handlers a test adds to the root logger (configure_logging) are closed and removed after it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -28,17 +28,6 @@ def open_umask():
         os.umask(previous)
 
 
-@pytest.fixture
-def restore_logging():
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for handler in [h for h in root.handlers if h not in handlers]:
-        root.removeHandler(handler)
-        handler.close()
-    root.setLevel(level)
-
-
 def test_the_log_file_and_its_folder_are_private_under_umask_000(tmp_path, open_umask, restore_logging):
     home = tmp_path / "home"
     path = configure_logging(home=str(home))

@@ -33,17 +33,6 @@ def umask(request):
         os.umask(previous)
 
 
-@pytest.fixture
-def restore_logging():
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for handler in [h for h in root.handlers if h not in handlers]:
-        root.removeHandler(handler)
-        handler.close()
-    root.setLevel(level)
-
-
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
 def test_the_last_conversation_file_is_private(tmp_path, umask) -> None:
     config = tmp_path / "home" / "config"
