@@ -6,18 +6,21 @@ turned into GBNF by llama-cpp-python's own converter taught integer bounds (`sch
 response format with a keyword no grammar enforces (`multipleOf`, bounds on a non-integer, ...) is a 400 naming it,
 never a reply that ignored it (a forced tool call's parameters are only guided: their bounds are enforced, other
 keywords left to the model, as clients' tool schemas often carry them); a forced tool call has the form
-`toolcalls.py` parses (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`); a request asking for two
-constraints, or for a schema the converter refuses, gets an `ApiError` 400 naming the field.
+`toolcalls.py` parses, in the loaded model's format (Hermes: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
+Llama 3.x: `{"name": ..., "parameters": {...}}`, Mistral: `[TOOL_CALLS][{...}]` or `[TOOL_CALLS]name[ARGS]{...}`);
+a request asking for two constraints, or for a schema the converter refuses, gets an `ApiError` 400 naming the field.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from .. import ENFORCED_SCHEMA_KEYWORDS as ENFORCED
 from .. import SchemaRefused, json_grammar, json_schema_grammar, schema_grammar
 from .api_errors import ApiError
+from .toolcall_formats import HERMES, ToolCallFormat
 
 
 def _schema_grammar(schema: dict[str, Any], param: str, *, strict: bool = True) -> str:
@@ -41,24 +44,37 @@ def _guided_grammar(schema: dict[str, Any]) -> str:
         return json_schema_grammar(json.dumps(schema))
 
 
-def _tool_call_grammar(tools: list[dict], names: list[str]) -> str:
-    """One `<tool_call>{"name": N, "arguments": {...}}</tool_call>` naming one of `names`, arguments per its schema."""
-    options = []
-    for tool in tools:
-        function = tool["function"]
-        if function["name"] not in names:
-            continue
-        parameters = function.get("parameters") or {"type": "object"}
-        options.append({"type": "object", "properties": {"name": {"const": function["name"]},
-                                                          "arguments": parameters},
-                        "required": ["name", "arguments"], "additionalProperties": False})
+def _tool_call_grammar(tools: list[dict], names: list[str], fmt: ToolCallFormat = HERMES) -> str:
+    """One call in `fmt`'s markup (Hermes: `<tool_call>{"name": N, "arguments": {...}}</tool_call>`) naming one of
+    `names`, its arguments per the tool's schema."""
+    chosen = [(t["function"]["name"], t["function"].get("parameters") or {"type": "object"}) for t in tools
+              if t["function"]["name"] in names]
+    if fmt.forced_by_name:
+        rules, alternatives = [], []
+        for i, (name, parameters) in enumerate(chosen):
+            prefix = f"tool{i}-"
+            rules.append(prefixed_rules(_schema_grammar(parameters, "tool_choice", strict=False), prefix))
+            alternatives.append((name, prefix + "root"))
+        return "\n".join(rules) + f"\nroot ::= {fmt.named_root(alternatives)}\n"
+    options = [fmt.call_schema(name, parameters) for name, parameters in chosen]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     body = _schema_grammar(schema, "tool_choice", strict=False).replace("root ::=", "call ::=", 1)
-    return body + '\nroot ::= "<tool_call>" call "</tool_call>"\n'
+    return body + f"\nroot ::= {fmt.grammar_root('call')}\n"
 
 
-def grammar_for(request) -> str | None:
-    """The GBNF the reply must match, or None (free text)."""
+_GBNF_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|[A-Za-z0-9_-]+|\s+|.', re.DOTALL)
+
+
+def prefixed_rules(grammar: str, prefix: str) -> str:
+    """`grammar` with every rule it defines renamed `prefix` + name, where defined and where used (string
+    literals, character classes and comments left alone), so several grammars can live in one."""
+    defined = set(re.findall(r"^([A-Za-z0-9_-]+)\s*::=", grammar, re.M))
+    return "".join(prefix + token if token in defined else token for token in _GBNF_TOKEN.findall(grammar))
+
+
+def grammar_for(request, call_format: ToolCallFormat = HERMES) -> str | None:
+    """The GBNF the reply must match, or None (free text); a forced tool call in `call_format`'s markup (the loaded
+    model's format: `toolcall_formats.loaded_format`)."""
     chosen: list[tuple[str, str]] = []
     fmt = request.response_format
     if fmt is not None and fmt.get("type") not in (None, "text"):
@@ -90,7 +106,7 @@ def grammar_for(request) -> str | None:
         if not wanted or any(name not in names for name in wanted):
             raise ApiError(400, f"tool_choice names {wanted!r}, which is not among the declared tools {names!r}",
                            "invalid_tool_choice", "tool_choice")
-        chosen.append(("tool_choice", _tool_call_grammar(tools, wanted)))
+        chosen.append(("tool_choice", _tool_call_grammar(tools, wanted, call_format)))
     if request.grammar:
         chosen.append(("grammar", request.grammar))
     if len(chosen) > 1:

@@ -1,9 +1,9 @@
-"""Tool calls in model text: Hermes/Qwen `<tool_call>{json}</tool_call>` and a bare JSON object
-`{"name": ..., "arguments": {...}}` (the shape the engine's tools block documents).
+"""Tool calls in model text, in the format of the model's template (`toolcall_formats`: Hermes/Qwen `<tool_call>`,
+Llama 3.x JSON, Mistral `[TOOL_CALLS]`; Hermes unless told otherwise) and a bare JSON call at the reply's start.
 
-Invariants: a call is recognised only when its JSON parses and names a declared tool with object
-arguments; a closed call that does not is text, an unfinished one at the reply's end (a `<tool_call>` never
-closed, a bare call's JSON cut short: `max_tokens` ended it) is dropped, so no tool markup reaches `content`
+Invariants: a call is recognised only when its JSON parses and names a declared tool with object arguments; a closed
+call that does not is text, an unfinished one at the reply's end (a `<tool_call>` never closed, a marker with its
+JSON cut short, a bare call's JSON cut short: `max_tokens` ended it) is dropped, so no tool markup reaches `content`
 (`drop_unfinished_call`). `StreamSplitter` never streams text that may still turn out to be a call, and
 `RawTextMap` remembers the raw model text behind every call it returned (ids and content).
 """
@@ -11,109 +11,54 @@ closed, a bare call's JSON cut short: `max_tokens` ended it) is dropped, so no t
 from __future__ import annotations
 
 import json
-import re
 import threading
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
 
-TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_FENCE = re.compile(r"^(?:```(?:json)?\s*)?(.*?)(?:\s*```)?$", re.DOTALL)     # optional code fences
-_BARE_CALL_START = re.compile(r'^\s*(?:```(?:json)?\s*)?\[?\s*\{\s*"name"\s*:', re.DOTALL)
+from .toolcall_formats import HERMES, ParsedCall, ToolCallFormat, canonical_arguments, partial_marker_end
 
+__all__ = ["TAG_CLOSE", "TAG_OPEN", "ParsedCall", "RawTextMap", "StreamSplitter", "canonical_arguments",
+           "drop_unfinished_call", "new_call_id", "parse_tool_calls", "render_calls"]
 
-@dataclass(frozen=True)
-class ParsedCall:
-    name: str
-    arguments: str            # canonical JSON text
-
-    def as_openai(self, call_id: str) -> dict:
-        return {"id": call_id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+TAG_OPEN, TAG_CLOSE = HERMES.open_tag, HERMES.close_tag
 
 
-def canonical_arguments(arguments) -> str | None:
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
-    return json.dumps(arguments, ensure_ascii=False, sort_keys=True)
-
-
-def _call_of(obj, tool_names: set[str]) -> ParsedCall | None:
-    if not isinstance(obj, dict) or set(obj) - {"name", "arguments", "parameters"}:
-        return None
-    name = obj.get("name")
-    args = canonical_arguments(obj.get("arguments", obj.get("parameters", {})))
-    if not isinstance(name, str) or name not in tool_names or args is None:
-        return None
-    return ParsedCall(name, args)
-
-
-def _loads(text: str):
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def drop_unfinished_call(text: str) -> tuple[str, bool]:
+def drop_unfinished_call(text: str, fmt: ToolCallFormat = HERMES,
+                         tool_names: set[str] | frozenset[str] = frozenset()) -> tuple[str, bool]:
     """(`text` without the unfinished tool call it ends with, whether there was one): a `<tool_call>` never closed
-    (or the start of that tag), or a bare call (`{"name": ...`) whose JSON does not parse."""
-    at = text.rfind(TAG_OPEN)
-    if at >= 0 and text.find(TAG_CLOSE, at) < 0:
-        return text[:at].rstrip(), True
-    for k in range(min(len(TAG_OPEN) - 1, len(text)), 1, -1):       # the tag itself cut: "<tool_ca"
-        if text.endswith(TAG_OPEN[:k]):
-            return text[:-k].rstrip(), True
-    if at < 0 and _BARE_CALL_START.match(text) and _loads(_FENCE.match(text.strip()).group(1)) is None:
-        return "", True
-    return text, False
+    (or the start of that tag), a marker whose call is cut short, or a bare call (`{"name": ...`) whose JSON does
+    not parse. `tool_names` lets a format whose bare call starts with the tool's name (Mistral's `name[ARGS]{`)
+    find one cut short."""
+    at = fmt.unfinished_at(text, set(tool_names))
+    if at is None:
+        return text, False
+    return text[:at].rstrip(), True
 
 
-def parse_tool_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[ParsedCall]]:
+def parse_tool_calls(text: str, tool_names: set[str],
+                     fmt: ToolCallFormat = HERMES) -> tuple[str | None, list[ParsedCall]]:
     """(content left, calls) of a finished reply; ([text], []) when it holds no valid call. An unfinished call at
     its end is dropped from the content (`drop_unfinished_call`)."""
     if not tool_names:
         return text, []
-    text, _ = drop_unfinished_call(text)
-    if TAG_OPEN in text:
-        calls = []
-        for body in _HERMES.findall(text):
-            call = _call_of(_loads(body), tool_names)
-            if call is None:
-                return text, []            # one malformed call: the whole reply stays text
-            calls.append(call)
-        if calls:
-            rest = _HERMES.sub("", text).strip()
-            return (rest or None), calls
-        return text, []
-    stripped = text.strip()
-    body = _FENCE.match(stripped).group(1)
-    if body.startswith(("{", "[")):
-        obj = _loads(body)
-        items = obj if isinstance(obj, list) and obj else [obj]
-        calls = [_call_of(item, tool_names) for item in items]
-        if all(calls):
-            return None, calls
-    return text, []
+    text, _ = drop_unfinished_call(text, fmt, tool_names)
+    return fmt.parse(text, tool_names)
 
 
-def render_calls(calls: list[ParsedCall]) -> str:
-    """The Hermes text of calls the model did not write itself (a client-made assistant message)."""
-    return "\n".join(f'{TAG_OPEN}\n{{"name": {json.dumps(c.name)}, "arguments": {c.arguments}}}\n{TAG_CLOSE}'
-                     for c in calls)
+def render_calls(calls: list[ParsedCall], fmt: ToolCallFormat = HERMES) -> str:
+    """The text of calls the model did not write itself (a client-made assistant message), in `fmt`'s markup."""
+    return fmt.render(calls)
 
 
 class StreamSplitter:
     """Decides, piece by piece, which reply text can be streamed as content now and which must wait
-    until the reply ends because it may be a tool call."""
+    until the reply ends because it may be a tool call (in `fmt`'s markup, or bare at the reply's start)."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, fmt: ToolCallFormat = HERMES,
+                 tool_names: set[str] | frozenset[str] = frozenset()) -> None:
         self.enabled = enabled
+        self.fmt = fmt
+        self.tool_names = set(tool_names)
         self.text = ""
         self.sent = 0
 
@@ -129,21 +74,18 @@ class StreamSplitter:
 
     def _safe_end(self) -> int:
         head = self.text.lstrip()
-        if not head or head[0] in "{[`":
+        if self.sent == 0 and (not head or self.fmt.holds(head, self.tool_names)):
             return 0                        # may be a bare JSON call: hold all of it
-        at = self.text.find(TAG_OPEN)
+        at = min((i for i in (self.text.find(m) for m in self.fmt.markers) if i >= 0), default=-1)
         if at >= 0:
             return at
-        for k in range(min(len(TAG_OPEN) - 1, len(self.text)), 0, -1):
-            if TAG_OPEN.startswith(self.text[-k:]):
-                return len(self.text) - k
-        return len(self.text)
+        return partial_marker_end(self.text, self.fmt.markers)
 
     def unsent(self) -> str:
         """The text held back, once the reply has ended: all of it but an unfinished call at its end."""
         if not self.enabled:
             return self.text[self.sent:]
-        kept, _ = drop_unfinished_call(self.text)
+        kept, _ = drop_unfinished_call(self.text, self.fmt, self.tool_names)
         return kept[self.sent:]
 
 
@@ -154,7 +96,8 @@ def new_call_id() -> str:
 class RawTextMap:
     """Raw model text behind the tool calls returned, by call id and by call content (bounded, LRU)."""
 
-    def __init__(self, limit: int = 4096) -> None:
+    def __init__(self, limit: int = 4096, fmt: ToolCallFormat = HERMES) -> None:
+        self.fmt = fmt               # the markup of calls it renders itself: the loaded model's format
         self._by_id: OrderedDict[str, str] = OrderedDict()
         self._by_calls: OrderedDict[str, str] = OrderedDict()
         self._limit = limit
@@ -182,7 +125,7 @@ class RawTextMap:
             raw = self._by_calls.get(self._calls_key(content, calls))
         if raw is not None:
             return raw
-        return ((content or "").strip() + "\n" if content and content.strip() else "") + render_calls(calls)
+        return ((content or "").strip() + "\n" if content and content.strip() else "") + render_calls(calls, self.fmt)
 
     def dump(self) -> dict:
         with self._lock:
