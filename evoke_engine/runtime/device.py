@@ -1,5 +1,5 @@
 """Which device llama.cpp computes on: loads run-time backends, picks CUDA or the CPU, says why (remote devices:
-rpc.py, rpc_placement.py).
+rpc.py, rpc_placement.py), and the memory the GPU and this machine have free (for fit.py).
 
 Invariants: backends are loaded once per process, before the first model load; a CUDA build on a
 machine without a GPU or driver falls back to the CPU with a notice and never raises at import; the automatic
@@ -65,6 +65,8 @@ class DeviceInfo:
     vram_total_bytes: int = 0
     vram_free_bytes: int = 0
     notice: str = ""             # why a CUDA build runs on the CPU, or why the GPU was not used
+    ram_total_bytes: int = 0     # this machine's memory (0: unknown)
+    ram_available_bytes: int = 0     # what the kernel could give without swapping (MemAvailable), when detected
 
     @property
     def on_gpu(self) -> bool:
@@ -72,6 +74,22 @@ class DeviceInfo:
 
     def label(self) -> str:
         return f"{self.name} ({self.description})" if self.description else self.name
+
+
+def host_memory(meminfo: Path = Path("/proc/meminfo")) -> tuple[int, int]:
+    """(available, total) bytes of this machine's memory: MemAvailable and MemTotal, else the page counts
+    (available then counts free pages only); (0, 0) where neither can be read."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        kib = {key: int(value.split()[0]) * 1024 for key, value in fields.items() if value.split()}
+        return kib.get("MemAvailable", kib.get("MemFree", 0)), kib.get("MemTotal", 0)
+    except (OSError, ValueError):
+        pass
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+    except (OSError, ValueError, AttributeError):
+        return 0, 0
 
 
 def ggml_library() -> ctypes.CDLL:
@@ -153,6 +171,7 @@ def detect() -> DeviceInfo:
     load_notice = load_backends()
     lib = ggml_library()
     build = "cuda" if cuda_build() else "cpu"
+    ram_available, ram_total = host_memory()
     cpu_desc = ""
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
@@ -162,7 +181,8 @@ def detect() -> DeviceInfo:
         if kind in _GPU_TYPES and name.upper().startswith("CUDA"):
             free, total = ctypes.c_size_t(), ctypes.c_size_t()
             lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-            return DeviceInfo("cuda", name, desc, build, total.value, free.value)
+            return DeviceInfo("cuda", name, desc, build, total.value, free.value,
+                              ram_total_bytes=ram_total, ram_available_bytes=ram_available)
         if kind == 0 and not cpu_desc:
             cpu_desc = desc
     notice = load_notice
@@ -173,7 +193,8 @@ def detect() -> DeviceInfo:
             notice = "no GPU visible (CUDA_VISIBLE_DEVICES is empty); running on the CPU"
         else:
             notice = "CUDA build, but no GPU or NVIDIA driver found; running on the CPU"
-    return DeviceInfo("cpu", "CPU", cpu_desc, build, notice=notice)
+    return DeviceInfo("cpu", "CPU", cpu_desc, build, notice=notice, ram_total_bytes=ram_total,
+                      ram_available_bytes=ram_available)
 
 
 def capabilities() -> dict[str, bool]:
