@@ -40,6 +40,8 @@ ATTENTION_AGGREGATIONS = ("adakv", "mean")     # AttentionSignal.refresh(aggrega
 ATTENTION_GQA = ("mean", "max")               # declared here only: attention.py takes it from here
 NOW, RELOAD = "now", "reload"
 THEMES = ("auto", "dark", "light")            # app/theme.py
+# n_gpu_layers' two special values, as llama.cpp's own tools read -ngl (common.h: "-1 is auto, <= -2 is all")
+GPU_LAYERS_AUTO, GPU_LAYERS_ALL = -1, -2
 TTL_SETTINGS = {f"ttl_{cls}_s": cls for cls in TTL_CLASSES}   # the setting of each KV file TTL class
 # The settings a KV file is made for (the parameters of `store.kvfiles.model_hash`): a change of one makes saved
 # files unusable, so each conversation re-reads its history once when opened (the settings dialog says so).
@@ -63,8 +65,10 @@ class Settings:
     n_ctx: int = _setting(16384, "KV cells in all: split evenly among the slot contexts, or shared by "
                           "the slots of one context.",
                           group="Model", applies=RELOAD, low=512, high=262144)
-    n_gpu_layers: int = _setting(-1, "Layers offloaded to the GPU (-1 all, 0 none; CPU builds ignore it).",
-                                 group="Model", applies=RELOAD, low=-1, high=1000)
+    n_gpu_layers: int = _setting(GPU_LAYERS_AUTO, "Layers offloaded to the GPU: -1 automatic (as many as fit "
+                                 "in the free GPU memory with 1 GiB to spare, after llama.cpp's --fit), -2 all, "
+                                 "0 none, or a number; CPU builds ignore it.",
+                                 group="Model", applies=RELOAD, low=GPU_LAYERS_ALL, high=1000)
     n_threads: int = _setting(0, "CPU threads for decoding. 0 = automatic: the physical cores, less those busy "
                               "with other work when the model loads (llama.cpp's threads spin: one more than the "
                               "idle cores slows every token several times).",

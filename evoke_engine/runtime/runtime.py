@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import Cancelled, DecodeError, ModelLoadError
 from ..settings import Settings
-from . import device, rpc, rpc_placement
+from . import device, fit, rpc, rpc_placement
 from .model_file import (  # noqa: F401 - re-exported: callers import these from runtime
     GGUF_MAGIC,
     check_model_file,
@@ -69,6 +69,7 @@ class ModelInfo:
     eviction_supported: bool
     eviction_note: str
     devices: tuple[rpc_placement.DeviceShare, ...] = ()   # with remote devices: each device, its memory and layers
+    gpu_layers_reason: str = ""   # the GPU layers chosen and why ("auto: 20 of 64 layers on the GPU, ...")
 
 
 class Runtime:
@@ -101,8 +102,8 @@ class Runtime:
         ll.llama_backend_init()
         mparams = safe_model_params()
         self.remote_watch: rpc.RemoteWatch | None = None
-        self.placement = rpc_placement.plan(settings, self.device, path,
-                                            self.gpu_layers_requested(settings, self.device))
+        self.layer_choice = fit.choose_gpu_layers(settings, self.device, path)     # before the load takes memory
+        self.placement = rpc_placement.plan(settings, self.device, path, self.layer_choice.n_gpu_layers)
         self.placement.apply(mparams)
         self.model = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not self.model:
@@ -158,15 +159,14 @@ class Runtime:
 
     @staticmethod
     def gpu_layers_requested(settings: Settings, dev: device.DeviceInfo) -> int:
-        """Layers to offload: all (-1) by default on a GPU, none on the CPU."""
-        if not dev.on_gpu:
-            return 0
-        return settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 999
+        """llama.cpp's n_gpu_layers for a load now: none on the CPU, the setting's number, or (`auto`, the
+        default) as many as fit the free GPU memory (fit.choose_gpu_layers)."""
+        path = Path(settings.model_path) if settings.model_path else default_model_path()
+        return fit.choose_gpu_layers(settings, dev, path).n_gpu_layers
 
     def gpu_layers(self) -> int:
-        """Repeating layers placed on the GPU (llama.cpp offloads the output layer past n_layer)."""
-        n_layer = ll.llama_model_n_layer(self.model)
-        return min(n_layer, self.gpu_layers_requested(self.settings, self.device))
+        """Repeating layers placed on the GPU (the first offloaded slot is the output layer, past n_layer)."""
+        return fit.layers_on_gpu(ll.llama_model_n_layer(self.model), self.layer_choice.n_gpu_layers)
 
     # -- contexts ---------------------------------------------------------------------------
     def context_of(self, seq: int) -> int:
@@ -252,6 +252,7 @@ class Runtime:
             eviction_supported=self.eviction_supported,
             eviction_note=self.eviction_note,
             devices=self.placement.shares,
+            gpu_layers_reason=self.layer_choice.reason,
         )
 
     def kv_bytes_per_token(self) -> int:
