@@ -188,7 +188,8 @@ class LayerChoice:
 
 def choose_gpu_layers(settings: Settings, device: Memory, model_path: Path) -> LayerChoice:
     """The layers a load offloads: none without a GPU, the user's number when set (-2: all), else (`auto`, -1)
-    the fit of the model at `model_path` with the load `settings` make, against the device's free memory now."""
+    the fit of the model at `model_path` with the load `settings` make, against the device's free memory now;
+    with remote devices, all of them (rpc_placement splits them among the devices by free memory, as before)."""
     if not device.on_gpu:
         return LayerChoice(0, "")
     requested = settings.n_gpu_layers
@@ -196,6 +197,8 @@ def choose_gpu_layers(settings: Settings, device: Memory, model_path: Path) -> L
         return LayerChoice(999, "GPU layers: all (set in Settings)")
     if requested != GPU_LAYERS_AUTO:
         return LayerChoice(requested, f"GPU layers: {requested} (set in Settings)")
+    if settings.rpc_servers:                         # the layers go to remote devices too: split by their memory
+        return LayerChoice(999, "auto: all layers, split among this GPU and the remote devices (rpc_placement)")
     try:
         shape = read_shape(model_path)
     except ModelLoadError as exc:                   # llama.cpp may still read it: offload as before, say why

@@ -188,6 +188,9 @@ def test_choice_at_load_cpu_number_all_and_auto():
     auto = choose_gpu_layers(Settings(), card(8), model)
     assert auto.n_gpu_layers == 31 and auto.fit is not None and auto.fit.verdict == FITS
     assert auto.reason.startswith("auto: all 30 layers on the GPU (")
+    # with remote devices every layer is offloaded and split among them by free memory, as before auto
+    remote = choose_gpu_layers(Settings(rpc_servers="10.0.0.2:50052"), card(8), model)
+    assert remote.n_gpu_layers == 999 and "remote devices" in remote.reason
     # a card with no room for even the output layer: the CPU, and the reason says so
     tiny = SimpleNamespace(**{**vars(card(8)), "vram_free_bytes": GIB})
     nothing = choose_gpu_layers(Settings(), tiny, model)
