@@ -163,17 +163,14 @@ class ToolCallFormat:
     def unfinished_at(self, text: str, tool_names: set[str]) -> int | None:
         """Where the unfinished call `text` ends with begins (a marker, maybe cut, with no whole call after it;
         a bare call's JSON cut short), or None when it ends with none."""
-        at = first_marker(text, self.markers)
-        if at >= 0:
-            last = max(text.rfind(m) for m in self.markers)
-            tail = text[last:]
-            marker = next(m for m in self.markers if tail.startswith(m))
-            if self._cut(tail[len(marker):]):
-                return last
-            return None
         cut = partial_marker_end(text, self.markers)
         if len(text) - cut > 1:                                 # the marker itself cut: "<|python_ta"
             return cut
+        last = max(text.rfind(m) for m in self.markers)
+        if last >= 0:
+            tail = text[last:]
+            marker = next(m for m in self.markers if tail.startswith(m))
+            return last if self._cut(tail[len(marker):]) else None
         if _BARE_CALL_START.match(text) and self._bare(text, tool_names) is None and json_cut_short(text):
             return 0
         return None

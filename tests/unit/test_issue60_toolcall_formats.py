@@ -242,9 +242,11 @@ def test_a_cut_call_leaves_no_markup(name, text, before):
 
 
 def test_a_finished_call_then_a_cut_one_keeps_the_finished_one():
-    fmt = format_named("mistral_args")
-    text = f'[TOOL_CALLS]grep[ARGS]{G}[TOOL_CALLS]get_weather[ARGS]{{"ci'
-    assert parse_tool_calls(text, TOOL_NAMES, fmt) == (None, [GREP])
+    cases = [("mistral_args", f'[TOOL_CALLS]grep[ARGS]{G}[TOOL_CALLS]get_weather[ARGS]{{"ci'),
+             ("mistral_args", f'[TOOL_CALLS]grep[ARGS]{G}[TOOL_CA'),
+             ("llama3", f'<|python_tag|>{{"name": "grep", "parameters": {G}}}<|python_t')]
+    for name, text in cases:
+        assert parse_tool_calls(text, TOOL_NAMES, format_named(name)) == (None, [GREP])
 
 
 def test_json_cut_short():
