@@ -1,6 +1,6 @@
 """`python -m app` / `evoke-desk`: start the window on the saved settings (embedded model by default);
-`evoke-desk serve|chat|device|rpc-worker|aider-metadata` run the engine's command line instead, `--version` says the
-version, `--help` names the data folder, the settings and the log file.
+`evoke-desk serve|chat|device|rpc-worker|aider-metadata|models|pull` run the engine's command line instead,
+`--version` says the version, `--help` names the data folder, the settings and the log file.
 
 Invariants: one window per data folder (a second start brings the first to the front and exits 0; read-only only
 when the first does not answer); SIGTERM, SIGINT, SIGHUP and a desktop logout close the window cleanly: the engine
@@ -22,7 +22,7 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
 # `evoke-desk <command>`: the engine's command line
-ENGINE_COMMANDS = ("serve", "chat", "device", "rpc-worker", "aider-metadata")
+ENGINE_COMMANDS = ("serve", "chat", "device", "rpc-worker", "aider-metadata", "models", "pull")
 
 
 def help_epilog() -> str:

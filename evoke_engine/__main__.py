@@ -2,6 +2,7 @@
 `python -m evoke_engine serve`: the OpenAI-compatible endpoint without the window;
 `python -m evoke_engine device`: which device llama.cpp would run on, and the remote devices set (JSON);
 `python -m evoke_engine rpc-worker`: a remote-device worker (llama.cpp's rpc-server) for another machine's app;
+`python -m evoke_engine models` / `pull REPO[:QUANT|:FILE]`: the model catalogue, and a verified download from the hub;
 `--version` on each.
 
 Invariants: the terminal shows every reply as it streams; Ctrl-C stops a reply, not the program; warnings
@@ -189,7 +190,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str = "python -m evoke_engine") -> argparse.ArgumentParser:
-    """The command line: one subcommand each for `chat`, `serve`, `device`, `aider-metadata` and `rpc-worker`."""
+    """The command line: one subcommand each for `chat`, `serve`, `device`, `aider-metadata`, `rpc-worker`, `models`
+    and `pull`."""
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--version", action="version", version=version_line("evoke-engine"))
     sub = parser.add_subparsers(dest="command", required=True)
@@ -202,6 +204,12 @@ def build_parser(prog: str = "python -m evoke_engine") -> argparse.ArgumentParse
     p = sub.add_parser("aider-metadata", help="print aider's model metadata for this endpoint (its context window): "
                        "save it as .aider.model.metadata.json or pass it with aider --model-metadata-file")
     p.add_argument("--name", default="openai/evoke", help="the model name given to aider (default openai/evoke)")
+    from .models import cli as models_cli
+
+    models_cli.add_models_arguments(sub.add_parser("models", help="list the model catalogue and the models on disk; "
+                                                   "search the hub (--search) or list a repository's files (--files)"))
+    models_cli.add_pull_arguments(sub.add_parser("pull", help="download a GGUF from the Hugging Face hub into the "
+                                                 "models folder (resumable, sha256-verified), like `ollama pull`"))
     from .runtime import rpc_worker
 
     rpc_worker.add_arguments(sub.add_parser("rpc-worker", help="serve this machine's device to another machine's "
@@ -231,6 +239,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m evoke_engine") ->
         return 0
     if args.command == "rpc-worker":
         return rpc_worker.main(args)
+    if args.command in ("models", "pull"):
+        from .models import cli as models_cli
+
+        return models_cli.models_main(args) if args.command == "models" else models_cli.pull_main(args)
     return serve(args) if args.command == "serve" else chat(args)
 
 

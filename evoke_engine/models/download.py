@@ -188,10 +188,10 @@ def download_file(repo: str, hub_file: HubFile, models_folder: Path, *, revision
         on_disk = part.stat().st_size
         if kept.get("sha256") == expected_sha and kept.get("size") == size and on_disk <= size:
             resume_from = on_disk
-    needed = size - resume_from + SPACE_MARGIN_BYTES
+    needed = size - resume_from
     free = free_space(Path(models_folder))
-    if free < needed:
-        raise DiskSpaceError(Path(models_folder), needed, free)
+    if free < needed + SPACE_MARGIN_BYTES:
+        raise DiskSpaceError(Path(models_folder), needed, free, SPACE_MARGIN_BYTES)
 
     part.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(part) + ".lock", timeout=0)

@@ -33,11 +33,12 @@ class HubNotFoundError(ModelHubError):
 class DiskSpaceError(ModelHubError):
     """The models folder's disk has less free space than the download needs; checked before writing anything."""
 
-    def __init__(self, folder: object, needed_bytes: int, free_bytes: int) -> None:
+    def __init__(self, folder: object, needed_bytes: int, free_bytes: int, spare_bytes: int = 0) -> None:
         self.folder, self.needed_bytes, self.free_bytes = folder, needed_bytes, free_bytes
-        super().__init__(f"not enough disk space in {folder}: the download needs {format_bytes(needed_bytes)}, "
-                         f"{format_bytes(free_bytes)} is free. Free some space (or move the data folder with "
-                         "EVOKE_HOME) and try again")
+        spare = f" (and {format_bytes(spare_bytes)} to spare)" if spare_bytes else ""
+        super().__init__(f"not enough disk space in {folder}: the download needs {format_bytes(needed_bytes)}"
+                         f"{spare}, {format_bytes(free_bytes)} is free. Free some space (or move the data folder "
+                         "with EVOKE_HOME) and try again")
 
 
 class ChecksumMismatchError(ModelHubError):

@@ -20,6 +20,7 @@ from .errors import HubNotFoundError, HubUnreachableError, ModelHubError
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_QUANTS = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K", "Q8_0")   # a pull without a quant takes the first found
+SEARCH_TIMEOUT_S = 15.0
 SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
 
@@ -111,10 +112,19 @@ def list_gguf_files(repo: str, revision: str = "main", endpoint: str | None = No
 
 
 def search_gguf(query: str, limit: int = 20, endpoint: str | None = None) -> list[HubRepo]:
-    """GGUF repositories whose name matches `query`, most downloaded first."""
+    """GGUF repositories whose name matches `query`, most downloaded first. One request, as
+    `HfApi.list_models(search=, filter="gguf", sort="downloads", limit=)` sends it, without its retries (they
+    back off for about 24 s when offline before the error could be said)."""
+    from huggingface_hub import ModelInfo, get_session
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
     endpoint = endpoint or hub_endpoint()
+    params = {"search": query, "filter": "gguf", "sort": "downloads", "limit": limit}
     with hub_errors(endpoint, f"the search for {query!r}"):
-        found = list(_api(endpoint).list_models(search=query, filter="gguf", sort="downloads", limit=limit))
+        response = get_session().get(f"{endpoint}/api/models", params=params, headers=build_hf_headers(),
+                                     timeout=SEARCH_TIMEOUT_S)
+        hf_raise_for_status(response)
+        found = [ModelInfo(**item) for item in response.json()]
     return [HubRepo(m.id, int(m.downloads or 0), int(m.likes or 0),
                     m.last_modified.date().isoformat() if m.last_modified else "") for m in found]
 
