@@ -6,7 +6,8 @@ X-Repo-Commit, X-Linked-Etag and X-Linked-Size; the CDN path serves the bytes wi
 Invariants: binds 127.0.0.1 on a free port; `with FakeHub() as hub:` stops it (and it stops itself after
 `lifetime_s` if a test forgets); every request is recorded with the bytes its answer carried, so a test can assert
 what a resumed download asked for. Faults are one-shot switches: `drop_after` (send the headers of the whole body,
-then this many bytes, then close the socket) and `corrupt` (serve bytes whose sha256 is not the listed one).
+then this many bytes, then close the socket) and `corrupt` (serve bytes whose sha256 is not the listed one);
+`chunk_delay_s` slows the link down.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -52,6 +54,8 @@ class FakeHub:
         self.requests: list[Served] = []
         self.drop_after: int | None = None      # one-shot: the next content GET sends this many bytes then closes
         self.corrupt = False                     # while set: content GETs flip the first byte they send
+        self.chunk_delay_s = 0.0                 # a pause after each 256 KiB sent: a slow link a test can kill
+        self.ignore_range = False                # answer a Range GET with the whole body (200), as some proxies do
         self._lock = threading.Lock()
         hub = self
 
@@ -192,7 +196,7 @@ class FakeHub:
         if entry is None:
             return self._not_found(handler, head, "Entry")
         start, end = 0, entry.size
-        wanted = handler.headers.get("Range")
+        wanted = None if self.ignore_range else handler.headers.get("Range")
         status = 200
         if wanted:
             found = re.match(r"bytes=(\d+)-(\d*)$", wanted)
@@ -227,6 +231,8 @@ class FakeHub:
                 handler.wfile.write(chunk)
                 position += len(chunk)
                 sent += len(chunk)
+                if self.chunk_delay_s:
+                    time.sleep(self.chunk_delay_s)
         except (BrokenPipeError, ConnectionResetError):
             pass
         self._record(handler, status, sent)

@@ -7,9 +7,12 @@ offline with a message naming the endpoint. The end-to-end case runs `pull` and 
 from __future__ import annotations
 
 import hashlib
+import json
+import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from helpers.fake_hub import FakeHub
@@ -114,6 +117,34 @@ def test_a_dropped_connection_resumes_and_downloads_only_the_rest(hub, tmp_path,
     assert not part.exists() and visible_files(folder) == [pulled.path]
 
 
+def test_a_killed_pull_resumes_from_what_reached_the_disk(hub, tmp_path, model_bytes):
+    """`evoke-desk pull` SIGKILLed half-way keeps its partial; the next pull asks only for the bytes after it."""
+    size, sha = model_bytes
+    folder = tmp_path / "data" / "models"
+    part = partial_path(folder, REPO, FILE)
+    hub.chunk_delay_s = 0.02                                   # about 12 MB/s: seconds to kill it in
+    env = {k: v for k, v in environment(tmp_path).items() if k != "HF_HUB_OFFLINE"}
+    child = subprocess.Popen([sys.executable, "-m", "evoke_engine", "pull", REPO], cwd=ROOT,
+                             env={**env, "HF_ENDPOINT": hub.url}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (part.exists() and part.stat().st_size > 10_000_000):
+            assert child.poll() is None and time.monotonic() < deadline, "the pull ended or stalled"
+            time.sleep(0.05)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    kept = part.stat().st_size
+    assert 10_000_000 < kept < size and visible_files(folder) == []
+    hub.chunk_delay_s = 0.0
+    pulled = pull(REPO, folder)
+    resumed = hub.content_requests()[-1]
+    assert resumed.range == f"bytes={kept}-" and resumed.body_bytes == size - kept
+    assert pulled.resumed_from == kept and pulled.sha256 == sha
+    assert hashlib.sha256(pulled.path.read_bytes()).hexdigest() == sha and not part.exists()
+
+
 def test_a_drop_mid_download_is_retried_in_the_same_pull(hub, tmp_path, model_bytes):
     size, sha = model_bytes
     hub.drop_after = 12_345_678
@@ -121,6 +152,24 @@ def test_a_drop_mid_download_is_retried_in_the_same_pull(hub, tmp_path, model_by
     ranges = [(r.range, r.body_bytes) for r in hub.content_requests()]
     assert ranges == [(None, 12_345_678), ("bytes=12345678-", size - 12_345_678)]
     assert pulled.sha256 == sha
+
+
+def test_a_partial_of_another_version_or_a_server_ignoring_range_starts_over(hub, tmp_path, model_bytes):
+    size, sha = model_bytes
+    folder = tmp_path / "models"
+    part = partial_path(folder, REPO, FILE)
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"x" * 1000)                             # from a file the hub has since replaced
+    part.with_name(part.name + ".json").write_text(json.dumps({"sha256": "0" * 64, "size": size}))
+    assert pull(REPO, folder).sha256 == sha
+    assert [(r.range, r.body_bytes) for r in hub.content_requests()] == [(None, size)]
+
+    other = tmp_path / "other"
+    hub.drop_after, hub.ignore_range = 5_000_000, True
+    pulled = pull(REPO, other, retry_wait_s=0.01)
+    assert [(r.range, r.status, r.body_bytes) for r in hub.content_requests()[1:]] == [
+        (None, 200, 5_000_000), ("bytes=5000000-", 200, size)]
+    assert pulled.sha256 == sha and hashlib.sha256(pulled.path.read_bytes()).hexdigest() == sha
 
 
 def test_a_wrong_sha256_is_refused_with_nothing_left_behind(hub, tmp_path):
