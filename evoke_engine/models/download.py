@@ -208,8 +208,8 @@ def download_file(repo: str, hub_file: HubFile, models_folder: Path, *, revision
         try:
             sha = _hash_prefix(part, resume_from, cancel) if resume_from else hashlib.sha256()
             sha = _stream(repo, hub_file, part, sha, resume_from, revision=revision, endpoint=endpoint,
-                    on_progress=on_progress, cancel=cancel, max_retries=max_retries,
-                    retry_wait_s=retry_wait_s, timeout_s=timeout_s)
+                          on_progress=on_progress, cancel=cancel, max_retries=max_retries,
+                          retry_wait_s=retry_wait_s, timeout_s=timeout_s)
         except DownloadCancelled:
             if not keep_partial_on_cancel:
                 _remove(part, note)
