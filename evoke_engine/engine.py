@@ -127,6 +127,9 @@ class Engine:
         model.rt.holds_engine = self.thread.on_engine     # a reply's stream thread touches llama.cpp in its steps
         model.rt.step_boundary = self.thread.step_boundary
         model.rt.step_tokens = lambda: self.settings.prefill_step_tokens if self.thread.contended() else 0
+        if hasattr(model.rt, "run_step"):              # llama.cpp's runtime: replies in one context share steps
+            model.rt.joins_step, model.rt.await_step = self.thread.joins_step, self.thread.await_step
+            self.thread.shared_step = model.rt.run_step
         self.lifecycle.attach(model)
         if not model.rt.eviction_supported:
             self.emit(EngineEvent(EventKind.ERROR, f"{model.rt.eviction_note}; chat works without eviction"))
@@ -144,10 +147,10 @@ class Engine:
 
     def _stream_limit(self) -> int:
         """How many replies may stream at once: the `parallel_replies` setting, within the slots less one (a slot
-        stays free for opening and switching conversations). One where the replies would share state: a single
-        context for every slot (its logits are one buffer) or the attention capture (one capture a decode)."""
+        stays free for opening and switching conversations). One with the attention capture (one capture a decode).
+        In one context for every slot their tokens share each step's decode; with a context a slot, they take turns."""
         settings = self.settings
-        if not settings.slot_contexts or settings.attention_capture:
+        if settings.attention_capture:
             return 1
         return max(1, min(settings.parallel_replies, settings.slots - 1))
 
@@ -191,6 +194,7 @@ class Engine:
             return
         self.lifecycle.detach()
         model, self.model = self.model, None
+        self.thread.shared_step = None                # LOAD runs while no reply streams: none waits for a step
         model.close()
         said = {"idle": "model unloaded after idle; it comes back on the next message",
                 "reload": "model unloaded for the model change"}.get(reason, f"model unloaded ({reason})")

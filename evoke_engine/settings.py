@@ -83,8 +83,9 @@ class Settings:
     slots: int = _setting(4, "Conversations held in the context at once.",
                           group="Model", applies=RELOAD, low=1, high=64)
     parallel_replies: int = _setting(3, "Replies generated at once (the window's and the endpoint's, each in its "
-                                     "own slot, taking turns a step at a time); more wait in order. At most the "
-                                     "slots less one; one with a single context for all slots.",
+                                     "own slot); more wait in order. At most the slots less one. In one context "
+                                     "for all slots their tokens share each decode; with a context a slot they "
+                                     "take turns a step at a time.",
                                      group="Model", low=1, high=63)
     prefill_step_tokens: int = _setting(32, "While other replies stream, a message's prefill runs this many tokens a "
                                         "step between their tokens (smaller: smoother streams, slower prefill; a GPU "

@@ -95,6 +95,9 @@ class _Stream:
         self.steps = 0
         self.used_s = 0.0                             # engine time taken, divided by its weight (fair share)
         self.weight = FOREGROUND_WEIGHT if entry.priority <= FOREGROUND else 1.0
+        self.parked = False                           # its next token waits for the shared step
+        self.stepped_in = -1                          # the shared-step round it last took a step in
+        self.step_failure: BaseException | None = None    # the shared step it waited for failed with this
         self._go = threading.Semaphore(0)
         self._back = threading.Semaphore(0)
         self._local = local
@@ -151,6 +154,10 @@ class EngineThread:
         self._waiting: dict[int, tuple[Job, Future]] = {}
         self._cancel_hooks: dict[int, Callable[[], None]] = {}
         self.running: Job | None = None              # the plain job running on the scheduler's thread
+        # runs the step the parked replies share (their tokens in one decode; `Runtime.run_step`), installed by the
+        # engine with the model; None: every reply decodes alone
+        self.shared_step: Callable[[], None] | None = None
+        self._round = 0                              # shared steps run: each reply takes one step a round
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -189,6 +196,23 @@ class EngineThread:
         if stream is None or (len(self._streams) == 1 and self._queue.empty() and self._pick() is None):
             return
         stream.pause()
+
+    def joins_step(self) -> bool:
+        """Called by a reply about to decode its next token: True when the token should wait for the step other
+        replies share (another reply streams and the engine can run one), then `await_step`."""
+        stream = getattr(self._local, "stream", None)
+        return (stream is not None and self.shared_step is not None
+                and any(other is not stream for other in self._streams))
+
+    def await_step(self) -> None:
+        """Stream side: park until the shared step has decoded this reply's token (and sampled its next); other
+        replies take their steps meanwhile. Raises what the shared step failed with."""
+        stream = self._local.stream
+        stream.parked = True
+        stream.pause()
+        failure, stream.step_failure = stream.step_failure, None
+        if failure is not None:
+            raise failure
 
     def pending(self) -> int:
         """Jobs queued and not yet started (approximate while other threads submit)."""
@@ -311,12 +335,39 @@ class EngineThread:
     def _step_one_stream(self) -> None:
         """One step for the stream that has had the least engine time for its weight (the newest on a tie: a new
         reply's first token comes soonest): a reply's token is not held back by another's long prefill steps, and
-        short steps take turns."""
-        if self._streams:
-            newest_first = reversed(self._streams)
+        short steps take turns. With replies parked for the shared step, each other reply takes one step first (a
+        prefill chunk, a reply's set-up), then the step runs: a round is one step of each."""
+        if not self._streams:
+            return
+        newest_first = list(reversed(self._streams))
+        parked = [s for s in newest_first if s.parked]
+        if not parked:
             self._advance(min(newest_first, key=lambda s: s.used_s))
+            return
+        due = [s for s in newest_first if not s.parked and s.stepped_in < self._round]
+        if due:
+            self._advance(min(due, key=lambda s: s.used_s))
+        else:
+            self._run_shared_step(parked)
+
+    def _run_shared_step(self, parked: list[_Stream]) -> None:
+        """The parked replies' tokens in one decode, on the scheduler's thread while they wait; its time is shared
+        among them for the fair share."""
+        assert self.shared_step is not None
+        started = self.clock()
+        try:
+            self.shared_step()
+        except BaseException as exc:  # noqa: BLE001 - each waiting reply raises it in its own thread
+            for stream in parked:
+                stream.step_failure = exc
+        share = (self.clock() - started) / len(parked)
+        self._round += 1
+        for stream in parked:
+            stream.parked = False
+            stream.used_s += share / stream.weight
 
     def _advance(self, stream: _Stream) -> None:
+        stream.stepped_in = self._round
         stream.resume()
         if stream.done:
             self._streams.remove(stream)

@@ -403,7 +403,7 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
     stopped = "max_tokens"
     ttft = 0.0
     first_at = None
-    with rt.sampler(params, rt.context_of(memory.seq)) as sampler:
+    with rt.sampler(params, rt.context_of(memory.seq), seq=memory.seq) as sampler:
         while len(generated) < params.max_tokens:
             if cancel.is_set():
                 stopped = "cancelled"
@@ -437,9 +437,8 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
                 if not memory.make_reply_room(keeps):
                     stopped = "budget"
                     break
-            rt.step_boundary()     # other replies take their step here, between a sample and the decode that makes
-            at = perf()            # the next logits: work of theirs in this context (the prefixes' and scratch
-            memory.grow_reply(reply_block, token)    # sequences live in context 0) never clobbers logits we read
+            at = perf()            # the token's decode is the reply's step point: other replies and jobs run
+            memory.grow_reply(reply_block, token)    # first, or it joins their shared step (`Runtime.decode`)
             token_decode_s += perf() - at
             generated.append(token)
     rest = reply_text.finish() if stopped != "stop" else ""

@@ -33,6 +33,7 @@ from .model_file import (  # noqa: F401 - re-exported: callers import these from
     safe_model_params,
 )
 from .sampling import SamplerChain, SamplingParams
+from .step_batch import StepBatch, StepToken
 from .tokens import tokenize_with
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,11 @@ class Runtime:
         self.step_boundary: Callable[[], None] = lambda: None
         # while other work waits: the most tokens a slot sequence's decode runs before a step boundary (0: no split)
         self.step_tokens: Callable[[], int] = lambda: 0
+        # a reply's next token joins the step other replies share (`StepBatch`) when `joins_step()` says one will
+        # run; `await_step()` parks the reply until the engine has run it (`run_step`). Until the engine installs
+        # them, every token is decoded alone
+        self.joins_step: Callable[[], bool] = lambda: False
+        self.await_step: Callable[[], None] = lambda: None
         self.settings = settings
         path = Path(settings.model_path) if settings.model_path else default_model_path()
         check_model_file(path)
@@ -151,6 +157,7 @@ class Runtime:
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self._batch_capacity = settings.n_batch
         self._batch = ll.llama_batch_init(self._batch_capacity, 0, self.n_seq_max)
+        self.step_batch = StepBatch(self._batch_capacity, self.n_seq_max)
         self.eviction_note = self._detect_cache_kind()
         self.eviction_supported = self.eviction_note == ""
         self._token_piece_cache: dict[int, bytes] = {}
@@ -183,9 +190,14 @@ class Runtime:
     def memory(self, context: int):
         return self._memories[context]
 
-    def sampler(self, params: SamplingParams, context: int) -> SamplerChain:
-        """llama.cpp's sampler chain over `context`'s logits (a `with` block frees it)."""
-        return SamplerChain(params, self.ctx(context), self.n_vocab)
+    def sampler(self, params: SamplingParams, context: int, *, seq: int | None = None) -> SamplerChain:
+        """llama.cpp's sampler chain over `context`'s logits (a `with` block frees it). With `seq` (a reply's
+        slot sequence), the reply's next tokens may join a shared step, which samples them with this chain."""
+        chain = SamplerChain(params, self.ctx(context), self.n_vocab)
+        if seq is not None:
+            self.step_batch.samplers[seq] = chain
+            chain.on_close = lambda: self.step_batch.samplers.pop(seq, None)
+        return chain
 
     @property
     def last_ctx(self):
@@ -315,6 +327,10 @@ class Runtime:
         Raises DecodeError when the context has no room. `on_chunk(done)` is told progress.
         """
         self._check_thread()
+        if (len(tokens) == 1 and logits_last and not logits_all and context is None and on_chunk is None
+                and seq in self.step_batch.samplers):
+            self._decode_next_token(tokens[0], seq, start_pos, cancel)
+            return
         batch = self._batch
         context = self.context_of(seq) if context is None else context
         ctx = self.ctx(context)
@@ -349,6 +365,42 @@ class Runtime:
             if on_chunk is not None:
                 on_chunk(done)
 
+    def _decode_next_token(self, token: int, seq: int, pos: int, cancel: threading.Event | None) -> None:
+        """A streaming reply's next token, its step point: other replies and jobs run before it; where a shared
+        step will run (one context for every slot, other replies decoding), the token joins it and the reply's
+        sampler samples its row there, else it is decoded alone."""
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
+        if self.n_contexts == 1 and self.joins_step():
+            entry = StepToken(seq, token, pos)
+            self.step_batch.add(entry)
+            self.await_step()
+            if entry.failure is not None:
+                raise entry.failure
+            return
+        self.step_boundary()
+        context = self.context_of(seq)
+        self._last_context = context
+        if self.before_decode is not None:
+            self.before_decode(seq)
+        batch = self._batch
+        batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.logits[0] = token, pos, 1, 1
+        batch.seq_id[0][0] = seq
+        batch.n_tokens = 1
+        rc = ll.llama_decode(self.ctx(context), batch)
+        if rc != 0:
+            raise DecodeError(rc, self.n_ctx_per_context)
+
+    def run_step(self) -> None:
+        """The shared step: every waiting reply's token in one decode, each sampled from its own row (called by the
+        engine while those replies are parked)."""
+        self._check_thread()
+        self._last_context = 0
+        if self.before_decode is not None:
+            for entry in self.step_batch.waiting:
+                self.before_decode(entry.seq)
+        self.step_batch.run(self.ctx(0), self.n_ctx_per_context)
+
     def logits(self, index: int = -1) -> np.ndarray:
         """Copy of the logits row of the last decoded token (or batch row `index`)."""
         self._check_thread()
@@ -366,6 +418,8 @@ class Runtime:
         if getattr(self, "_batch", None) is not None:
             ll.llama_batch_free(self._batch)
             self._batch = None
+        if getattr(self, "step_batch", None) is not None:
+            self.step_batch.close()
         for ctx in getattr(self, "contexts", []):
             ll.llama_free(ctx)
         self.contexts = []

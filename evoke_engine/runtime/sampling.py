@@ -133,21 +133,34 @@ class SamplerChain:
         self.n_vocab = n_vocab
         self.top_logprobs = params.logprobs
         self.on_logprobs = params.on_logprobs if params.logprobs >= 0 else None
+        self._sampled: tuple[int, dict | None] | None = None     # taken at a shared step, handed out by `sample`
+        self.on_close: Callable[[], None] | None = None           # the runtime forgets the chain (`Runtime.sampler`)
 
     def sample(self) -> int:
-        """Sample from the last decoded token's logits and accept the choice (and report its log-probability)."""
-        token = ll.llama_sampler_sample(self.chain, self.ctx, -1)
-        if self.on_logprobs is not None:
-            self._report(token)
+        """Sample from the last decoded token's logits and accept the choice (and report its log-probability); after
+        a shared step (`presample`), the token sampled from this reply's row then."""
+        if self._sampled is not None:
+            (token, report), self._sampled = self._sampled, None
+        else:
+            token = ll.llama_sampler_sample(self.chain, self.ctx, -1)
+            report = self._report(token, -1) if self.on_logprobs is not None else None
+        if report is not None:
+            self.on_logprobs(report)
         return token
 
-    def _report(self, token: int) -> None:
+    def presample(self, row: int) -> None:
+        """Sample now from logits row `row` of a decode shared with other replies (`StepBatch`), before another
+        decode overwrites it; the reply's next `sample()` returns the token (and reports it, on its own thread)."""
+        token = ll.llama_sampler_sample(self.chain, self.ctx, row)
+        self._sampled = token, (self._report(token, row) if self.on_logprobs is not None else None)
+
+    def _report(self, token: int, row: int) -> dict | None:
         """The sampled token's log-probability under the model (log-softmax of its logits) and the most likely
         alternatives, OpenAI's `logprobs.content[i]` shape; end-of-generation tokens are not part of the text."""
         vocab = ll.llama_model_get_vocab(ll.llama_get_model(self.ctx))
         if ll.llama_vocab_is_eog(vocab, token):
-            return
-        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,)).astype(np.float64)
+            return None
+        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,)).astype(np.float64)
         peak = float(logits.max())
         logprobs = logits - (peak + math.log(float(np.exp(logits - peak).sum())))
         top = np.argsort(-logprobs)[:self.top_logprobs] if self.top_logprobs > 0 else []
@@ -156,9 +169,12 @@ class SamplerChain:
             raw = _piece(vocab, int(t))
             return {"token": raw.decode("utf-8", "replace"), "logprob": float(logprobs[t]), "bytes": list(raw)}
 
-        self.on_logprobs({**entry(token), "top_logprobs": [entry(t) for t in top]})
+        return {**entry(token), "top_logprobs": [entry(t) for t in top]}
 
     def close(self) -> None:
+        if self.on_close is not None:
+            self.on_close()
+            self.on_close = None
         if self.chain is not None:
             ll.llama_sampler_free(self.chain)
             self.chain = None

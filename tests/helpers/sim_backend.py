@@ -37,6 +37,7 @@ class ScriptedSampler:
         self.tokens = iter(tokens)
         self.eos = eos
         self.error = error
+        self.on_exit: Any = None                     # the runtime forgets the reply's sequence (`Runtime.sampler`)
 
     def sample(self) -> int:
         if self.error is not None:
@@ -47,7 +48,8 @@ class ScriptedSampler:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        if self.on_exit is not None:
+            self.on_exit()
 
 
 class SimRuntime(FakeRuntime):
@@ -65,10 +67,24 @@ class SimRuntime(FakeRuntime):
         self.n_ctx = self.n_ctx_per_context = settings.n_ctx
         self.model_path = backend.model_path
         self.closed = False
+        self.reply_seqs: set[int] = set()          # sequences whose reply is sampling (their token is a step point)
 
-    def sampler(self, params: Any, context: int) -> ScriptedSampler:
+    def sampler(self, params: Any, context: int, *, seq: int | None = None) -> ScriptedSampler:
         """The next reply the backend was given (`Runtime.sampler`'s place: llama.cpp's chain)."""
-        return self.backend.next_sampler(self)
+        sampler = self.backend.next_sampler(self)
+        if seq is not None:
+            self.reply_seqs.add(seq)
+            sampler.on_exit = lambda: self.reply_seqs.discard(seq)
+        return sampler
+
+    def decode(self, tokens: list[int], seq: int, start_pos: int, *, logits_last: bool = True, cancel=None,
+               on_chunk=None, context: int | None = None, logits_all: bool = False) -> None:
+        """As `Runtime.decode`: a sampling reply's next token is its step point (the simulator has no shared step:
+        replies take turns, as with a context a slot)."""
+        if len(tokens) == 1 and logits_last and context is None and on_chunk is None and seq in self.reply_seqs:
+            self.step_boundary()
+        super().decode(tokens, seq, start_pos, logits_last=logits_last, cancel=cancel, on_chunk=on_chunk,
+                       context=context)
 
     def meta(self, key: str) -> str | None:
         return None

@@ -1,7 +1,10 @@
-"""Replies streamed together on the real embedded model (issue 59): greedy replies of conversations whose replies
-take turns with each other are token for token those of the same conversations alone; the second reply's first
-token comes before the first reply ends; a raw completion runs between a reply's steps; Stop in one conversation
-stops only its own reply."""
+"""Replies streamed together on the real embedded model (issue 59), in both shapes: a context a slot (the replies
+take turns a step at a time) and one context for all (their tokens share each step's decode). Greedy replies
+together are token for token those of the same conversations alone; the second reply's first token comes before
+the first reply ends; a raw completion runs between a reply's steps; Stop in one conversation stops only its own
+reply. In one context the comparison runs with flash attention on: llama.cpp's CPU kernel skips other sequences'
+masked cells, where without it their count changes the softmax's rounding (a reply alone then differs with the
+other conversations in the cache, batched or not)."""
 
 from __future__ import annotations
 
@@ -15,8 +18,12 @@ from evoke_engine.worker import Command
 QUESTIONS = ["Write a short poem about the sea.", "List five fruits.", "Explain what a compiler does."]
 
 
-def settings_in(home) -> Settings:
-    return Settings(home=str(home), budget_tokens=1024, n_ctx=4096, slots=4, parallel_replies=3, embedder="off")
+SHAPES = {"a context a slot": {}, "one shared context": {"slot_contexts": False, "flash_attention": "on"}}
+
+
+def settings_in(home, **shape) -> Settings:
+    return Settings(home=str(home), budget_tokens=1024, n_ctx=4096, slots=4, parallel_replies=3, embedder="off",
+                    **shape)
 
 
 def held(engine: Engine) -> threading.Event:
@@ -27,9 +34,9 @@ def held(engine: Engine) -> threading.Event:
     return gate
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    with Engine(settings_in(tmp_path_factory.mktemp("streams")), prewarm=False) as eng:
+@pytest.fixture(scope="module", params=list(SHAPES))
+def engine(request, tmp_path_factory):
+    with Engine(settings_in(tmp_path_factory.mktemp("streams"), **SHAPES[request.param]), prewarm=False) as eng:
         yield eng
 
 
@@ -40,9 +47,14 @@ def test_greedy_replies_together_equal_each_alone(engine):
     gate = held(engine)
     futures = [conv.submit(q, max_tokens=40, temperature=0, on_token=lambda _p, i=i: heard.append(i))
                for i, (conv, q) in enumerate(zip(convs, QUESTIONS, strict=True))]
+    shared = engine.diagnostics().rt.step_batch
+    steps_before, tokens_before = shared.steps, shared.tokens
     gate.set()
     together = [f.result().text for f in futures]
     assert together == alone
+    if not engine.settings.slot_contexts:                           # their tokens went through shared decodes
+        steps, tokens = shared.steps - steps_before, shared.tokens - tokens_before
+        assert steps >= 20 and tokens >= 2 * steps
     last_of_first = len(heard) - 1 - heard[::-1].index(0)
     assert heard.index(1) < last_of_first and heard.index(2) < last_of_first     # they streamed together
     for conv in convs:

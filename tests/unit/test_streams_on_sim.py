@@ -51,8 +51,21 @@ def test_two_conversations_stream_their_replies_together(backend, tmp_path):
             engine.check(conv.id)
 
 
-def test_one_reply_at_a_time_where_replies_would_share_a_context(backend, tmp_path):
+def test_replies_in_one_context_for_all_slots_stream_together_too(backend, tmp_path):
     with sim_engine(backend, sim_settings(tmp_path, slots=3, slot_contexts=False)) as (engine, _):
+        a, b = engine.new_conversation(), engine.new_conversation()
+        backend.script(LONG, "short answer.")
+        heard: list[str] = []
+        gate = held(engine)
+        first = a.submit("tell me a long story", on_token=lambda piece: heard.append("a"))
+        second = b.submit("a quick question", on_token=lambda piece: heard.append("b"))
+        gate.set()
+        first.result(30), second.result(30)
+        assert heard != sorted(heard)                        # interleaved (llama.cpp's runtime shares the steps)
+
+
+def test_one_reply_at_a_time_with_the_attention_capture(backend, tmp_path):
+    with sim_engine(backend, sim_settings(tmp_path, slots=3, attention_capture=True)) as (engine, _):
         a, b = engine.new_conversation(), engine.new_conversation()
         backend.script(LONG, "short answer.")
         heard: list[str] = []

@@ -1,0 +1,112 @@
+"""The step replies share (issue 59): replies decoding tokens park at their next token and one shared step decodes
+them all; a reply still prefilling takes one step a round, so neither holds the other; the step's failure reaches
+every reply that waited for it. Plain objects: the step is a recorder, not llama.cpp (tests/integration's
+test_engine_streams runs it on the model)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from evoke_engine.worker import Command, EngineThread
+
+
+class SharedStep:
+    """What `Runtime.run_step` does, recorded: the waiting tokens, decoded together."""
+
+    def __init__(self) -> None:
+        self.waiting: list[str] = []
+        self.steps: list[list[str]] = []
+        self.fail_with: BaseException | None = None
+        self.log: list | None = None               # where each step is also noted, in order with other events
+
+    def __call__(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        if self.log is not None:
+            self.log.append(("step", ",".join(sorted(waiting))))
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.steps.append(sorted(waiting))
+
+
+def decoder(engine: EngineThread, step: SharedStep, log: list, name: str, tokens: int):
+    """A reply decoding `tokens` tokens as `Runtime._decode_next_token` does: join the shared step, or decode
+    alone after a step boundary."""
+    def run() -> str:
+        for _ in range(tokens):
+            if engine.joins_step():
+                step.waiting.append(name)
+                engine.await_step()
+            else:
+                engine.step_boundary()
+                log.append(("alone", name))
+        return name
+    return run
+
+
+def prefill(engine: EngineThread, log: list, name: str, chunks: int):
+    def run() -> str:
+        for chunk in range(chunks):
+            if chunk:
+                engine.step_boundary()
+            log.append(("chunk", name))
+        return name
+    return run
+
+
+@pytest.fixture
+def shared():
+    engine = EngineThread("shared-step-test", stream_limit=lambda: 4)
+    step = SharedStep()
+    engine.shared_step = step
+    yield engine, step
+    engine.stop()
+
+
+def hold(engine: EngineThread) -> threading.Event:
+    gate, started = threading.Event(), threading.Event()
+    engine.submit(lambda: (started.set(), gate.wait(10)), command=Command.READ)
+    started.wait(10)
+    return gate
+
+
+def test_decoding_replies_share_one_step_a_token(shared):
+    engine, step = shared
+    log: list = []
+    gate = hold(engine)
+    futures = [engine.submit(decoder(engine, step, log, name, 12), command=Command.TURN, about=name)
+               for name in "abc"]
+    gate.set()
+    assert [f.result(10) for f in futures] == ["a", "b", "c"]
+    decoded = [name for batch in step.steps for name in batch] + [name for _, name in log]
+    assert sorted(decoded) == sorted("abc" * 12)                  # every token decoded once
+    assert sum(len(batch) == 3 for batch in step.steps) >= 10     # nearly every step carries all three
+    assert len(step.steps) <= 14
+
+
+def test_a_prefilling_reply_takes_one_chunk_a_round_beside_the_shared_steps(shared):
+    engine, step = shared
+    log: list = []
+    gate = hold(engine)
+    a = engine.submit(decoder(engine, step, log, "a", 30), command=Command.TURN, about="a")
+    b = engine.submit(decoder(engine, step, log, "b", 30), command=Command.TURN, about="b")
+    p = engine.submit(prefill(engine, log, "p", 10), command=Command.TURN, about="p")
+    step.log = log
+    gate.set()
+    a.result(10), b.result(10), p.result(10)
+    events = [kind for kind, _ in log if kind in ("step", "chunk")]
+    first, last = events.index("chunk"), len(events) - 1 - events[::-1].index("chunk")
+    between = "".join("s" if kind == "step" else "c" for kind in events[first:last + 1]).split("c")[1:-1]
+    assert between and all(run == "s" for run in between)        # one shared step between two chunks: no stall
+
+
+def test_a_failed_shared_step_reaches_every_reply_that_waited(shared):
+    engine, step = shared
+    gate = hold(engine)
+    futures = [engine.submit(decoder(engine, step, [], name, 5), command=Command.TURN, about=name) for name in "ab"]
+    step.fail_with = RuntimeError("decode failed")
+    gate.set()
+    failures = [f.exception(10) for f in futures]
+    assert any(isinstance(f, RuntimeError) and "decode failed" in str(f) for f in failures)
+    assert engine.streaming() == []                                # nothing left parked
