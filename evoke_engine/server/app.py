@@ -44,6 +44,7 @@ from .metrics import Metrics
 from .request_bodies import ChatRequest, check_body
 from .security import GuardMiddleware, ServerConfig
 from .service import STATELESS, ChatService, Outcome, Prepared, cancel_on_disconnect
+from .toolcall_formats import loaded_format
 from .toolcalls import StreamSplitter
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         return {"id": model_id, "object": "model", "created": 0, "owned_by": "evoke-desk",
                 "context_length": length, "max_model_len": length, "max_context_length": length,
                 "meta": {"n_ctx": length, "n_ctx_train": info.n_ctx_train, "budget_tokens": settings.budget_tokens,
-                         "n_params": info.n_params, "size": info.size_bytes}}
+                         "n_params": info.n_params, "size": info.size_bytes,
+                         "tool_call_format": loaded_format(engine).name}}
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -132,7 +134,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         check_body(request)
         client = identify(x_evoke_client, bool(config.api_key))
         model_id = await to_thread.run_sync(service.check_model, request.model)
-        grammar = await to_thread.run_sync(grammar_for, request)
+        grammar = await to_thread.run_sync(grammar_for, request, loaded_format(engine))
         if x_evoke_session is not None:
             await to_thread.run_sync(check_room_for_session, service, client, x_evoke_session)
         try:
@@ -335,7 +337,8 @@ async def _stream(service: ChatService, prepared: Prepared, pieces: asyncio.Queu
         return _sse({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
 
-    splitter = StreamSplitter(enabled=bool(prepared.tool_names))
+    splitter = StreamSplitter(enabled=bool(prepared.tool_names), fmt=prepared.call_format,
+                              tool_names=prepared.tool_names)
     future = prepared.future
     try:
         yield chunk({"role": "assistant", "content": ""})

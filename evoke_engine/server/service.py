@@ -67,6 +67,7 @@ from .sessions import (
     conversation_messages,
     plan,
 )
+from .toolcall_formats import HERMES, ToolCallFormat, loaded_format
 from .toolcalls import RawTextMap, drop_unfinished_call, new_call_id, parse_tool_calls
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ class Prepared:
     messages_before: int = 0         # the conversation's messages before this turn
     tokens_seen: bool = False        # the reply's first token has come
     arrived: float = 0.0             # time.monotonic() when the request arrived (`prepare` began)
+    call_format: ToolCallFormat = HERMES     # the loaded model's tool-call markup (read from its chat template)
     first_token_at: float | None = None   # time.monotonic() when the reply's first piece came
     opened_tokens: int = 0           # tokens decoded for this request before its turn (a new prefix, a rebuild)
     acknowledged: bool = False       # its message was stored and the 200 said so (a failure keeps it)
@@ -388,7 +390,10 @@ class ChatService:
             self.sessions.set(owner, session, conv.id)
         if request.evoke_task_boundary:
             conv.reset_focus()
+        call_format = loaded_format(self.engine)
+        self.raw_map.fmt = call_format              # a client's copy of a call is rendered back in the model's markup
         return Prepared(conv=conv, route=route.action, session=session, client=client, message=message, owner=owner,
+                        call_format=call_format,
                         sampling=request.sampling(min(self.engine.settings.max_tokens, 4096)),
                         before=conv.stats(), lock=lock,
                         messages_before=len(conv.messages()) if route.action == "continue" else 0,
@@ -564,7 +569,7 @@ class ChatService:
 
     def finish(self, prepared: Prepared, reply) -> Outcome:
         """Tool calls, raw-text map, `evoke_*` marks and usage, once the reply is done (worker thread)."""
-        content, calls = parse_tool_calls(reply.text, prepared.tool_names)
+        content, calls = parse_tool_calls(reply.text, prepared.tool_names, prepared.call_format)
         ids = [new_call_id() for _ in calls]
         if calls:
             self.raw_map.remember(reply.text, content, calls, ids)
@@ -573,7 +578,8 @@ class ChatService:
         if prepared.session is not None:         # a stateless conversation is never continued after a restart
             self._persist_if_due(prepared.conv.id)
         after = prepared.conv.stats()
-        unfinished = bool(prepared.tool_names) and drop_unfinished_call(reply.text)[1]
+        unfinished = bool(prepared.tool_names) and drop_unfinished_call(reply.text, prepared.call_format,
+                                                                        prepared.tool_names)[1]
         finish = finish_reason(reply.stopped, bool(calls), unfinished)
         return Outcome(content=content, tool_calls=[c.as_openai(i) for c, i in zip(calls, ids, strict=True)],
                        finish_reason=finish, usage=self._usage(prepared, reply, after))
