@@ -86,7 +86,6 @@ class Embedder:
     def _load(self):
         with self._lock:
             if self._model is None:
-                os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
                 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
                 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -105,7 +104,9 @@ class Embedder:
 
         transformers_logging.disable_progress_bar()
         log.info("loading embedder %s", path)
-        return SentenceTransformer(str(path), device="cpu")
+        # from the disk only (no network at run time), without HF_HUB_OFFLINE: huggingface_hub reads that once, at
+        # its import, and it would turn the model download (evoke_engine/models) off for the whole process
+        return SentenceTransformer(str(path), device="cpu", local_files_only=True)
 
     def warm(self) -> None:
         """Load the model now (the engine does this in the background after the LLM loads)."""

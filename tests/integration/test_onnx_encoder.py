@@ -92,3 +92,22 @@ def test_an_exported_embedder_starts_without_torch(exported):
               "print(type(e._load()).__name__, 'torch' in sys.modules, 'sentence_transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["OnnxSentenceEncoder", "False", "False"]
+
+
+def test_loading_the_embedder_leaves_the_hub_online_for_model_downloads(tmp_path):
+    """The embedder reads only the disk (`local_files_only`), not through HF_HUB_OFFLINE, which huggingface_hub
+    reads once at its import: set by the embedder, it turned `evoke-desk pull` and the window's download off for
+    the whole process (issue 60)."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("from evoke_engine.memory.embedder import Embedder\n"
+              f"e = Embedder(cache_dir={str(tmp_path)!r}); assert e.embed(['hello']).shape == (1, 384)\n"
+              "import huggingface_hub.constants as c, os\n"
+              "print(c.HF_HUB_OFFLINE, os.environ.get('HF_HUB_OFFLINE'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env[BACKEND_ENV] = "sentence-transformers"             # the path that loads through huggingface_hub
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "None"]
