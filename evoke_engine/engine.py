@@ -540,6 +540,10 @@ class Engine:
         """(replies being written now, replies waiting for their turn to start); any thread."""
         return self.thread.reply_counts()
 
+    def queue_position(self, job_id: int) -> int | None:
+        """0 while the job runs, N while N-1 queued replies start before it, None once done or unknown; any thread."""
+        return self.thread.queue_position(job_id)
+
     def cancel_job(self, job_id: int) -> bool:
         """Drop a queued job or stop a running turn or completion by its id (a turn keeps its partial text); False
         when no such job is queued or running."""

@@ -233,6 +233,21 @@ class EngineThread:
                          if job.command in STREAM_COMMANDS and not future.running() and not future.done())
         return len(self._streams), queued
 
+    def queue_position(self, job_id: int) -> int | None:
+        """0 while job `job_id` runs (a plain job or a streaming reply); N when N-1 replies queued ahead of it start
+        first (replies start in priority order, then in order of submission); None when it is unknown or done."""
+        with self._lock:
+            entry = self._waiting.get(job_id)
+            if entry is None:
+                return None
+            job, future = entry
+            if future.running():
+                return 0
+            ahead = sum(1 for other, f in self._waiting.values()
+                        if other.command in STREAM_COMMANDS and not f.running() and not f.done()
+                        and (other.priority, other.id) < (job.priority, job.id))
+        return ahead + 1
+
     def streaming_conversations(self) -> set[str]:
         """The conversations whose reply streams now."""
         return {job.conversation_id for job in self.streaming() if job.conversation_id}
@@ -313,7 +328,8 @@ class EngineThread:
         if not future.set_running_or_notify_cancel():
             self._forget(job)
             return False
-        log.debug("%s started after %.1f ms queued", job.describe(), (time.monotonic() - job.queued_at) * 1000)
+        future.waited_s = time.monotonic() - job.queued_at       # the request's queue wait (its usage figures)
+        log.debug("%s started after %.1f ms queued", job.describe(), future.waited_s * 1000)
         if job.command in STREAM_COMMANDS:
             stream = _Stream(entry, f"{self.name}-stream-{next(self._stream_names)}", self._local, self.clock)
             stream.used_s = min((s.used_s for s in self._streams), default=0.0)   # no credit for having waited

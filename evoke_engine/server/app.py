@@ -19,6 +19,7 @@ all it is a 503 (`too_many_sessions`), never made by forgetting another client's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -72,7 +73,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
     if config.cors_origins:      # outermost: refusals (401, 403, 413, ...) carry the CORS headers too
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["*"],     # any request header (the openai-node SDK's x-stainless-*)
-                           expose_headers=["X-Evoke-Session", "X-Evoke-Conversation", JOB_HEADER, CLIENT_HEADER])
+                           expose_headers=["X-Evoke-Session", "X-Evoke-Conversation", JOB_HEADER, QUEUE_HEADER,
+                                           CLIENT_HEADER])
 
     @app.get("/health")
     async def health():
@@ -157,6 +159,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
             try:
                 await _start_stored(service, prepared, http, pieces, loop)
                 headers[JOB_HEADER] = str(prepared.future.job.id)
+                headers[QUEUE_HEADER] = str(engine.queue_position(prepared.future.job.id) or 0)
             except BaseException as exc:
                 service.release(prepared, loop)
                 if isinstance(exc, (EvokeError, GrammarError)):
@@ -188,7 +191,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
 
 
 JOB_HEADER = "X-Evoke-Job"   # the engine thread's job that served the request (its id in the engine's DEBUG log)
+QUEUE_HEADER = "X-Evoke-Queue"   # a stream's place when it began: 0 running, N with N-1 replies to start first
 PING_S = 5.0                 # an SSE comment (": ping") this often while no token comes (a long prefill)
+QUEUED_PING_S = 1.0          # while the reply waits for its turn to start: ": queued N" this often
 
 
 def throwaway(client: Client) -> Client:
@@ -306,8 +311,10 @@ async def _start_stored(service: ChatService, prepared: Prepared, http: Request,
                         loop: asyncio.AbstractEventLoop) -> None:
     """Start a streamed request's turn (its pieces, then TURN_ENDED, go to `pieces`) and return once its message
     is in SQLite, so the 200 that follows acknowledges a stored message (a failure later keeps it); the turn's
-    error when it ended before that (a full disk: refused before any header). A client that leaves meanwhile
-    cancels it."""
+    error when it ended before that (a full disk: refused before any header). A turn queued behind other replies
+    returns at once: its client is told its place (`X-Evoke-Queue`, `: queued N`) rather than kept without an
+    answer, and a storage failure then comes as the stream's error event. A client that leaves meanwhile cancels
+    it."""
     stored = asyncio.Event()
 
     def acknowledge() -> None:
@@ -319,13 +326,17 @@ async def _start_stored(service: ChatService, prepared: Prepared, http: Request,
     future.add_done_callback(lambda _: loop.call_soon_threadsafe(stored.set))
     watcher = asyncio.create_task(cancel_on_disconnect(http, prepared.future, prepared.conv.cancel))
     try:
-        await stored.wait()
+        while not stored.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stored.wait(), QUEUED_PING_S)
+            if not stored.is_set() and service.engine.queue_position(future.job.id):
+                break                                      # queued behind other replies: the response begins now
     except asyncio.CancelledError:
         prepared.conv.cancel()
         raise
     finally:
         watcher.cancel()
-    if not prepared.acknowledged and not future.cancelled() and future.exception() is not None:
+    if not prepared.acknowledged and future.done() and not future.cancelled() and future.exception() is not None:
         raise future.exception()
 
 
@@ -340,13 +351,15 @@ async def _stream(service: ChatService, prepared: Prepared, pieces: asyncio.Queu
     splitter = StreamSplitter(enabled=bool(prepared.tool_names), fmt=prepared.call_format,
                               tool_names=prepared.tool_names)
     future = prepared.future
+    position = service.engine.queue_position(future.job.id)
     try:
         yield chunk({"role": "assistant", "content": ""})
         while True:
             try:
-                piece = await asyncio.wait_for(pieces.get(), PING_S)
-            except TimeoutError:            # a long prefill: an SSE comment keeps proxies and read timeouts happy
-                yield ": ping\n\n"
+                piece = await asyncio.wait_for(pieces.get(), QUEUED_PING_S if position else PING_S)
+            except TimeoutError:            # queued or a long prefill: an SSE comment says so, and keeps proxies
+                position = service.engine.queue_position(future.job.id)     # and read timeouts happy
+                yield f": queued {position}\n\n" if position else ": ping\n\n"
                 continue
             if piece is TURN_ENDED:
                 break

@@ -4,7 +4,8 @@
 Invariants: counters only grow; every finished chat request is observed once (`observe`, from its `evoke`
 figures), its prompt tokens counted once, as cached, decoded or reused; the engine's own events (KV files restored,
 blocks spilled, conversations released: also those of the window and of sweeps) are counted as they are emitted
-(`on_event`); the TTFT histogram (from a request's arrival) has cumulative buckets with `+Inf` equal to the count;
+(`on_event`); the TTFT and queue-wait histograms (from a request's arrival; a reply's wait for its turn to start) have
+cumulative buckets with `+Inf` equal to the count;
 the KV files' disk bytes are read from the folder when scraped (a missing folder reads 0).
 """
 
@@ -32,14 +33,39 @@ EVENT_COUNTERS = {          # EventKind value -> (counter, help); each also coun
 }
 
 
+class Histogram:
+    """Seconds observed into cumulative buckets (`TTFT_BUCKETS_S`), Prometheus' histogram; the caller locks."""
+
+    def __init__(self, name: str, help_text: str) -> None:
+        self.name, self.help_text = name, help_text
+        self.counts = [0] * len(TTFT_BUCKETS_S)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        self.sum += seconds
+        self.count += 1
+        for i, bound in enumerate(TTFT_BUCKETS_S):
+            if seconds <= bound:
+                self.counts[i] += 1
+
+    def lines(self) -> list[str]:
+        name = self.name
+        return [f"# HELP {name} {self.help_text}", f"# TYPE {name} histogram",
+                *(f'{name}_bucket{{le="{bound}"}} {count}' for bound, count in zip(TTFT_BUCKETS_S, self.counts,
+                                                                                 strict=True)),
+                f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum:.6f}", f"{name}_count {self.count}"]
+
+
 class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.totals = dict.fromkeys(COUNTERS, 0)
         self.events = {name: [0, 0] for name, _ in EVENT_COUNTERS.values()}      # name -> [count, tokens]
-        self.ttft_counts = [0] * len(TTFT_BUCKETS_S)
-        self.ttft_sum = 0.0
-        self.ttft_count = 0
+        self.ttft = Histogram("evoke_time_to_first_token_seconds", "time from a request's arrival to its reply's "
+                              "first token")
+        self.queue_wait = Histogram("evoke_queue_wait_seconds", "time a reply waited for its turn to start behind "
+                                    "other replies (parallel_replies)")
 
     def observe(self, usage: dict, figures: dict) -> None:
         """One finished request: its OpenAI usage and its `evoke` figures."""
@@ -51,12 +77,9 @@ class Metrics:
             for key, name in (("cached_tokens", "cached"), ("decoded_tokens", "decoded"), ("evictions", "evictions"),
                               ("recoveries", "recoveries"), ("reused_tokens", "reused")):
                 t[key] += max(0, int(figures.get(name, 0)))
-            ttft = float(figures.get("ttft_ms", figures.get("engine_ttft_ms", 0.0))) / 1000   # from the arrival
-            self.ttft_sum += ttft
-            self.ttft_count += 1
-            for i, bound in enumerate(TTFT_BUCKETS_S):
-                if ttft <= bound:
-                    self.ttft_counts[i] += 1
+            self.ttft.observe(float(figures.get("ttft_ms", figures.get("engine_ttft_ms", 0.0))) / 1000)  # arrival
+            if "queue_ms" in figures:                            # a chat reply (a raw completion runs as a job)
+                self.queue_wait.observe(float(figures["queue_ms"]) / 1000)
 
     def on_event(self, event) -> None:
         """An engine event (`Engine.subscribe`, any thread): counted when it is one of `EVENT_COUNTERS`."""
@@ -79,13 +102,7 @@ class Metrics:
                 for name, text, value in ((f"evoke_{key}_total", help_text, count),
                                           (f"evoke_{key}_tokens_total", f"tokens of {help_text}", tokens)):
                     lines += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name} {value}"]
-            name = "evoke_time_to_first_token_seconds"
-            lines += [f"# HELP {name} time from a request's arrival to its reply's first token",
-                      f"# TYPE {name} histogram"]
-            lines += [f'{name}_bucket{{le="{bound}"}} {count}'
-                      for bound, count in zip(TTFT_BUCKETS_S, self.ttft_counts, strict=True)]
-            lines += [f'{name}_bucket{{le="+Inf"}} {self.ttft_count}', f"{name}_sum {self.ttft_sum:.6f}",
-                      f"{name}_count {self.ttft_count}"]
+            lines += self.ttft.lines() + self.queue_wait.lines()
         disk = 0
         if kv_folder is not None and kv_folder.is_dir():
             disk = sum(p.stat().st_size for p in kv_folder.rglob("*") if p.is_file())

@@ -635,6 +635,8 @@ class ChatService:
         decoded = min(decoded, prompt - reused)
         first = prepared.first_token_at
         ttft_s = first - prepared.arrived if first is not None and prepared.arrived else float(reply.ttft_s)
+        waited_s = float(getattr(prepared.future, "waited_s", 0.0))       # queued behind other replies
+        decode_s = float(getattr(reply, "decode_s", 0.0))
         return {"prompt_tokens": prompt, "completion_tokens": int(reply.n_tokens),
                 "total_tokens": prompt + int(reply.n_tokens),
                 "evoke": {"active": after.active_tokens, "budget": after.budget_tokens,
@@ -643,7 +645,9 @@ class ChatService:
                           "recoveries": after.recoveries - before.recoveries,
                           "conversation_id": prepared.conv.id, "route": prepared.route,
                           "ttft_ms": round(ttft_s * 1000, 1),
-                          "engine_ttft_ms": round(float(reply.ttft_s) * 1000, 1)}}
+                          "engine_ttft_ms": round(float(reply.ttft_s) * 1000, 1),
+                          "queue_ms": round(waited_s * 1000, 1),
+                          "tokens_per_s": round(int(reply.n_tokens) / decode_s, 2) if decode_s > 0 else 0.0}}
 
     def release(self, prepared: Prepared, loop: asyncio.AbstractEventLoop) -> None:
         """Free the conversation's lock once its turn has ended (also after a cancel), first removing what a

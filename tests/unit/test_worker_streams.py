@@ -143,17 +143,19 @@ def test_replies_past_the_limit_wait_in_order():
         engine.stop()
 
 
-def test_reply_counts_say_how_many_stream_and_wait():
+def test_reply_counts_and_queue_positions_say_how_many_stream_and_wait():
     engine = EngineThread("counts-test", stream_limit=lambda: 1)
     try:
         gate, started = threading.Event(), threading.Event()
         first = engine.submit(lambda: (started.set(), gate.wait(10)), command=Command.TURN, about="a")
         started.wait(10)
         second = engine.submit(lambda: None, command=Command.TURN, about="b")
-        assert engine.reply_counts() == (1, 1)
+        window = engine.submit(lambda: None, command=Command.TURN, about="c", priority=FOREGROUND)
+        assert engine.reply_counts() == (1, 2)
+        assert [engine.queue_position(f.job.id) for f in (first, second, window)] == [0, 2, 1]  # the window's first
         gate.set()
-        first.result(10), second.result(10)
-        assert engine.reply_counts() == (0, 0)
+        first.result(10), second.result(10), window.result(10)
+        assert engine.reply_counts() == (0, 0) and engine.queue_position(second.job.id) is None
     finally:
         engine.stop()
 
