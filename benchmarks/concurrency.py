@@ -1,7 +1,8 @@
 """`bench concurrency`: several clients of one endpoint at once (issue 59), each system in its own process on the
-same model file, one after another in one run: Evoke's `serve` (replies streamed together, `parallel_replies`),
-Evoke with one reply at a time (`parallel_replies=1`, the engine before streams), and llama-server `-np N` with
-`--server`. Scenarios:
+same model file, one after another in one run: Evoke's `serve` (replies streamed together, `parallel_replies`:
+`evoke` with a context a slot, where they take turns; `evoke_shared` with one context for all slots and flash
+attention, where their tokens share each step's decode), Evoke with one reply at a time (`evoke_serial`,
+`parallel_replies=1`, the engine before streams), and llama-server `-np N` with `--server`. Scenarios:
   behind   B sends a short question one second into A's long reply: B's first token against B alone, and A's
            longest token gap while B is admitted against A's median gap;
   clients  N clients (2, 4) send 64-token requests at once: aggregate tokens/s against one client alone, each
@@ -261,7 +262,8 @@ def measured(system: str, measure) -> dict | str:
 
 
 def run(*, server: str | None, threads: int, reply_tokens: int = 200, counts: tuple[int, ...] = (2, 4),
-        paste_tokens: int = 7000, systems: tuple[str, ...] = ("evoke", "evoke_serial", "llama_server"),
+        paste_tokens: int = 7000,
+        systems: tuple[str, ...] = ("evoke", "evoke_shared", "evoke_serial", "llama_server"),
         overrides: dict | None = None) -> dict:
     threads = threads or os.cpu_count() or 1
     slots = max(counts) + 1                     # a reply in each, and one slot for opening (parallel_replies)
@@ -271,8 +273,8 @@ def run(*, server: str | None, threads: int, reply_tokens: int = 200, counts: tu
     figures = dict(reply_tokens=reply_tokens, counts=counts, paste_tokens=paste_tokens)
     common = {"n_threads": threads, "slots": slots, "budget_tokens": 12288, **(overrides or {})}
 
-    def evoke(parallel: int) -> dict:
-        with EvokeServer({**common, "parallel_replies": parallel}, n_ctx) as endpoint:
+    def evoke(parallel: int, **shape) -> dict:
+        with EvokeServer({**common, "parallel_replies": parallel, **shape}, n_ctx) as endpoint:
             return run_system(f"http://127.0.0.1:{endpoint.port}", **figures)
 
     def llama() -> dict:            # its slots are capped at the model's training context (8192 for SmolLM2)
@@ -281,6 +283,9 @@ def run(*, server: str | None, threads: int, reply_tokens: int = 200, counts: tu
             return run_system(f"http://127.0.0.1:{endpoint.port}", **figures)
     if "evoke" in systems:
         results["evoke"] = measured("evoke", lambda: evoke(max(counts)))
+    if "evoke_shared" in systems:
+        results["evoke_shared"] = measured("evoke_shared", lambda: evoke(max(counts), slot_contexts=False,
+                                                                         flash_attention="on"))
     if "evoke_serial" in systems:
         results["evoke_serial"] = measured("evoke_serial", lambda: evoke(1))
     if "llama_server" in systems and server:

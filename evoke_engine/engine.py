@@ -540,6 +540,10 @@ class Engine:
         """(replies being written now, replies waiting for their turn to start); any thread."""
         return self.thread.reply_counts()
 
+    def generating(self) -> set[str]:
+        """The conversations whose reply is being written now (the window's and the endpoint's); any thread."""
+        return self.thread.streaming_conversations()
+
     def queue_position(self, job_id: int) -> int | None:
         """0 while the job runs, N while N-1 queued replies start before it, None once done or unknown; any thread."""
         return self.thread.queue_position(job_id)
