@@ -1,5 +1,5 @@
 """A vocabulary-only copy of the model for counting and tokenizing off the engine thread (the endpoint's size checks,
-a raw completion's prompt and its fill-in-the-middle layout).
+a raw completion's prompt and its fill-in-the-middle layout, /tokenize and /detokenize).
 
 Invariants: it loads the GGUF with `vocab_only` (no weights, no context, milliseconds), so counting a large
 request never waits behind a turn nor blocks one; it is independent of the engine's model, which an idle
@@ -8,6 +8,7 @@ unload may free at any time; one call at a time (a lock), since it serves any wo
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from pathlib import Path
 
@@ -49,6 +50,22 @@ class VocabCounter:
     @property
     def n_tokens(self) -> int:
         return ll.llama_vocab_n_tokens(self._vocab)
+
+    def piece(self, token: int) -> bytes:
+        """The bytes `token` stands for, a special token as its text (llama-server's /tokenize pieces)."""
+        with self._lock:
+            if self._model is None:
+                raise RuntimeError("the vocabulary was closed")
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            return buf.raw[:max(n, 0)]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of `tokens` (ids in 0..n_tokens-1), special tokens as their text, invalid UTF-8 replaced."""
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
 
     def infill(self, prefix: str, suffix: str) -> list[int] | None:
         """Fill-in-the-middle tokens in llama-server's layout: [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID, the
