@@ -41,6 +41,7 @@ from .clients import CLIENT_HEADER, Client, identify
 from .completions import add_completion_route
 from .constraints import grammar_for
 from .embeddings import EmbeddingLog, EmbeddingRequest, embed_request
+from .llama_routes import add_llama_routes
 from .metrics import Metrics
 from .request_bodies import ChatRequest, check_body
 from .security import GuardMiddleware, ServerConfig
@@ -129,6 +130,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         return await embed_request(engine, request, model_id, http.is_disconnected, embedding_log)
 
     add_completion_route(app, engine, service, metrics)
+    add_llama_routes(app, engine, service, metrics)       # llama-server's /infill, /tokenize, /detokenize, /props
 
     @app.post("/v1/chat/completions")
     async def chat(request: ChatRequest, http: Request, x_evoke_session: str | None = Header(default=None),
