@@ -44,6 +44,7 @@ from .embeddings import EmbeddingLog, EmbeddingRequest, embed_request
 from .llama_routes import add_llama_routes
 from .metrics import Metrics
 from .request_bodies import ChatRequest, check_body
+from .responses_api import add_responses_routes
 from .security import GuardMiddleware, ServerConfig
 from .service import STATELESS, ChatService, Outcome, Prepared, cancel_on_disconnect
 from .toolcall_formats import loaded_format
@@ -130,6 +131,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
         return await embed_request(engine, request, model_id, http.is_disconnected, embedding_log)
 
     add_completion_route(app, engine, service, metrics)
+    add_responses_routes(app, engine, service, metrics, config)      # /v1/responses
     add_llama_routes(app, engine, service, metrics)       # llama-server's /infill, /tokenize, /detokenize, /props
 
     @app.post("/v1/chat/completions")

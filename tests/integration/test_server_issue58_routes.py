@@ -1,5 +1,6 @@
-"""Issue 58 item 10, routes other tools call, on the real embedded model: llama-server's /infill, /tokenize,
-/detokenize and /props."""
+"""Issue 58 item 10, routes other tools call, on the real embedded model: OpenAI's Responses API through the `openai`
+client (text, the streamed events, a function tool's round trip continued by `previous_response_id` in the same
+conversation, refusals naming the field), and llama-server's /infill, /tokenize, /detokenize and /props."""
 
 from __future__ import annotations
 
@@ -7,12 +8,21 @@ import json
 from types import SimpleNamespace
 
 import httpx
+import openai
 import pytest
 from helpers.server_fixtures import client_for, running_server
 
 from evoke_engine import Settings
 from evoke_engine.server.api_errors import context_tokens
 from evoke_engine.server.llama_routes import MAX_TOKENIZE_CHARS, SNIPPET_SEPARATOR, InfillRequest, infill_tokens
+from evoke_engine.server.responses_api import input_messages
+
+WEATHER = [{"type": "function", "name": "get_weather", "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+FORCED = {"type": "function", "name": "get_weather"}
+TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item.added",
+               "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+               "response.content_part.done", "response.output_item.done"]
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +33,133 @@ def served(tmp_path_factory):
 
 def base(server) -> str:
     return server.address.removesuffix("/v1")
+
+
+def evoke(response) -> dict:
+    return response.model_extra["evoke"]
+
+
+# -- /v1/responses ---------------------------------------------------------------------------------------------------
+def test_a_text_response_with_usage(served):
+    _, _, client = served
+    done = client.responses.create(model="evoke", input="What is the capital of France?",
+                                   instructions="Answer in one word.", max_output_tokens=16, temperature=0)
+    assert done.object == "response" and done.id.startswith("resp_") and done.status in ("completed", "incomplete")
+    assert done.output[0].type == "message" and done.output_text.strip()
+    usage = done.usage
+    assert usage.input_tokens > 0 and usage.output_tokens > 0
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    assert 0 <= usage.input_tokens_details.cached_tokens <= usage.input_tokens
+    cut = client.responses.create(model="evoke", input="Count from one to fifty.", max_output_tokens=2)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+
+
+def test_streamed_events_in_order_and_the_same_text(served):
+    _, _, client = served
+    ask = dict(model="evoke", input=[{"role": "user", "content": [{"type": "input_text", "text": "Say hello."}]}],
+               max_output_tokens=12, temperature=0)
+    whole = client.responses.create(**ask)
+    events = list(client.responses.create(**ask, stream=True))
+    kinds = [e.type for e in events]
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1]] == [*TEXT_EVENTS, events[-1].type]
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    done_text = next(e.text for e in events if e.type == "response.output_text.done")
+    assert "".join(deltas) == done_text == events[-1].response.output_text == whole.output_text
+    assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_a_forced_function_call_round_trip_continues_the_conversation(served):
+    engine, _, client = served
+    first = client.responses.create(model="evoke", input="What is the weather in Paris?", tools=WEATHER,
+                                    tool_choice=FORCED, max_output_tokens=64, temperature=0)
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id
+    assert isinstance(json.loads(calls[0].arguments).get("city"), str)
+    second = client.responses.create(model="evoke", previous_response_id=first.id, tools=WEATHER,
+                                     max_output_tokens=24, temperature=0,
+                                     input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                                             "output": '{"temperature_c": 21, "sky": "clear"}'}])
+    assert second.previous_response_id == first.id and second.output_text is not None
+    assert evoke(second)["conversation_id"] == evoke(first)["conversation_id"]
+    assert evoke(second)["route"] == "continue"
+    messages = engine.open_conversation(evoke(first)["conversation_id"]).messages()
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert "temperature_c" in messages[2]["text"]
+    third = client.responses.create(model="evoke", previous_response_id=second.id, tools=WEATHER,
+                                    input="Thanks. And in Rome?", max_output_tokens=8, temperature=0)
+    assert evoke(third)["conversation_id"] == evoke(first)["conversation_id"]
+    assert evoke(third)["decoded"] < evoke(third)["cached"]          # only the new input was decoded
+
+
+def test_a_streamed_function_call_has_its_argument_events(served):
+    _, _, client = served
+    events = list(client.responses.create(model="evoke", input="Weather in Oslo?", tools=WEATHER, tool_choice=FORCED,
+                                          max_output_tokens=64, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "response.completed"
+    arguments = [k for k in kinds if k.startswith("response.function_call_arguments")]
+    assert arguments == ["response.function_call_arguments.delta", "response.function_call_arguments.done"]
+    added = next(e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call")
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    delta = next(e for e in events if e.type == "response.function_call_arguments.delta")
+    assert added.item.name == "get_weather" and delta.delta == done.arguments
+    final = events[-1].response.output[-1]
+    assert final.type == "function_call" and final.arguments == done.arguments and final.call_id
+
+
+def test_previous_response_id_continues_and_store_false_is_not_kept(served):
+    _, server, client = served
+    first = client.responses.create(model="evoke", input="My name is Ada.", max_output_tokens=8, temperature=0)
+    anyone = client_for(server)                       # another client token: the id alone is not its
+    with pytest.raises(openai.BadRequestError) as caught:
+        anyone.responses.create(model="evoke", input="What is my name?", previous_response_id=first.id,
+                                max_output_tokens=8)
+    assert caught.value.body["code"] == "previous_response_not_found"
+    tokenless = httpx.post(server.address + "/responses", timeout=120,
+                           json={"model": "evoke", "input": "What is my name?", "previous_response_id": first.id,
+                                 "max_output_tokens": 8})
+    assert tokenless.status_code == 200          # without a token, the response id is the credential
+    assert tokenless.json()["evoke"]["conversation_id"] == evoke(first)["conversation_id"]
+    unstored = client.responses.create(model="evoke", input="Hi.", max_output_tokens=4, store=False)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="evoke", input="Again.", previous_response_id=unstored.id, max_output_tokens=4)
+    assert caught.value.body["param"] == "previous_response_id"
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+     "input[0].content[0].type"),
+    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"background": True}, "background"),
+    ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
+    ({"text": {"format": {"type": "json_schema", "name": "n", "strict": True,
+                          "schema": {"type": "number", "multipleOf": 3}}}}, "text.format"),
+])
+def test_what_the_endpoint_cannot_honour_is_a_400_naming_it(served, fields, param):
+    _, _, client = served
+    body = {"model": "evoke", "input": "Hi.", "max_output_tokens": 4, **fields}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(**body)
+    assert caught.value.body["param"] == param and caught.value.body["type"] == "invalid_request_error"
+
+
+def test_input_items_become_chat_messages():
+    items = [{"type": "message", "role": "developer", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Calling."}]},
+             {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+             {"type": "function_call", "call_id": "call_2", "name": "g", "arguments": "{\"x\": 1}"},
+             {"type": "function_call_output", "call_id": "call_1", "output": "one"},
+             {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "two"}]}]
+    messages = input_messages(items)
+    assert [m["role"] for m in messages] == ["developer", "user", "assistant", "tool", "tool"]
+    assert messages[1]["content"] == "a\nb" and messages[2]["content"] == "Calling."
+    assert [c["id"] for c in messages[2]["tool_calls"]] == ["call_1", "call_2"]
+    assert messages[4] == {"role": "tool", "tool_call_id": "call_2", "content": "two"}
 
 
 # -- llama-server's routes -------------------------------------------------------------------------------------------
