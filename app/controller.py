@@ -46,6 +46,7 @@ ERROR_TOPICS = ("model", "settings", "")
 WAITING_NOTE = "Waiting for the model: this message is sent as soon as it is ready."
 REBUILD_NOTE = "Waiting for this conversation to be rebuilt from its history: the message is sent when it is."
 LIVE_STATS_MS = 500                            # stats refresh period while a reply streams
+GENERATING_POLL_MS = 1000                      # how often the sidebar asks which conversations the endpoint writes in
 
 
 @dataclass
@@ -137,6 +138,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         # while a reply streams the memory panel and the KV gauge follow it at a bounded rate
         self._live_stats = QTimer(self, interval=LIVE_STATS_MS, timeout=self.refresh_stats)
         self.generatingChanged.connect(lambda on: self._live_stats.start() if on else self._live_stats.stop())
+        self._generating_poll = QTimer(self, interval=GENERATING_POLL_MS, timeout=self.mark_generating)
         bridge.modelLoading.connect(lambda: self._set_model_state("loading", "Loading model…"))
         bridge.modelReady.connect(self._model_ready)
         bridge.modelFailed.connect(self._model_failed)
@@ -180,12 +182,24 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self.read_history_without_model(early=True)   # the list and the last conversation show while the model loads
 
     def _shutdown(self) -> None:
-        for timer in (self._flush, self._stats_timer, self._list_timer, self._live_stats):
+        for timer in (self._flush, self._stats_timer, self._list_timer, self._live_stats, self._generating_poll):
             timer.stop()
+
+    def mark_generating(self) -> None:
+        """The sidebar marks every conversation whose reply is being written: the window's own and the endpoint's
+        (asked of the engine, which answers from any thread without waiting for its own)."""
+        writing = set(self.streams)
+        ask = getattr(self.engine, "generating", None) if self.model_state == "ready" else None
+        if ask is not None:
+            writing |= set(ask())
+        self.conversations.set_generating(writing)
 
     def _set_model_state(self, state: str, detail: str = "") -> None:
         self.model_state = state
         self.modelStateChanged.emit(state, detail)
+        if state == "ready":
+            self._generating_poll.start()
+        self.mark_generating()
         if state in ("ready", "unloaded"):
             self._send_next_queued()
 
@@ -661,6 +675,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
                                                waited_s=now - waited_since if waited_since is not None else 0.0)
         if conversation_id == self.current_id:
             self.generatingChanged.emit(True)
+        self.mark_generating()
         on_token = self.bridge.token_callback(conversation_id)
 
         def done(reply: Any) -> None:
@@ -701,6 +716,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
 
     def _reply_done(self, conversation_id: str, reply: Any) -> None:
         stream = self.streams.pop(conversation_id, None)
+        self.mark_generating()
         text = getattr(reply, "text", None)
         text = text if isinstance(text, str) else (stream.text if stream else str(reply))
         now = time.perf_counter()
@@ -745,6 +761,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
 
     def _reply_failed(self, conversation_id: str, exc: BaseException) -> None:
         stream = self.streams.pop(conversation_id, None)
+        self.mark_generating()
         current = conversation_id == self.current_id
         shown = current and self.history_loaded and self.messages
         message = ChatMessage("assistant", stream.text if stream else "", stopped="error",

@@ -31,6 +31,7 @@ TokensRole = Qt.ItemDataRole.UserRole + 6
 DepthRole = Qt.ItemDataRole.UserRole + 7     # 0 for a conversation, 1 for a fork of it, ...
 SourceRole = Qt.ItemDataRole.UserRole + 8
 GroupRole = Qt.ItemDataRole.UserRole + 9    # "" for the window's conversations, STATELESS_GROUP for one-shot API ones
+GeneratingRole = Qt.ItemDataRole.UserRole + 10   # a reply is being written in it (the window's or an endpoint's)
 STATELESS_GROUP = "One-shot API requests"
 
 
@@ -94,6 +95,17 @@ class ConversationListModel(QAbstractListModel):
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.rows: list[ConversationRow] = []
+        self.generating: set[str] = set()          # conversations whose reply is being written now
+
+    def set_generating(self, conversation_ids: set[str]) -> None:
+        """Mark the conversations whose reply is being written; only rows that changed are repainted."""
+        changed = self.generating ^ conversation_ids
+        self.generating = set(conversation_ids)
+        for conversation_id in changed:
+            row = self.row_of(conversation_id)
+            if row >= 0:
+                index = self.index(row)
+                self.dataChanged.emit(index, index, [GeneratingRole, Qt.ItemDataRole.ToolTipRole])
 
     def set_conversations(self, infos: list[Any]) -> None:
         rows = [ConversationRow.from_info(i) for i in infos]
@@ -114,9 +126,12 @@ class ConversationListModel(QAbstractListModel):
         if not index.isValid():
             return None
         row = self.rows[index.row()]
+        generating = row.id in self.generating
         return {
             Qt.ItemDataRole.DisplayRole: row.title,
-            Qt.ItemDataRole.ToolTipRole: f"{row.title}\nmemory: {MEMORY_LABELS.get(row.memory, row.memory)}",
+            Qt.ItemDataRole.ToolTipRole: f"{row.title}\nmemory: {MEMORY_LABELS.get(row.memory, row.memory)}"
+                                         + ("\nwriting a reply now" if generating else ""),
+            GeneratingRole: generating,
             IdRole: row.id, MemoryRole: row.memory, PinnedRole: row.pinned, UpdatedRole: row.updated_at,
             DepthRole: row.depth,
             SourceRole: row.source,

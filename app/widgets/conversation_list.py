@@ -23,7 +23,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..item_models import MEMORY_LABELS, DepthRole, GroupRole, IdRole, MemoryRole, PinnedRole, SourceRole, UpdatedRole
+from ..item_models import (
+    MEMORY_LABELS,
+    DepthRole,
+    GeneratingRole,
+    GroupRole,
+    IdRole,
+    MemoryRole,
+    PinnedRole,
+    SourceRole,
+    UpdatedRole,
+)
 from ..resources import icon
 from ..theme import tone
 from .search_box import MessageSearchResults
@@ -43,6 +53,9 @@ def relative_time(ts: float, now: float | None = None) -> str:
     if delta < 86400:
         return f"{int(delta // 3600)} h ago"
     return time.strftime("%d %b", time.localtime(ts))
+
+
+WRITING = "✎ writing…   "          # the mark of a conversation whose reply is being written now
 
 
 class ConversationDelegate(QStyledItemDelegate):
@@ -82,7 +95,14 @@ class ConversationDelegate(QStyledItemDelegate):
         pinned = bool(index.data(PinnedRole))
         api = index.data(SourceRole) == "api"
         group = index.data(GroupRole)           # one-shot API conversations: listed last, labelled by their group
-        painter.drawText(rect.adjusted(12, 26, -8, 0), Qt.AlignmentFlag.AlignLeft,
+        line = rect.adjusted(12, 26, -8, 0)
+        if index.data(GeneratingRole):          # a reply is being written in it: said first, in the accent colour
+            painter.save()
+            painter.setPen(QColor(tone("#58a6ff", "#0969da")))
+            painter.drawText(line, Qt.AlignmentFlag.AlignLeft, WRITING)
+            line = line.adjusted(painter.fontMetrics().horizontalAdvance(WRITING), 0, 0, 0)
+            painter.restore()
+        painter.drawText(line, Qt.AlignmentFlag.AlignLeft,
                          ("↳ fork   " if depth else "") + ("● pinned   " if pinned else "")
                          + (f"{group} · " if group else "API · " if api else "") + when)
         title_font = QFont(option.font)

@@ -56,14 +56,42 @@ def test_enter_in_b_while_a_generates_sends_b_and_stop_in_b_stops_only_b(desk, q
     assert not desk.c.generating and desk.w.input.send_button.isVisible()     # B's box sends, A's Stop is not here
     press_enter(desk, qtbot, "Count from 1 to 200, one number per line.")
     assert set(desk.c.streams) == {a, b}                                       # both replies are being written
+    assert marked_writing(desk) >= {a, b}                                      # and the sidebar says so
     qtbot.wait_until(lambda: len(desk.c.streams[b].text) > 5 if b in desk.c.streams else True, timeout=REPLY_MS)
     assert a in desk.c.streams and desk.w.input.stop_button.isVisible()
     with qtbot.wait_signal(desk.c.replyFinished, timeout=REPLY_MS) as finished:
         qtbot.mouseClick(desk.w.input.stop_button, Qt.MouseButton.LeftButton)
     assert finished.args[0].stopped == "cancelled" and b not in desk.c.streams
     assert a in desk.c.streams                                                 # A writes on
+    assert b not in marked_writing(desk)
     desk.bridge.call(desk.c.engine.cancel, a).result(30)
     qtbot.wait_until(lambda: not desk.c.streams, timeout=REPLY_MS)
+    assert not marked_writing(desk)
+
+
+def test_a_reply_the_endpoint_writes_is_marked_in_the_sidebar(desk, qtbot):
+    """A conversation the window did not send to (an endpoint client's, here a turn submitted to the engine as the
+    endpoint's service does) is marked while its reply is written, within the sidebar's poll."""
+    engine = desk.c.engine
+    conversation = desk.bridge.call(engine.new_conversation).result(30)      # made as the endpoint makes its own
+    other = str(conversation.id)
+    desk.c.refresh_conversations()
+    qtbot.wait_until(lambda: desk.c.conversations.row_of(other) >= 0, timeout=REPLY_MS)
+    future = conversation.submit(COUNTING, max_tokens=300)
+    qtbot.wait_until(lambda: other in marked_writing(desk), timeout=REPLY_MS)
+    assert other not in desk.c.streams                                        # not the window's own reply
+    engine.cancel(other)
+    future.result(REPLY_MS / 1000)
+    qtbot.wait_until(lambda: other not in marked_writing(desk), timeout=REPLY_MS)
+
+
+def marked_writing(desk) -> set[str]:
+    """The conversations the sidebar marks as writing a reply (GeneratingRole)."""
+    from app.item_models import GeneratingRole, IdRole
+
+    model = desk.c.conversations
+    return {model.data(model.index(row), IdRole) for row in range(model.rowCount())
+            if model.data(model.index(row), GeneratingRole)}
 
 
 def test_switching_between_two_generating_conversations_keeps_bubbles_and_drafts(desk, qtbot):
