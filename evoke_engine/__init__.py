@@ -3,7 +3,8 @@
 Public API, the one door the window (app/) and the endpoint (server/) use (tests/unit/test_layers.py holds them to
 it): Engine, Conversation, Settings, Reply, EngineEvent/EventKind, ConversationStats and the error classes; the
 rules and readers the window needs without an engine (the minimum budget, what a recovery backend does, the
-history read-only, search marks, the embedded model's path, private files); what the endpoint builds requests from
+history read-only, search marks, the embedded model's path, private files, the model catalogue, hub search, downloads
+and fit marks); what the endpoint builds requests from
 (the chat template's system message, a user message's rendering, the export format, sampling grammars, the off-thread
 vocabulary, a raw completion's result, engine priorities). No Qt here.
 """
@@ -36,6 +37,9 @@ _HOMES = {
     "MARK_END": "store.search", "MARK_START": "store.search",
     "private_mkdir": "store.private", "private_write_text": "store.private",
     **dict.fromkeys(("BACKGROUND", "FOREGROUND", "NORMAL", "Command", "Job"), "worker"),
+    **dict.fromkeys(("load_catalogue", "list_gguf_files", "models_dir", "pull", "search_gguf"), "models"),
+    "DownloadCancelled": "models.errors", "format_bytes": "models.errors",
+    "judge_file": "models.fit_marks", "machine_marks": "models.fit_marks",
 }
 _RENAMED = {"recovery_backend": "backend", "BUNDLED_EMBEDDER": "BUNDLED", "ENFORCED_SCHEMA_KEYWORDS": "ENFORCED"}
 
@@ -78,6 +82,9 @@ if TYPE_CHECKING:                             # what type checkers and IDEs see:
     from .memory.embedder import BUNDLED as BUNDLED_EMBEDDER
     from .memory.memory import min_budget_tokens
     from .memory.recovery import backend as recovery_backend
+    from .models import list_gguf_files, load_catalogue, models_dir, pull, search_gguf
+    from .models.errors import DownloadCancelled, format_bytes
+    from .models.fit_marks import judge_file, machine_marks
     from .runtime.model_file import default_model_path
     from .runtime.sampling import GrammarError, json_grammar, json_schema_grammar
     from .runtime.schema_grammar import ENFORCED as ENFORCED_SCHEMA_KEYWORDS
@@ -102,4 +109,7 @@ __all__ = ["Engine", "Conversation", "ConversationInfo", "ConversationStats", "S
            "ENFORCED_SCHEMA_KEYWORDS", "SchemaRefused", "schema_grammar", "StoreError", "DISK_FULL", "BUNDLED_EMBEDDER",
            "FOREGROUND", "NORMAL",
            # the engine thread's typed jobs (`Engine.jobs`, `Engine.cancel_job`)
-           "Command", "Job"]
+           "Command", "Job",
+           # the window's model dialog (models/: the catalogue, hub search, downloads, fit marks)
+           "load_catalogue", "list_gguf_files", "models_dir", "pull", "search_gguf", "DownloadCancelled",
+           "format_bytes", "judge_file", "machine_marks"]
