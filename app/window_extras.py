@@ -13,6 +13,7 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDialog
 
 from .help_dialogs import AboutDialog, ShortcutsDialog, about_facts, shortcut_rows
+from .model_download_flow import install_models
 from .theme import ThemeFollower
 from .widgets.undo_bar import UndoBar
 from .window_exchange import install_exchange
@@ -49,6 +50,7 @@ def install_extras(window: MainWindow) -> None:
     window.shortcuts_action.setShortcut(QKeySequence("Ctrl+/"))
     window.addAction(window.shortcuts_action)
     window.about_action = help_menu.addAction("About Evoke Desk", lambda: open_about(window))
+    install_models(window)               # the Model menu's "Get a model…" (app/model_download_flow.py)
 
     window.theme = ThemeFollower(getattr(c.settings, "theme", "auto"), window)
     c.settingsApplied.connect(lambda s: window.theme.set_mode(getattr(s, "theme", "auto")))
