@@ -2,7 +2,8 @@
 with each quant's fit on this machine, searches the hub (tests/helpers/fake_hub.py, serving the embedded model under
 another repository name), downloads a file with progress and Cancel, and "Use this model" loads it through the
 settings' model path, then a reply comes from it. Offline the dialog says which hub it could not reach and still
-lists the catalogue; a cancelled download leaves nothing a model list could show."""
+lists the catalogue; a cancelled download leaves nothing a model list could show, nor does a damaged one (its
+message says so)."""
 
 from __future__ import annotations
 
@@ -136,6 +137,19 @@ def test_a_cancelled_download_leaves_nothing_listed(desk, qtbot, hub):
     assert visible_models(desk) == [] and local_models(models_folder(desk)) == []
     assert not (models_folder(desk) / ".partial").exists()
     assert dialog.on_disk.topLevelItemCount() == 0
+    dialog.reject()
+
+
+def test_a_damaged_download_is_refused_with_the_reason_and_nothing_kept(desk, qtbot, hub):
+    hub.corrupt = True
+    dialog = open_dialog(desk, qtbot)
+    search_and_pick(dialog, qtbot)
+    with qtbot.wait_signal(dialog.downloads.failed, timeout=REPLY_MS) as failed:
+        qtbot.mouseClick(dialog.download_button, Qt.MouseButton.LeftButton)
+    assert failed.args[0] == "download"
+    assert f"{FILE} arrived damaged" in dialog.message.text() and "Nothing was kept" in dialog.message.text()
+    assert not dialog.use_button.isEnabled() and dialog.download_button.isEnabled()
+    assert visible_models(desk) == [] and not (models_folder(desk) / ".partial").exists()
     dialog.reject()
 
 
