@@ -1,7 +1,7 @@
 """`bench concurrency`: several clients of one endpoint at once (issue 59), each system in its own process on the
 same model file, one after another in one run: Evoke's `serve` (replies streamed together, `parallel_replies`:
-`evoke` with a context a slot, where they take turns; `evoke_shared` with one context for all slots and flash
-attention, where their tokens share each step's decode), Evoke with one reply at a time (`evoke_serial`,
+`evoke` with a context a slot, where they take turns; `evoke_shared` with one context for all slots, where their
+tokens share each step's decode), Evoke with one reply at a time (`evoke_serial`,
 `parallel_replies=1`, the engine before streams), and llama-server `-np N` with `--server`. Scenarios:
   behind   B sends a short question one second into A's long reply: B's first token against B alone, and A's
            longest token gap while B is admitted against A's median gap;
@@ -284,8 +284,7 @@ def run(*, server: str | None, threads: int, reply_tokens: int = 200, counts: tu
     if "evoke" in systems:
         results["evoke"] = measured("evoke", lambda: evoke(max(counts)))
     if "evoke_shared" in systems:
-        results["evoke_shared"] = measured("evoke_shared", lambda: evoke(max(counts), slot_contexts=False,
-                                                                         flash_attention="on"))
+        results["evoke_shared"] = measured("evoke_shared", lambda: evoke(max(counts), slot_contexts=False))
     if "evoke_serial" in systems:
         results["evoke_serial"] = measured("evoke_serial", lambda: evoke(1))
     if "llama_server" in systems and server:
