@@ -50,7 +50,8 @@ def smallest(tmp_path, monkeypatch):
     memory = rig.memory()
     memory.set_budget(memory.min_budget_tokens())
     ScriptedSampler.memory, ScriptedSampler.peak, ScriptedSampler.eos = memory, 0, rig.rt.vocab.eos
-    monkeypatch.setattr(rig.rt, "sampler", lambda params, context: ScriptedSampler(params, None, 0), raising=False)
+    monkeypatch.setattr(rig.rt, "sampler", lambda params, context, seq=None: ScriptedSampler(params, None, 0),
+                        raising=False)
     yield rig, memory
     rig.close()
 
