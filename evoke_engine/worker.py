@@ -6,7 +6,9 @@ stream runs on a thread of its own that holds the engine only while the schedule
 back at each step boundary (`step_boundary`: between prefill chunks, between reply tokens), where its conversation's
 memory is consistent; so a second reply's first token waits for one step, not for a whole reply. The next step goes
 to the stream with the least engine time for its weight (the window's counts double), so a long prefill's steps
-never starve a reply that is decoding. A job about a
+never starve a reply that is decoding. Where the engine installs a `shared_step` (one context for every slot), a
+reply's next token parks (`await_step`) and the parked replies' tokens run in one decode once every other reply has
+taken its step of the round; nothing else runs between that decode and their samples. A job about a
 conversation whose reply is streaming waits until that reply ends (nothing edits, opens or releases a conversation
 mid-reply); LOAD, SWEEP and DRAIN jobs wait until no reply streams; at most `stream_limit()` replies stream at once, the
 rest wait in order. Lower priority value first, FIFO within a priority; a job submitted after `stop` fails its
