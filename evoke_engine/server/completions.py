@@ -58,18 +58,8 @@ def add_completion_route(app: FastAPI, engine: Engine, service: ChatService, met
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
             return StreamingResponse(reply.stream(future, pieces, cancel, include_usage, metrics),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        future = engine.complete(tokens, cancel=cancel, **sampling)
-        watcher = asyncio.create_task(cancel_on_disconnect(http, future, cancel.set))
-        try:
-            done = await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            cancel.set()
-            raise
-        except (ContextFullError, GrammarError) as exc:
-            raise completion_error(exc, len(tokens)) from exc
-        finally:
-            watcher.cancel()
-        metrics.observe(*_usage_and_figures(done))
+        done = await finished_completion(engine, http, tokens, cancel, sampling)
+        metrics.observe(*usage_and_figures(done))
         return JSONResponse(reply.body(done, legacy_logprobs(reports) if reports is not None else None))
 
 
@@ -131,7 +121,23 @@ def legacy_logprobs(reports: list[dict]) -> dict:
             "text_offset": offsets}
 
 
-def _usage_and_figures(done: Completion) -> tuple[dict, dict]:
+async def finished_completion(engine: Engine, http: Request, tokens: list[int], cancel: threading.Event,
+                              sampling: dict) -> Completion:
+    """A raw completion run to its end (not streamed): cancelled when the client leaves, its refusals as 400s."""
+    future = engine.complete(tokens, cancel=cancel, **sampling)
+    watcher = asyncio.create_task(cancel_on_disconnect(http, future, cancel.set))
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        cancel.set()
+        raise
+    except (ContextFullError, GrammarError) as exc:
+        raise completion_error(exc, len(tokens)) from exc
+    finally:
+        watcher.cancel()
+
+
+def usage_and_figures(done: Completion) -> tuple[dict, dict]:
     usage = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.n_tokens,
              "total_tokens": done.prompt_tokens + done.n_tokens, "prompt_tokens_details": {"cached_tokens": 0}}
     return usage, {"decoded": done.prompt_tokens, "engine_ttft_ms": round(done.ttft_s * 1000, 1)}
@@ -149,7 +155,7 @@ class _Reply:
                 "choices": choices, **extra}
 
     def body(self, done: Completion, logprobs: dict | None) -> dict:
-        usage, _ = _usage_and_figures(done)
+        usage, _ = usage_and_figures(done)
         return self._object([{"index": 0, "text": done.text, "logprobs": logprobs,
                               "finish_reason": FINISH_REASONS[done.stopped]}], usage=usage)
 
@@ -176,10 +182,10 @@ class _Reply:
                 yield "data: " + json.dumps(error.body()) + "\n\n"
                 yield "data: [DONE]\n\n"
                 return
-            metrics.observe(*_usage_and_figures(done))
+            metrics.observe(*usage_and_figures(done))
             yield self._sse("", FINISH_REASONS[done.stopped])
             if include_usage:
-                yield "data: " + json.dumps(self._object([], usage=_usage_and_figures(done)[0])) + "\n\n"
+                yield "data: " + json.dumps(self._object([], usage=usage_and_figures(done)[0])) + "\n\n"
             yield "data: [DONE]\n\n"
         finally:
             if not future.done():

@@ -27,10 +27,10 @@ from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 from .. import Completion, Engine, GrammarError
 from ..errors import ContextFullError
 from .api_errors import ApiError, context_length
-from .completions import check_fits, completion_error
+from .completions import check_fits, completion_error, finished_completion, usage_and_figures
 from .metrics import Metrics
 from .request_bodies import Loose, unpaired_surrogate
-from .service import ChatService, cancel_on_disconnect
+from .service import ChatService
 from .toolcall_formats import loaded_format
 
 MAX_TOKENIZE_CHARS = 1 << 20          # /tokenize: a longer `content` is a 413 (the body limit is 8 MiB)
@@ -122,17 +122,7 @@ def add_llama_routes(app: FastAPI, engine: Engine, service: ChatService, metrics
             future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, None))
             return StreamingResponse(reply.stream(future, pieces, cancel, metrics), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        future = engine.complete(tokens, cancel=cancel, **sampling)
-        watcher = asyncio.create_task(cancel_on_disconnect(http, future, cancel.set))
-        try:
-            done = await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            cancel.set()
-            raise
-        except (ContextFullError, GrammarError) as exc:
-            raise completion_error(exc, len(tokens)) from exc
-        finally:
-            watcher.cancel()
+        done = await finished_completion(engine, http, tokens, cancel, sampling)
         metrics.observe(*usage_and_figures(done))
         return JSONResponse(reply.final(done))
 
@@ -219,12 +209,6 @@ def infill_tokens(engine: Engine, service: ChatService, request: InfillRequest) 
             return with_extra, max_tokens
         extras.pop(0)                               # the oldest chunk goes first, as llama-server keeps the last
     return tokens, max_tokens
-
-
-def usage_and_figures(done: Completion) -> tuple[dict, dict]:
-    usage = {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.n_tokens,
-             "total_tokens": done.prompt_tokens + done.n_tokens, "prompt_tokens_details": {"cached_tokens": 0}}
-    return usage, {"decoded": done.prompt_tokens, "engine_ttft_ms": round(done.ttft_s * 1000, 1)}
 
 
 class InfillReply:
