@@ -5,11 +5,10 @@ test_engine_streams runs it on the model)."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from evoke_engine.worker import Command, EngineThread
+from unit.test_worker_streams import hold
 
 
 class SharedStep:
@@ -62,13 +61,6 @@ def shared():
     engine.shared_step = step
     yield engine, step
     engine.stop()
-
-
-def hold(engine: EngineThread) -> threading.Event:
-    gate, started = threading.Event(), threading.Event()
-    engine.submit(lambda: (started.set(), gate.wait(10)), command=Command.READ)
-    started.wait(10)
-    return gate
 
 
 def test_decoding_replies_share_one_step_a_token(shared):
