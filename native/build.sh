@@ -3,20 +3,29 @@
 # Tuned for the CPU it is built on; the engine falls back to llama.cpp's own K-shift without it.
 # `bash native/build.sh DIR` builds into DIR instead: for an installed package, the folder that
 # `python -P -c 'import evoke_engine.package_files as p; print(p.native_dir())'` prints (PYTHON= that python).
+# MARCH=x86-64-v3 builds for that -march instead of this CPU (no fallback): native/build_variants.sh builds the
+# bundle's portable set that way.
 set -euo pipefail
 OUT=$(realpath -m "${1:-$(dirname "$0")/build}")
 cd "$(dirname "$0")"
 mkdir -p "$OUT"
 CC=${CC:-cc}
+MARCH=${MARCH:-native}
 FLAGS="-O3 -fPIC -shared -ffp-contract=off"
-if ! $CC $FLAGS -march=native rope_reanchor.c -o "$OUT/libevoke_rope.so" -lm 2>/dev/null; then
-  $CC $FLAGS -mf16c rope_reanchor.c -o "$OUT/libevoke_rope.so" -lm
-fi
+# compile COMPILER FALLBACK_FLAGS ARGS...: with -march=$MARCH; for native, FALLBACK_FLAGS where the compiler lacks it
+compile() {
+  local compiler=$1 fallback=$2
+  shift 2
+  if [ "$MARCH" != native ]; then
+    $compiler -march="$MARCH" "$@"
+  elif ! $compiler -march=native "$@" 2>/dev/null; then
+    $compiler $fallback "$@"
+  fi
+}
+compile "$CC" -mf16c $FLAGS rope_reanchor.c -o "$OUT/libevoke_rope.so" -lm
 echo "built $OUT/libevoke_rope.so"
 # The 8/4-bit host tier's pack/unpack kernels (kvcache/kvquant.py checks them against its numpy path on load).
-if ! $CC $FLAGS -march=native kvquant.c -o "$OUT/libevoke_kvquant.so" -lm 2>/dev/null; then
-  $CC $FLAGS -mf16c kvquant.c -o "$OUT/libevoke_kvquant.so" -lm
-fi
+compile "$CC" -mf16c $FLAGS kvquant.c -o "$OUT/libevoke_kvquant.so" -lm
 echo "built $OUT/libevoke_kvquant.so"
 
 # The attention capture (issue 9): a cb_eval callback built against the installed llama-cpp-python.
@@ -30,9 +39,7 @@ build_attention() {
   [ -f "$inc/ggml-backend.h" ] || { echo "no ggml headers under $inc" >&2; return 1; }
   local cxx=${CXX:-c++}
   local flags="-O3 -fPIC -shared -std=c++17 -ffp-contract=off -I$inc -L$lib -Wl,-rpath,$lib"
-  if ! $cxx $flags -march=native attention_capture.cpp -o "$OUT/libevoke_attention.so" -lggml-base 2>/dev/null; then
-    $cxx $flags attention_capture.cpp -o "$OUT/libevoke_attention.so" -lggml-base
-  fi
+  compile "$cxx" "" $flags attention_capture.cpp -o "$OUT/libevoke_attention.so" -lggml-base
 }
 if build_attention; then
   echo "built $OUT/libevoke_attention.so"
@@ -59,9 +66,7 @@ build_kv_direct() {
   [ -n "$src" ] || { echo "no llama.cpp $version sources (build/llama-src; EVOKE_LLAMA_SRC)" >&2; return 1; }
   local cxx=${CXX:-c++}
   local flags="-O3 -DNDEBUG -fPIC -shared -std=c++17 -ffp-contract=off -I$inc -I$src/include -I$src/ggml/include -I$src/src -L$lib -Wl,-rpath,$lib"
-  if ! $cxx $flags -march=native kv_direct.cpp -o "$OUT/libevoke_kvdirect.so" -lllama -lggml-base -pthread 2>/dev/null; then
-    $cxx $flags -mf16c kv_direct.cpp -o "$OUT/libevoke_kvdirect.so" -lllama -lggml-base -pthread
-  fi
+  compile "$cxx" -mf16c $flags kv_direct.cpp -o "$OUT/libevoke_kvdirect.so" -lllama -lggml-base -pthread
 }
 if build_kv_direct; then
   echo "built $OUT/libevoke_kvdirect.so"
