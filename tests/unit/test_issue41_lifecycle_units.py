@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from evoke_engine import logs
-from evoke_engine.package_files import NATIVE_FILES
+from evoke_engine.package_files import NATIVE_FILES, bundle_native_files
 from evoke_engine.server.service import ChatService
 from evoke_engine.shutdown import SHUTDOWN_SIGNALS, shutdown_signals
 
@@ -147,27 +147,31 @@ def read_spec(root: Path) -> dict:
     return seen
 
 
+def _native_files(root: Path) -> list[tuple[Path, str]]:
+    files = bundle_native_files(root)
+    for path, _ in files:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\x7fELF")
+    return files
+
+
 def test_the_bundle_carries_the_native_libraries_rpc_server_and_the_icon(tmp_path):
-    build = tmp_path / "native" / "build"
-    build.mkdir(parents=True)
-    for name in NATIVE_FILES:
-        (build / name).write_bytes(b"\x7fELF")
+    files = _native_files(tmp_path)
     seen = read_spec(tmp_path)
     binaries = seen["Analysis"][1]["binaries"]
-    for name in NATIVE_FILES:                      # the direct KV path and the 8/4-bit kernels too (issue 62)
-        assert (str(build / name), "native/build") in binaries        # where package_files.native_library looks
+    assert {path.name for path, _ in files} == set(NATIVE_FILES)   # the direct KV path and the 8/4-bit kernels too
+    for path, folder in files:                     # each CPU variant (issue 62), where package_files looks
+        assert (str(path), folder) in binaries
     icon = Path(seen["EXE"][1]["icon"])
     assert icon == tmp_path / "packaging" / "evoke-desk.png"
     assert (ROOT / "packaging" / "evoke-desk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_bundle_is_not_built_without_one_of_its_native_files(tmp_path):
-    build = tmp_path / "native" / "build"
-    build.mkdir(parents=True)
-    for name in NATIVE_FILES[:-1]:
-        (build / name).write_bytes(b"\x7fELF")
-    with pytest.raises(SystemExit, match=NATIVE_FILES[-1]):
-        read_spec(tmp_path)
+    for gone, _ in (_native_files(tmp_path)[0], _native_files(tmp_path)[-1]):   # a variant's library, rpc-server
+        gone.unlink()
+        with pytest.raises(SystemExit, match=str(gone)):
+            read_spec(tmp_path)
 
 
 def test_the_system_library_check_warns_and_never_fails():
