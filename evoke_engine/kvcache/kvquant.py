@@ -349,6 +349,11 @@ if _candidate is not None:
         log.warning("the native 8/4-bit kernels differ from the numpy path on this machine: numpy is used")
 
 
+def native_kernels() -> bool:
+    """Whether packing runs in the native kernels (found, loaded and giving numpy's bytes here), not numpy."""
+    return _native is not None
+
+
 def pack(blob: bytes | bytearray | memoryview, bits: int = 8) -> bytes | None:
     """The packed form of a state blob at `bits` (8 or 4), or None where it is not an f16 one-sequence blob with
     finite values."""
