@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export QT_QPA_PLATFORM ?= offscreen
 
-.PHONY: install run chat test test-fast test-loaded test-soak test-hostile lint bench gpu cpu clean
+.PHONY: install run chat test test-fast test-loaded test-soak test-hostile lint bench gpu cpu native-variants clean
 
 $(STAMP): pyproject.toml packaging/install.sh native/build.sh native/rope_reanchor.c native/attention_capture.cpp native/kv_direct.cpp native/kvquant.c \
           native/build_cpu.sh native/llama_wheel.sh native/build_rpc_server.sh native/rpc_server/CMakeLists.txt
@@ -50,6 +50,10 @@ gpu: install
 
 cpu: install
 	bash native/build_cpu.sh
+
+# the bundle's portable native libraries (-march=x86-64, x86-64-v3, x86-64-v4 in native/build/<variant>/, ~20 s)
+native-variants: install
+	bash native/build_variants.sh
 
 clean:
 	rm -rf $(VENV) native/build
