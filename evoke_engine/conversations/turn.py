@@ -315,12 +315,34 @@ def regenerate_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemp
     return reply
 
 
+def resumable_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict], *,
+                    system: dict | None = None) -> list[Block] | None:
+    """The blocks of the last reply (`history` ends with it) when it can grow where it stopped, with no decode
+    again: its last block resident at the tail, and its tokens the template's opening, exactly its stored text
+    and the closing (nothing edited since, no stop string left in an older part). None when it cannot."""
+    if memory.seq is None or not history or history[-1].get("role") != "assistant" or not history[-1]["content"]:
+        return None
+    parts = [b for b in memory.table.blocks if b.message_key() == (history[-1]["evoke_turn"], "reply")]
+    frame = template.assistant_frame([*([system] if system else []), *history[:-1]])
+    opening, closing = rt.tokenize_parts([(frame.opening, True)]), rt.tokenize(frame.closing)
+    tokens = [t for part in parts for t in part.tokens]
+    if (not parts or not memory.table.resident or memory.table.resident[-1] is not parts[-1] or not closing
+            or parts[-1].n_tokens <= len(closing) or len(tokens) <= len(opening) + len(closing)
+            or tokens[:len(opening)] != opening or tokens[-len(closing):] != closing):
+        return None
+    if rt.detokenize(tokens[len(opening):-len(closing)]) != history[-1]["content"]:
+        return None
+    return parts
+
+
 def continue_reply(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, history: list[dict],
                    partial: str, params: SamplingParams, on_token: Callable[[str], None] | None,
-                   cancel: threading.Event, *, system: dict | None = None) -> Reply:
-    """Sample on after `partial`, the text of the last reply so far (its blocks already removed, `history` ending
-    with its input): the reply's opening and `partial` are decoded as a rebuild would (older chunks as finished
-    blocks), and the reply grows from there with no closing in between. The Reply's text is the whole reply;
+                   cancel: threading.Event, *, system: dict | None = None,
+                   resumed: list[Block] | None = None) -> Reply:
+    """Sample on after `partial`, the text of the last reply so far (`history` ending with its input). With
+    `resumed` (its blocks, `resumable_reply`) the reply grows in its own cells: only its last token decodes again.
+    Else its blocks were removed, and its opening and `partial` decode as a rebuild would (older chunks as finished
+    blocks). Either way the reply grows with no closing in between. The Reply's text is the whole reply;
     `on_token` hears only the new pieces. Cancelled propagates (the caller drops the KV)."""
     started = time.perf_counter()
     if not history or history[-1].get("role") == "assistant":
@@ -328,24 +350,31 @@ def continue_reply(memory: ConversationMemory, rt: Runtime, template: ChatTempla
     head = [system] if system else []
     turn = memory.begin_turn(history[-1]["evoke_turn"])
     frame = template.assistant_frame([*head, *history])
-    closing = rt.tokenize(frame.closing)
+    opening, closing = rt.tokenize_parts([(frame.opening, True)]), rt.tokenize(frame.closing)
     next_opening = next_user_opening(rt, template, [*head, *history])
     memory.set_query(history[-1]["content"][-2000:])
     question = memory.question_of(turn)
-    tokens = rt.tokenize_parts([(frame.opening, True), (partial, False)])
-    chunks = split_tokens(rt, tokens, memory.settings.block_tokens) or [[]]
     clock = TurnBreakdown()
     decoding = time.perf_counter()
-    for k, chunk in enumerate(chunks[:-1]):
-        rt.step_boundary()
-        memory.append_decoded(Block(name=_reply_name(turn, k), role="assistant", turn=turn, tokens=chunk,
-                                    text=rt.detokenize(chunk)), current=question)
+    if resumed:
+        resumed_tokens = sum(part.n_tokens for part in resumed) - len(opening) - len(closing)
+        growing = memory.reopen_reply(resumed[-1], len(closing))
+        chunks, prefill = [[]] * len(resumed), 1
+    else:
+        tokens = rt.tokenize_parts([(frame.opening, True), (partial, False)])
+        chunks = split_tokens(rt, tokens, memory.settings.block_tokens) or [[]]
+        for k, chunk in enumerate(chunks[:-1]):
+            rt.step_boundary()
+            memory.append_decoded(Block(name=_reply_name(turn, k), role="assistant", turn=turn, tokens=chunk,
+                                        text=rt.detokenize(chunk)), current=question)
+        growing, prefill, resumed_tokens = None, len(tokens), len(tokens) - len(opening)
     clock.add("prompt_decode", time.perf_counter() - decoding)
     reply = _generate(memory, rt, chunks[-1], closing, params, on_token, cancel, turn, [], started,
-                      next_opening=next_opening, question=question, first_part=len(chunks) - 1, clock=clock)
-    reply.resumed_tokens = len(tokens) - len(rt.tokenize(frame.opening))
-    reply.n_tokens += reply.resumed_tokens
-    reply.prefill_tokens = len(tokens)
+                      next_opening=next_opening, question=question, first_part=len(chunks) - 1, clock=clock,
+                      resumed=growing)
+    reply.resumed_tokens = resumed_tokens
+    reply.n_tokens += resumed_tokens
+    reply.prefill_tokens = prefill
     reply.text = partial + reply.text
     history.append({"role": "assistant", "content": reply.text, "evoke_turn": turn})
     ending = time.perf_counter()
@@ -378,22 +407,25 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
               params: SamplingParams, on_token, cancel: threading.Event, turn: int,
               current: list[Block], started: float, last_block: Block | None = None,
               next_opening: list[int] = (), question: list[Block] = (), first_part: int = 0,
-              clock: TurnBreakdown | None = None) -> Reply:
+              clock: TurnBreakdown | None = None, resumed: Block | None = None) -> Reply:
     """Sample the reply. `last_block` (the message's last block, not yet decoded) goes into the same
     llama_decode call as the reply's opening: the first token waits for one decode, not two.
     `next_opening` is decoded ahead with the closing (see `_close_reply`). `current` (this turn's
     recoveries) and `question` are kept while the reply grows unless the budget needs their room; the
     reply's own older blocks leave like any other, so the budget never cuts a reply (`min_budget_tokens`).
     `first_part`: the part number the growing block starts at (a continued reply's earlier parts are decoded).
+    `resumed`: a continued reply's growing block, already at the tail with its logits (`reopen_reply`).
     `clock` (a fresh one when None) gains the prompt's last decode, sampling, token decodes and detokenising."""
     clock = clock or TurnBreakdown()
     perf = time.perf_counter
     decoding = perf()
-    reply_block = Block(name=_reply_name(turn, first_part), role="assistant", turn=turn, tokens=[], text="")
     part = first_part
     question = list(question)
-    reply_block.tokens = list(opening)
-    memory.open_reply(reply_block, last_block=last_block, current=[*current, *question])
+    reply_block = resumed
+    if reply_block is None:
+        reply_block = Block(name=_reply_name(turn, first_part), role="assistant", turn=turn, tokens=list(opening),
+                            text="")
+        memory.open_reply(reply_block, last_block=last_block, current=[*current, *question])
     clock.add("prompt_decode", perf() - decoding)
     sample_s = token_decode_s = detokenize_s = 0.0
     memory.reply_starts()          # what the reply reads; with the capture on, what the message attends to

@@ -23,7 +23,7 @@ from . import editing
 from .lifecycle import ConversationLifecycle, ConversationState
 from .live_stats import StatsTicker
 from .reply_row import StreamedReply, reply_metrics
-from .turn import Attachment, Reply, continue_reply, prepare_ahead, regenerate_reply, run_turn
+from .turn import Attachment, Reply, continue_reply, prepare_ahead, regenerate_reply, resumable_reply, run_turn
 
 log = logging.getLogger(__name__)
 
@@ -205,10 +205,16 @@ class TurnJobs:
         model = self.conversations.model
         row = self._reply_row(state.id, on_token, row_id=old.id, text=old.text)
         try:
-            editing.truncate_state(self.conversations, state, len(rows) - 1)      # its blocks decode again
+            resumed = resumable_reply(state.memory, model.rt, model.template, state.history,
+                                      system=state.system_message) if state.history[-1]["content"] == old.text \
+                else None
+            if resumed is None:
+                editing.truncate_state(self.conversations, state, len(rows) - 1)      # its blocks decode again
+            else:
+                state.history.pop()                         # its blocks stay: it grows where it stopped
             reply = continue_reply(state.memory, model.rt, model.template, state.history, old.text, params,
                                    StatsTicker(self.conversations, state, row.on_token), cancel,
-                                   system=state.system_message)
+                                   system=state.system_message, resumed=resumed)
             self._count_rebuild(conversation_id, reply)
             row.finish(reply.text, reply_metrics(reply))
         except BaseException as exc:

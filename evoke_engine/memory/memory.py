@@ -17,7 +17,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -489,6 +489,17 @@ class ConversationMemory:
         """The growing reply's last `n_tokens` leave its cells and its tokens (the start of the stop string that
         ended it)."""
         self.sequence.take_back(reply, n_tokens)
+
+    def reopen_reply(self, part: Block, closing: int) -> Block:
+        """A finished reply grows again where it stopped (a continued reply): `part`, its last block and the last
+        resident one, is replaced by a growing copy; its `closing` tokens and the opening held ahead leave their
+        cells, and its last token decodes again for the logits the next token is sampled from. Returns the copy."""
+        growing = replace(part, tokens=list(part.tokens), text="", hash="", embedding=None)
+        self.sequence.split(part, [growing])
+        last = growing.tokens[-closing - 1]
+        self.sequence.take_back(growing, closing + 1)
+        self.sequence.extend_tail(growing, [last])
+        return growing
 
     def split_reply(self, reply: Block, pieces: list[Block]) -> None:
         """The growing reply block replaced by `pieces` (finished blocks, evictable like any other; the last may

@@ -112,6 +112,20 @@ def test_continue_reply_grows_a_reply_cut_at_max_tokens(engine, backend):
     engine.check(conv.id)
 
 
+def test_continue_grows_the_reply_in_its_cells_or_decodes_its_stored_text_again(engine, backend):
+    conv = engine.new_conversation()
+    backend.script("alpha beta gamma delta", "epsilon zeta", "eta theta iota", "kappa")
+    conv.send("go on", max_tokens=2)
+    in_place = conv.continue_reply(max_tokens=1).result(timeout=30)
+    assert in_place.prefill_tokens == 1                     # only the reply's last token decoded again
+    row = conv.messages()[-1]
+    engine.history.update_message(conv.id, row["id"], "alpha ")    # the stored text is not what the cells hold
+    again = conv.continue_reply(max_tokens=1).result(timeout=30)
+    assert again.text.startswith("alpha ") and again.prefill_tokens > 1
+    assert conversation_text(engine, conv.id) == rendered(engine, conv.id)
+    engine.check(conv.id)
+
+
 def test_edit_reply_rewrites_a_reply_and_the_kv_from_it(engine):
     conv = engine.new_conversation()
     conv.send("question")
