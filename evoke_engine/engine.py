@@ -211,7 +211,7 @@ class Engine:
             sizing = ("budget_tokens", "block_tokens", "tail_fraction", "recovery")
             resized = any(getattr(adopted, n) != getattr(self.settings, n) for n in sizing)
             if resized and recovery_backend(adopted.recovery).evicts and self.model is not None:   # unloaded: later
-                require_budget(adopted.budget_tokens, self._tightest_prefix(adopted), adopted)
+                require_budget(adopted.budget_tokens, *self._tightest_hold(adopted), adopted)
             self.settings_hub.apply(adopted)               # each consumer hears of the fields it uses
 
         self.thread.call(apply, priority=FOREGROUND, command=Command.LOAD)
@@ -224,15 +224,18 @@ class Engine:
         def run() -> int:
             self.ensure_model()
             settings_now = settings or self.settings
-            return min_budget_tokens(self._tightest_prefix(settings_now), settings_now)
+            return min_budget_tokens(sum(self._tightest_hold(settings_now)), settings_now)
         return self.thread.call(run, priority=FOREGROUND)
 
-    def _tightest_prefix(self, settings: Settings) -> int:
-        """The shared prefix (a new conversation's under `settings`, or an open one's) whose `min_budget_tokens`
-        is the largest: the one a budget must hold."""
+    def _tightest_hold(self, settings: Settings) -> tuple[int, int]:
+        """What the settings' budget must hold before a reply's room, as (prefix, kept) tokens: the largest of a
+        new conversation's shared prefix under `settings` and each open conversation's prefix with (for those
+        that follow the settings' budget) its kept files and pinned blocks."""
         prefix = self.model.prefixes.for_conversation(system_prompt_of(settings), tools_of(settings))
-        prefixes = [len(prefix.tokens), *(s.memory.prefix_tokens for s in self.lifecycle.open_states())]
-        return max(prefixes, key=lambda n: min_budget_tokens(n, settings))
+        held = [(len(prefix.tokens), 0), *((s.memory.prefix_tokens,
+                                            s.memory.kept_tokens if s.memory.own_budget is None else 0)
+                                           for s in self.lifecycle.open_states())]
+        return max(held, key=lambda pair: min_budget_tokens(sum(pair), settings))
 
     def switch_embedder(self) -> None:
         """Vectors of the old embedder mean nothing to the new one: open conversations drop theirs (recomputed

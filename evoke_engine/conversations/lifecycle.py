@@ -185,7 +185,7 @@ class ConversationLifecycle:
         settings = {"tools": tools, **({"source": source} if source else {}), **({REUSE_OWNER: owner} if owner else {})}
         prefix = model.prefixes.for_conversation(system_prompt, tools, owner_of(conversation_id, settings))
         if recovery_backend(model.settings.recovery).evicts:
-            require_budget(model.settings.budget_tokens, len(prefix.tokens), model.settings)
+            require_budget(model.settings.budget_tokens, len(prefix.tokens), 0, model.settings)
         self.history.create_conversation(conversation_id, title, system_prompt, settings=settings)
         self.adopt(state, prefix)
         self.ensure_slot(state)

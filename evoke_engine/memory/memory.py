@@ -59,14 +59,17 @@ def min_budget_tokens(prefix_tokens: int, settings: Settings) -> int:
     return budget
 
 
-def require_budget(budget: int, prefix_tokens: int, settings: Settings) -> None:
+def require_budget(budget: int, prefix_tokens: int, kept_tokens: int, settings: Settings) -> None:
     """The one refusal of a budget below `min_budget_tokens` (a new conversation, a settings change, a
-    conversation's own budget): BudgetError saying the smallest budget that works and what it must hold."""
-    smallest = min_budget_tokens(prefix_tokens, settings)
+    conversation's own budget): BudgetError saying the smallest budget that works and what it must hold.
+    `kept_tokens`: the blocks that never leave (kept files, pinned blocks), held like the prefix."""
+    smallest = min_budget_tokens(prefix_tokens + kept_tokens, settings)
     if budget >= smallest:
         return
     held = (f"the shared prefix (system prompt and tools, {prefix_tokens} tokens)" if prefix_tokens
             else f"the first block (the sink, {settings.block_tokens} tokens)")
+    if kept_tokens:
+        held += f", the kept files and pinned blocks ({kept_tokens} tokens: let one go for a smaller budget)"
     raise BudgetError(f"a budget of {budget} tokens is too small: the smallest budget that works is {smallest} "
                       f"tokens, which holds {held} and the recent tail that is never evicted "
                       f"({settings.tail_fraction:.0%} of the budget and one {settings.block_tokens}-token block), "
@@ -311,8 +314,18 @@ class ConversationMemory:
         return self.active_tokens <= limit
 
     def min_budget_tokens(self) -> int:
-        """The smallest budget this conversation accepts (`min_budget_tokens` of its prefix)."""
-        return min_budget_tokens(self.prefix_tokens, self.settings)
+        """The smallest budget this conversation accepts (`min_budget_tokens` of its prefix and kept blocks)."""
+        return min_budget_tokens(self.held_tokens, self.settings)
+
+    @property
+    def kept_tokens(self) -> int:
+        """Tokens of the blocks that never leave the context: kept files and pinned blocks."""
+        return sum(b.n_tokens for b in self.table.blocks if b.pinned)
+
+    @property
+    def held_tokens(self) -> int:
+        """What a budget holds before the recent tail and a reply: the shared prefix and the kept blocks."""
+        return self.prefix_tokens + self.kept_tokens
 
     def end_turn(self, *, keep: Iterable[Block] = (), reply: str = "") -> None:
         """Keep what the `reply` used (`recovery_keep_used`: when it quoted a block, this turn's other similarity
@@ -402,7 +415,11 @@ class ConversationMemory:
         self.focus.vector = None
 
     def pin(self, name: str, pinned: bool = True, priority: float | None = None) -> None:
-        """Pin block `name` (never evicted) or change its priority multiplier; KeyError for no such block."""
+        """Pin block `name` (never evicted) or change its priority multiplier; KeyError for no such block,
+        BudgetError, changing nothing, when the budget could not hold it beside a reply."""
+        block = next((b for b in self.table.blocks if b.name == name), None)
+        if pinned and block is not None and not block.pinned:
+            require_budget(self.budget_tokens, self.prefix_tokens, self.kept_tokens + block.n_tokens, self.settings)
         self.table.pin(name, pinned, priority)
 
     def keep_file(self, file_name: str, keep: bool = True) -> list[Block]:
@@ -810,7 +827,7 @@ class ConversationMemory:
         the conversation keeps it through later changes of the settings' budget and in its KV file; None goes
         back to following the settings."""
         budget = self.settings.budget_tokens if tokens is None else tokens
-        require_budget(budget, self.prefix_tokens, self.settings)
+        require_budget(budget, self.prefix_tokens, self.kept_tokens, self.settings)
         self.budget_tokens = budget
         if own:
             self.own_budget = tokens
@@ -867,9 +884,9 @@ class ConversationMemory:
         self.sequence.load(snapshot.blocks, snapshot.saved, snapshot.image, snapshot.ahead, snapshot.turn,
                            chunks=snapshot.chunks, exact=snapshot.exact, opening=snapshot.ahead_opening)
         self.turn = snapshot.turn
-        self.own_budget = snapshot.own_budget          # a budget of its own stays; else today's settings' budget
-        self.budget_tokens = max(snapshot.own_budget or self.settings.budget_tokens,
-                                 min_budget_tokens(prefix_tokens, self.settings))
+        self.own_budget = snapshot.own_budget          # a budget of its own stays; else today's settings' budget,
+        self.budget_tokens = max(snapshot.own_budget or self.settings.budget_tokens,     # at least what holds its
+                                 min_budget_tokens(prefix_tokens + self.kept_tokens, self.settings))  # kept files
         for key, value in snapshot.counters.items():
             if hasattr(self.counters, key):
                 setattr(self.counters, key, value)

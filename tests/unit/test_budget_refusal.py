@@ -26,12 +26,15 @@ def _refusal(budget: int, prefix_tokens: int, smallest: int) -> str:
 def test_require_budget_accepts_the_smallest_and_refuses_one_less_saying_why(tmp_path):
     settings = sim_settings(tmp_path, tail_fraction=0.25)
     smallest = min_budget_tokens(100, settings)
-    require_budget(smallest, 100, settings)
+    require_budget(smallest, 100, 0, settings)
     with pytest.raises(BudgetError) as refused:
-        require_budget(smallest - 1, 100, settings)
+        require_budget(smallest - 1, 100, 0, settings)
     assert str(refused.value) == _refusal(smallest - 1, 100, smallest)
     with pytest.raises(BudgetError, match="the first block \\(the sink, 16 tokens\\)"):
-        require_budget(1, 0, settings)                      # no prefix: the sink block stands in for it
+        require_budget(1, 0, 0, settings)                   # no prefix: the sink block stands in for it
+    require_budget(min_budget_tokens(130, settings), 100, 30, settings)     # kept blocks are held like the prefix
+    with pytest.raises(BudgetError, match="the kept files and pinned blocks \\(30 tokens"):
+        require_budget(min_budget_tokens(130, settings) - 1, 100, 30, settings)
 
 
 def test_a_new_conversation_a_settings_change_and_an_own_budget_refuse_with_one_message(tmp_path):

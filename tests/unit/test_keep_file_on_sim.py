@@ -58,3 +58,36 @@ def test_a_file_the_budget_cannot_hold_beside_a_reply_is_refused_and_nothing_cha
         assert engine.blocks(conv.id) == before
         with pytest.raises(KeyError, match="no attached file"):
             conv.keep_file("other.txt")
+
+
+def test_a_budget_lowered_under_a_kept_file_is_refused_and_a_reply_is_never_cut(tmp_path):
+    """Issue 58 item 12: keep a file at a roomy budget, then lower the budget under what holds it beside a reply
+    (the conversation's own, the settings', a pin beside it): each is refused naming the kept blocks, and a long
+    reply at the smallest budget allowed runs to max_tokens; reopened under a smaller settings budget, the
+    conversation's budget still holds the kept file beside a reply."""
+    backend = SimBackend(tmp_path / "sim.gguf")
+    with sim_engine(backend, sim_settings(tmp_path, budget_tokens=600)) as (engine, _):
+        conv = engine.new_conversation()
+        bare = engine.min_budget_tokens()
+        conv.send("read this", [("notes.txt", NOTES * 2)])
+        conv.keep_file("notes.txt")
+        holding = engine.min_budget_tokens()
+        assert holding > bare
+        with pytest.raises(BudgetError, match="kept files"):
+            conv.set_budget(holding - 1)
+        with pytest.raises(BudgetError, match="kept files"):
+            engine.apply_settings(engine.settings.replace(budget_tokens=holding - 1))
+        assert engine.settings.budget_tokens == 600
+        conv.set_budget(holding)
+        first_user = next(b["name"] for b in engine.blocks(conv.id) if b["role"] == "user")
+        with pytest.raises(BudgetError, match="kept files"):
+            conv.pin_block(first_user)
+        backend.script(" ".join(f"word{i}" for i in range(400)))
+        reply = conv.submit("write a long answer", max_tokens=300).result(timeout=60)
+        assert reply.stopped == "max_tokens" and reply.n_tokens == 300
+        engine.check(conv.id)
+
+        conv.set_budget(None)                                   # follows the settings again, then closes
+        engine.release_conversation(conv.id)
+        engine.apply_settings(engine.settings.replace(budget_tokens=holding - 1))
+        assert engine.open_conversation(conv.id).stats().budget_tokens >= holding
