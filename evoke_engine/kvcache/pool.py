@@ -4,27 +4,32 @@ Invariants: `ram_bytes` equals the bytes held in RAM and `spill_bytes` the bytes
 files; least recently used entries spill first; the pool never writes a block's state: it says where the
 bytes are (`put`/`share` return the tier, `where` tells it) and tells an entry's owner when they move
 (`BytesOwner`: spilled to DISK, or let go for want of room, DROPPED: the block's text still rebuilds it);
-spill never takes `spill_bytes` past `spill_budget_bytes` nor the disk's free space under
-`reserve_bytes` (room the chat history needs); a parked conversation's slot image is never dropped (it
-stays in RAM instead); bytes shared by two blocks (a forked conversation) are counted once and freed when
-the last holder lets go. With `bits` 8 or 4, blocks are held packed (kvquant: RAM and `.kvq` spill files, counted
-at their packed size) and unpacked on take; blocks kvquant does not cover (a q8_0 cache) and slot images are
-held as they are; packed bytes that do not unpack are a RestoreError (the entry is gone). Bytes of a deferred save
-(their rows still copying on a worker) are waited for before the pool reads them (pack, spill, peek). Spill files live
-under one 0700 folder of this process, locked (flock) while the pool lives and removed by `close`; a new pool
-removes the folders of pools whose process is gone.
+spill never takes `spill_bytes` past `spill_budget_bytes` nor the disk's free space under `reserve_bytes` (room
+the chat history needs), a file counted at the whole blocks it takes and a reading never trusted to show the
+pool's own writes and deletes (`SpillRoom`: btrfs shows them at its next commit); a parked conversation's slot
+image is never dropped (it stays in RAM instead); bytes shared by two blocks (a forked conversation) are counted
+once and freed when the last holder lets go. With `bits` 8 or 4, blocks are held packed (kvquant: RAM and `.kvq`
+spill files, counted at their packed size) and unpacked on take; blocks kvquant does not cover (a q8_0 cache) and
+slot images are held as they are; packed bytes that do not unpack are a RestoreError (the entry is gone). Bytes of
+a deferred save (their rows still copying on a worker) are waited for before the pool reads them (pack, spill,
+peek). Spill files live under one 0700 folder of this process, locked (flock) while the pool lives and removed by
+`close`; a new pool removes the folders of pools whose process is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import errno
+import functools
 import logging
 import os
 import re
 import shutil
 import tempfile
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -51,6 +56,136 @@ NEVER_DROPPED = frozenset({"image"})    # roles whose bytes are a parked convers
 
 def disk_free(path: Path) -> int:
     return shutil.disk_usage(path).free
+
+
+class LocalDisk:
+    """This machine's disks as the spill sees them: a free-space reading (bytes this process may write), the
+    allocation unit a file takes whole, and a commit after which the reading shows every write and delete made."""
+
+    def __call__(self, path: Path) -> int:
+        return disk_free(path)
+
+    @staticmethod
+    def block_bytes(path: Path) -> int:
+        return os.statvfs(path).f_frsize if hasattr(os, "statvfs") else 4096
+
+    @staticmethod
+    def settle(path: Path) -> None:
+        """syncfs(2) of the filesystem holding `path` (btrfs commits then; xfs frees deleted files' blocks and trims
+        speculative preallocation); `os.sync` where there is no syncfs; nothing where there is neither."""
+        libc = _libc()
+        if libc is not None and hasattr(libc, "syncfs"):
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            try:
+                if libc.syncfs(fd) != 0:
+                    code = ctypes.get_errno()
+                    raise OSError(code, os.strerror(code))
+            finally:
+                os.close(fd)
+        elif hasattr(os, "sync"):
+            os.sync()
+
+
+LOCAL_DISK = LocalDisk()
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    if os.name != "posix":
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    except OSError:
+        return None
+
+
+class SpillRoom:
+    """The room spill files may still take above the disk's reserve: the free-space reading less this pool's writes
+    that reading does not show yet. Each write and delete is measured by the reading's change across it (ext4, tmpfs
+    and xfs show a write at once, btrfs at its next commit, xfs and btrfs a delete at the next commit); when a file
+    does not fit and something is unshown, the disk is committed (`settle`) and read again. A file counts at the
+    whole blocks it takes. A reading that fails (OSError) leaves no room. A reading with no `settle` is taken as exact
+    at once: nothing is measured."""
+
+    def __init__(self, folder: Path, reserve_bytes: int, reading: Callable[[Path], int]) -> None:
+        self.folder, self.reserve_bytes, self._reading = folder, reserve_bytes, reading
+        self._commit: Callable[[Path], None] | None = getattr(reading, "settle", None)
+        self._measured = bool(reserve_bytes) and self._commit is not None
+        self.unshown_written = 0          # bytes of this pool's files the reading has not shown as taken
+        self.unshown_freed = 0            # bytes of deleted files the reading has not shown as free
+        self.settles = 0
+        self._block: int | None = None
+
+    @property
+    def block(self) -> int:
+        if self._block is None:
+            measure = getattr(self._reading, "block_bytes", None)     # a plain reading: exact bytes, 1-byte blocks
+            try:
+                self._block = max(1, measure(self.folder)) if measure is not None else 1
+            except OSError:
+                self._block = 4096
+        return self._block
+
+    def footprint(self, nbytes: int) -> int:
+        """The disk a file of `nbytes` takes: whole blocks."""
+        return -(-nbytes // self.block) * self.block
+
+    def short(self, nbytes: int) -> int:
+        """Bytes a new file of `nbytes` would take out of the reserve (0: it fits)."""
+        if not self.reserve_bytes:
+            return 0
+        over = self._over(nbytes)
+        if over > 0 and (self.unshown_written or self.unshown_freed) and self._settle():
+            over = self._over(nbytes)
+        return max(0, over)
+
+    def _over(self, nbytes: int) -> int:
+        free = self._read()
+        if free is None:
+            return self.footprint(nbytes)                 # cannot tell: do not write
+        return self.reserve_bytes + self.footprint(nbytes) + self.unshown_written - free
+
+    def _read(self) -> int | None:
+        try:
+            return self._reading(self.folder)
+        except OSError:
+            return None
+
+    def _settle(self) -> bool:
+        if self._commit is None:
+            return False
+        try:
+            self._commit(self.folder)
+        except OSError as exc:
+            log.debug("cannot commit the disk of %s (%s): its reading may lag", self.folder, exc)
+            return False
+        self.settles += 1
+        self.unshown_written = self.unshown_freed = 0
+        return True
+
+    @contextlib.contextmanager
+    def writing(self, nbytes: int) -> Iterator[None]:
+        """Around a file's write: what of its blocks the reading does not show is counted as taken."""
+        if not self._measured:
+            yield
+            return
+        before = self._read()
+        yield
+        after = self._read()
+        shown = before - after if before is not None and after is not None else 0
+        self.unshown_written += max(0, self.footprint(nbytes) - max(0, shown))
+
+    @contextlib.contextmanager
+    def deleting(self, nbytes: int) -> Iterator[None]:
+        """Around a file's delete: what the reading does not show as freed is not counted free (until a settle)."""
+        if not self._measured:
+            yield
+            return
+        before = self._read()
+        yield
+        after = self._read()
+        shown = after - before if before is not None and after is not None else 0
+        self.unshown_freed += max(0, self.footprint(nbytes) - max(0, shown))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -137,6 +272,18 @@ def _read_into_bytearray(path: Path) -> bytearray:
     return data
 
 
+def _allocate(fd: int, nbytes: int) -> None:
+    """Allocate a new file's `nbytes` before they are written, where the filesystem can (ENOSPC raises)."""
+    if nbytes <= 0 or not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            raise
+        # EOPNOTSUPP, EINVAL (a filesystem without it): the write allocates as it goes
+
+
 def _wait(held: SavedKV | PackedKV) -> None:
     """Bytes of a deferred save (`KVCache.save_deferred`) are whole before the pool reads them."""
     if isinstance(held, SavedKV):
@@ -154,7 +301,9 @@ class SavedPool:
     def __init__(self, ram_budget_bytes: int, spill_root: Path,
                  on_spill: Callable[[Block], None] | None = None, *, spill_budget_bytes: int | None = None,
                  reserve_bytes: int = 0, on_drop: Callable[[Block], None] | None = None,
-                 free_bytes: Callable[[Path], int] = disk_free, bits: int = 16) -> None:
+                 free_bytes: Callable[[Path], int] = LOCAL_DISK, bits: int = 16) -> None:
+        """`free_bytes` reads a disk's free space (OSError: cannot tell); `LocalDisk` also gives its block size and
+        a commit (`settle`); a plain function is taken as exact at once, in bytes."""
         map_large_buffers()                  # freed blocks go back to the OS, not into heap holes
         self.ram_budget_bytes = ram_budget_bytes
         self.bits = 16
@@ -164,8 +313,10 @@ class SavedPool:
         private_mkdir(spill_root)
         remove_orphan_spill_dirs(spill_root)
         self.spill_dir = Path(tempfile.mkdtemp(prefix=f"spill-{os.getpid()}-", dir=spill_root))   # 0700
+        self.room = SpillRoom(self.spill_dir, reserve_bytes, free_bytes)
         try:
-            self._lock_fd = _lock_folder(self.spill_dir)
+            with self.room.writing(len(f"{os.getpid()}\n")):
+                self._lock_fd = _lock_folder(self.spill_dir)
         except OSError as exc:
             log.warning("cannot lock the spill folder %s (%s): a later start may remove it early",
                         self.spill_dir, exc)
@@ -181,7 +332,6 @@ class SavedPool:
         self.drops = 0
         self.on_spill = on_spill
         self.on_drop = on_drop
-        self._free_bytes = free_bytes
         self._warned: set[str] = set()
 
     def __contains__(self, block: Block) -> bool:
@@ -244,8 +394,9 @@ class SavedPool:
         del self._holders[holder_key]
         self.ram_bytes -= nbytes
         if path is not None:
-            self.spill_bytes -= self._file_bytes.pop(str(path), 0)
-            with contextlib.suppress(OSError):
+            nbytes = self._file_bytes.pop(str(path), 0)
+            self.spill_bytes -= nbytes
+            with contextlib.suppress(OSError), self.room.deleting(nbytes):
                 path.unlink(missing_ok=True)
         return True
 
@@ -349,16 +500,11 @@ class SavedPool:
         return sum(path.stat().st_size for path in paths if path.exists())
 
     # -- spill, within the cap and the disk's reserve --------------------------------------------
-    def _bytes_short(self, nbytes: int) -> int:
-        """Bytes of spill files to free before `nbytes` more fit (0: they fit now)."""
+    def _bytes_short(self, nbytes: int) -> tuple[int, int]:
+        """(bytes of spill files over the cap, bytes of disk into the reserve) once a file of `nbytes` is written:
+        (0, 0) when it fits now."""
         over_cap = 0 if self.spill_budget_bytes is None else self.spill_bytes + nbytes - self.spill_budget_bytes
-        over_reserve = 0
-        if self.reserve_bytes:
-            try:
-                over_reserve = self.reserve_bytes + nbytes - self._free_bytes(self.spill_dir)
-            except OSError:
-                over_reserve = nbytes            # cannot tell: do not write
-        return max(0, over_cap, over_reserve)
+        return max(0, over_cap), self.room.short(nbytes)
 
     def _droppable_files(self) -> list[str]:
         """Spill files the pool may delete for room, least recently spilled first (no slot images)."""
@@ -367,17 +513,23 @@ class SavedPool:
         return [path for path in order if path not in blocked]
 
     def _make_room(self, nbytes: int) -> bool:
-        """Drop the least recently spilled blocks until `nbytes` fit; drops nothing when that cannot do it."""
-        needed = self._bytes_short(nbytes)
-        if not needed:
+        """Drop the least recently spilled blocks until `nbytes` fit; drops nothing when that cannot do it. The drops
+        are counted (bytes for the cap, blocks for the reserve) and the disk is read again once they cover the
+        shortfall: a reading may show a delete only at the disk's next commit (`SpillRoom.short` commits it)."""
+        over_cap, over_reserve = self._bytes_short(nbytes)
+        if not over_cap and not over_reserve:
             return True
         files = self._droppable_files()
-        if sum(self._file_bytes.get(path, 0) for path in files) < needed:
+        sizes = [self._file_bytes.get(path, 0) for path in files]
+        if sum(sizes) < over_cap or sum(map(self.room.footprint, sizes)) < over_reserve:
             return False
-        for path in files:
+        for path, size in zip(files, sizes, strict=True):
             self._drop_file(Path(path))
-            if not self._bytes_short(nbytes):
-                return True
+            over_cap, over_reserve = over_cap - size, over_reserve - self.room.footprint(size)
+            if over_cap <= 0 and over_reserve <= 0:
+                over_cap, over_reserve = self._bytes_short(nbytes)      # another writer may have taken more
+                if not over_cap and not over_reserve:
+                    return True
         return False
 
     def _dropped(self, block: Block, owner: BytesOwner | None) -> None:
@@ -425,9 +577,10 @@ class SavedPool:
             path = self.spill_dir / f"{self._files_made}.{'kvq' if isinstance(saved, PackedKV) else 'kv'}"
             try:
                 _wait(saved)
-                self._write(path, saved.data)
+                with self.room.writing(saved.nbytes):
+                    self._write(path, saved.data)
             except OSError as exc:          # full disk: keep it in RAM rather than lose it
-                log.warning("spill of %s failed (%s); kept in RAM", block.name, exc)
+                self._warn_once("write", "spill of %s failed (%s); kept in RAM", block.name, exc)
                 return
             self._file_bytes[str(path)] = saved.nbytes
             self.spill_bytes += saved.nbytes
@@ -444,9 +597,16 @@ class SavedPool:
 
     @staticmethod
     def _write(path: Path, data: bytearray | memoryview) -> None:
-        """`data` into a new 0600 file; a failed write leaves no file behind."""
+        """`data` into a new 0600 file, its blocks allocated first (a full disk fails before a byte is written, and
+        xfs adds no speculative preallocation past them); a failed write leaves no file behind."""
         try:
-            with open(create_private(path), "wb") as fh:
+            fd = create_private(path)
+            try:
+                _allocate(fd, len(data))
+            except OSError:
+                os.close(fd)
+                raise
+            with open(fd, "wb") as fh:
                 fh.write(data)
         except OSError:
             with contextlib.suppress(OSError):
