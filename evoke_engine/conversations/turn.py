@@ -39,6 +39,7 @@ class Reply:
     rebuilt_tokens: int = 0   # tokens that rebuild decoded
     reused_tokens: int = 0    # message tokens spliced from other conversations' K/V (not in prefill_tokens)
     resumed_tokens: int = 0   # a continued reply: the tokens it had before (in n_tokens, not sampled this time)
+    opening_tokens: int = 0   # the template's generation prompt decoded before the first token (not in prefill)
     breakdown: dict = field(default_factory=dict)   # where the turn's time went (`TurnBreakdown.as_dict`)
 
     @property
@@ -487,7 +488,7 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
                  next_opening=next_opening, first_part=part)
     clock.add("turn_end", perf() - closing_at)
     return Reply(text=text, n_tokens=len(generated), stopped=stopped, ttft_s=ttft, decode_s=decode_s,
-                 prefill_tokens=0, recovered=[])
+                 prefill_tokens=0, recovered=[], opening_tokens=0 if resumed else len(opening))
 
 
 def _end_before_stop(memory: ConversationMemory, rt: Runtime, reply_block: Block, generated: list[int],

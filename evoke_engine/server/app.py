@@ -353,7 +353,7 @@ async def _stream(service: ChatService, prepared: Prepared, pieces: asyncio.Queu
                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
 
     splitter = StreamSplitter(enabled=bool(prepared.tool_names), fmt=prepared.call_format,
-                              tool_names=prepared.tool_names)
+                              tool_names=prepared.tool_names, forced=prepared.call_forced)
     future = prepared.future
     position = service.engine.queue_position(future.job.id)
     try:

@@ -484,7 +484,7 @@ class ResponseRun:
     async def stream(self, service: ChatService, prepared: Prepared, pieces: asyncio.Queue,
                      loop: asyncio.AbstractEventLoop, metrics: Metrics, keep) -> AsyncIterator[str]:
         splitter = StreamSplitter(enabled=bool(prepared.tool_names), fmt=prepared.call_format,
-                                  tool_names=prepared.tool_names)
+                                  tool_names=prepared.tool_names, forced=prepared.call_forced)
         future = prepared.future
         position = service.engine.queue_position(future.job.id)
         text, opened = "", False

@@ -120,6 +120,7 @@ class Prepared:
     tokens_seen: bool = False        # the reply's first token has come
     arrived: float = 0.0             # time.monotonic() when the request arrived (`prepare` began)
     call_format: ToolCallFormat = HERMES     # the loaded model's tool-call markup (read from its chat template)
+    call_forced: bool = False        # tool_choice forces a call: the whole reply is one, cut or not
     first_token_at: float | None = None   # time.monotonic() when the reply's first piece came
     opened_tokens: int = 0           # tokens decoded for this request before its turn (a new prefix, a rebuild)
     acknowledged: bool = False       # its message was stored and the 200 said so (a failure keeps it)
@@ -398,6 +399,7 @@ class ChatService:
                         before=conv.stats(), lock=lock,
                         messages_before=len(conv.messages()) if route.action == "continue" else 0,
                         tool_names={t["function"]["name"] for t in tools} if request.parse_tools else set(),
+                        call_forced=request.tool_choice not in (None, "auto", "none"),
                         extras={"priority": request.evoke_priority, "pinned": request.evoke_pinned,
                                 "keep": [(i, m.keep) for i, m in enumerate(messages) if m.keep],
                                 "roles": [m.role for m in messages]})
@@ -569,7 +571,8 @@ class ChatService:
 
     def finish(self, prepared: Prepared, reply) -> Outcome:
         """Tool calls, raw-text map, `evoke_*` marks and usage, once the reply is done (worker thread)."""
-        content, calls = parse_tool_calls(reply.text, prepared.tool_names, prepared.call_format)
+        content, calls = parse_tool_calls(reply.text, prepared.tool_names, prepared.call_format,
+                                          forced=prepared.call_forced)
         ids = [new_call_id() for _ in calls]
         if calls:
             self.raw_map.remember(reply.text, content, calls, ids)
@@ -579,7 +582,8 @@ class ChatService:
             self._persist_if_due(prepared.conv.id)
         after = prepared.conv.stats()
         unfinished = bool(prepared.tool_names) and drop_unfinished_call(reply.text, prepared.call_format,
-                                                                        prepared.tool_names)[1]
+                                                                        prepared.tool_names,
+                                                                        forced=prepared.call_forced)[1]
         finish = finish_reason(reply.stopped, bool(calls), unfinished)
         return Outcome(content=content, tool_calls=[c.as_openai(i) for c, i in zip(calls, ids, strict=True)],
                        finish_reason=finish, usage=self._usage(prepared, reply, after))
@@ -628,8 +632,9 @@ class ChatService:
         before = prepared.before
         held = sum(b["tokens"] for b in before.blocks if b.get("role") != "breadcrumb")
         reused = int(getattr(reply, "reused_tokens", 0))
-        decoded = int(reply.prefill_tokens) + prepared.opened_tokens
-        prompt = held + int(reply.prefill_tokens) + reused
+        opening = int(getattr(reply, "opening_tokens", 0))     # the generation prompt the template adds
+        decoded = int(reply.prefill_tokens) + opening + prepared.opened_tokens
+        prompt = held + int(reply.prefill_tokens) + opening + reused
         if prepared.route == "import":       # the rebuilt history was decoded for this request too
             decoded += held - before.prefix_tokens
         decoded = min(decoded, prompt - reused)

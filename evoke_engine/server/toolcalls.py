@@ -24,24 +24,28 @@ TAG_OPEN, TAG_CLOSE = HERMES.open_tag, HERMES.close_tag
 
 
 def drop_unfinished_call(text: str, fmt: ToolCallFormat = HERMES,
-                         tool_names: set[str] | frozenset[str] = frozenset()) -> tuple[str, bool]:
+                         tool_names: set[str] | frozenset[str] = frozenset(), *,
+                         forced: bool = False) -> tuple[str, bool]:
     """(`text` without the unfinished tool call it ends with, whether there was one): a `<tool_call>` never closed
     (or the start of that tag), a marker whose call is cut short, or a bare call (`{"name": ...`) whose JSON does
     not parse. `tool_names` lets a format whose bare call starts with the tool's name (Mistral's `name[ARGS]{`)
-    find one cut short."""
+    find one cut short. `forced` (tool_choice forced a call: the grammar allowed nothing else): a reply that holds
+    no whole call is all of it the call cut short, even a lone `<`."""
+    if forced and text.strip() and not fmt.parse(text, set(tool_names))[1]:
+        return "", True
     at = fmt.unfinished_at(text, set(tool_names))
     if at is None:
         return text, False
     return text[:at].rstrip(), True
 
 
-def parse_tool_calls(text: str, tool_names: set[str],
-                     fmt: ToolCallFormat = HERMES) -> tuple[str | None, list[ParsedCall]]:
+def parse_tool_calls(text: str, tool_names: set[str], fmt: ToolCallFormat = HERMES, *,
+                     forced: bool = False) -> tuple[str | None, list[ParsedCall]]:
     """(content left, calls) of a finished reply; ([text], []) when it holds no valid call. An unfinished call at
-    its end is dropped from the content (`drop_unfinished_call`)."""
+    its end is dropped from the content (`drop_unfinished_call`, `forced` as there)."""
     if not tool_names:
         return text, []
-    text, _ = drop_unfinished_call(text, fmt, tool_names)
+    text, _ = drop_unfinished_call(text, fmt, tool_names, forced=forced)
     return fmt.parse(text, tool_names)
 
 
@@ -55,10 +59,11 @@ class StreamSplitter:
     until the reply ends because it may be a tool call (in `fmt`'s markup, or bare at the reply's start)."""
 
     def __init__(self, enabled: bool, fmt: ToolCallFormat = HERMES,
-                 tool_names: set[str] | frozenset[str] = frozenset()) -> None:
+                 tool_names: set[str] | frozenset[str] = frozenset(), *, forced: bool = False) -> None:
         self.enabled = enabled
         self.fmt = fmt
         self.tool_names = set(tool_names)
+        self.forced = forced            # a forced call: nothing is content until the reply ends
         self.text = ""
         self.sent = 0
 
@@ -74,7 +79,7 @@ class StreamSplitter:
 
     def _safe_end(self) -> int:
         head = self.text.lstrip()
-        if self.sent == 0 and (not head or self.fmt.holds(head, self.tool_names)):
+        if self.forced or self.sent == 0 and (not head or self.fmt.holds(head, self.tool_names)):
             return 0                        # may be a bare JSON call: hold all of it
         at = min((i for i in (self.text.find(m) for m in self.fmt.markers) if i >= 0), default=-1)
         if at >= 0:
@@ -85,7 +90,7 @@ class StreamSplitter:
         """The text held back, once the reply has ended: all of it but an unfinished call at its end."""
         if not self.enabled:
             return self.text[self.sent:]
-        kept, _ = drop_unfinished_call(self.text, self.fmt, self.tool_names)
+        kept, _ = drop_unfinished_call(self.text, self.fmt, self.tool_names, forced=self.forced)
         return kept[self.sent:]
 
 

@@ -77,7 +77,8 @@ def test_session_header_continues_and_decodes_only_the_tail(served):
     assert figures["route"] == "continue"
     tail = engine.diagnostics().template.segment([{"role": "system", "content": "x"}],
                                                  {"role": "user", "content": history[-1]["content"]})
-    assert figures["decoded"] == len(engine.tokenize(tail))
+    opening = engine.diagnostics().template.assistant_frame(history).opening     # the reply's generation prompt
+    assert figures["decoded"] == len(engine.tokenize(tail)) + len(engine.tokenize(opening))
     other = ask(client, [{"role": "user", "content": Q1}], extra_headers={"X-Evoke-Session": "t-other"})
     assert evoke(other)["conversation_id"] != figures["conversation_id"]
 
