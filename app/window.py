@@ -3,7 +3,8 @@
 Invariant: the window only connects controller signals to widgets and user actions to
 controller methods; modal questions go through `confirm` / `ask_text` / `edit_text` /
 `pick_files` / `save_export` / `pick_import` (app/dialogs.py, replaced in tests). Keyboard focus
-starts in the message box and goes back there after every conversation change.
+starts in the message box and goes back there after every conversation change. In a small window the side
+panels give way to the chat (app/window_room.py): no minimum size here is wider than a small screen.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from .endpoint_switch import EndpointSwitch
 from .resources import icon
 from .widgets.chat_view import ChatView
 from .widgets.conversation_list import ConversationSidebar
+from .widgets.elided_label import ElidedLabel
 from .widgets.input_bar import InputBar
 from .widgets.memory_panel import MemoryPanel
 from .widgets.settings_dialog import SettingsDialog
 from .widgets.status_bar import StatusBar
 from .window_extras import install_extras
+from .window_room import CHAT_MIN_WIDTH, MEMORY_MIN_WIDTH, SIDEBAR_MIN_WIDTH, PanelRoom
 
 
 class ErrorBanner(QWidget):
@@ -110,12 +113,13 @@ class MainWindow(QMainWindow):
     def _build(self) -> None:
         c = self.controller
         self.sidebar = ConversationSidebar(c.conversations)
-        self.sidebar.setMinimumWidth(220)
-        self.title = QLabel("Evoke Desk", objectName="conversationTitle")
+        self.sidebar.setMinimumWidth(SIDEBAR_MIN_WIDTH)
+        self.title = ElidedLabel("Evoke Desk", objectName="conversationTitle")     # a long title is cut, with "…"
         self.banner = ErrorBanner()
         self.chat = ChatView()
         self.input = InputBar()
-        centre = QWidget(objectName="centre")
+        self.centre = centre = QWidget(objectName="centre")
+        centre.setMinimumWidth(CHAT_MIN_WIDTH)
         col = QVBoxLayout(centre)
         col.setContentsMargins(0, 0, 0, 0)
         col.setSpacing(0)
@@ -131,15 +135,17 @@ class MainWindow(QMainWindow):
         split.addWidget(self.sidebar)
         split.addWidget(centre)
         split.setStretchFactor(1, 1)
+        split.setCollapsible(1, False)           # the sidebar may be dragged shut, the conversation never
         split.setSizes([270, 800])
         self.setCentralWidget(split)
         self.memory = MemoryPanel(c.blocks, c.events)
         self.memory.keepFileAsked.connect(c.keep_file)
         self.memory_dock = QDockWidget("Memory", self, objectName="memoryDock")
         self.memory_dock.setWidget(self.memory)
-        self.memory_dock.setMinimumWidth(340)
+        self.memory_dock.setMinimumWidth(MEMORY_MIN_WIDTH)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.memory_dock)
         self.resizeDocks([self.memory_dock], [400], Qt.Orientation.Horizontal)
+        self.room = PanelRoom(self)              # the panels give way to the chat in a small window
         self.status = StatusBar()
         self.setStatusBar(self.status)
         toolbar = self.addToolBar("Main")

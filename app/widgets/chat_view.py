@@ -4,9 +4,10 @@ that ended short why, with Continue generating (`reply_end`).
 
 Invariants: only the last bubble is re-rendered while a reply streams (its parts are updated in
 place, not rebuilt); a reply's text and its code blocks are separate widgets, so a long code line
-scrolls inside its block and never widens the message; the view follows the bottom unless the user
-scrolled up; actions are emitted with the bubble's position (the controller maps it to the engine's
-message), and only copy acts here.
+scrolls inside its block and never widens the message; every part wraps to the chat's width (the hover
+actions fold into a "⋯" menu where their row does not fit), so the chat never scrolls sideways; the view
+follows the bottom unless the user scrolled up; actions are emitted with the bubble's position (the
+controller maps it to the engine's message), and only copy acts here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from PySide6.QtWidgets import (
     QScrollArea,
     QSizePolicy,
     QTextBrowser,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 from ..messages import ChatMessage, Versions, end_note, stamp_text
 from ..render import Part, render_parts, render_plain
 from .code_block import CodeBlockView
+from .message_actions import MessageActions
 from .reply_end import ReplyEnd
 from .version_switch import VersionSwitch
 
@@ -94,16 +95,9 @@ class MessageBubble(QFrame):
         top.addWidget(self.header)
         self.stamp = QLabel(objectName="bubbleTime")          # when it was written, local time
         top.addWidget(self.stamp, 1)
-        self.actions = QWidget(objectName="messageActions")
-        row = QHBoxLayout(self.actions)
-        row.setContentsMargins(0, 0, 0, 0)
-        row.setSpacing(2)
-        self.buttons: dict[str, QToolButton] = {}
-        for name, text, tip in ACTIONS:
-            button = QToolButton(text=text, toolTip=tip, objectName="messageAction")
-            button.clicked.connect(lambda _=False, name=name: self.actionTriggered.emit(name))
-            self.buttons[name] = button
-            row.addWidget(button)
+        self.actions = MessageActions(ACTIONS)       # a row of buttons, or "⋯" where the bubble is narrow
+        self.actions.triggered.connect(self.actionTriggered)
+        self.buttons = self.actions.buttons
         policy = self.actions.sizePolicy()
         policy.setRetainSizeWhenHidden(True)         # no jump when the actions show on hover
         self.actions.setSizePolicy(policy)
@@ -124,12 +118,13 @@ class MessageBubble(QFrame):
         self.part_column.addWidget(self.body)
         layout.addLayout(self.part_column)
         self.footer = QLabel(objectName="bubbleFooter")
+        self.footer.setWordWrap(True)                # a long footer wraps, never widens the bubble
         layout.addWidget(self.footer)
         self.reply_end = ReplyEnd(self)              # why a reply ended short, and "Continue generating"
         self.reply_end.continueClicked.connect(lambda: self.actionTriggered.emit("continue"))
         layout.addWidget(self.reply_end)
         self._copied_reset = QTimer(self, singleShot=True, interval=COPIED_MS,
-                                    timeout=lambda: self.buttons["copy"].setText("Copy"))
+                                    timeout=lambda: self.actions.set_label("copy", "Copy"))
         self.set_message(message)
 
     def set_message(self, message: ChatMessage) -> None:
@@ -149,7 +144,7 @@ class MessageBubble(QFrame):
 
     def show_copied(self) -> None:
         """Say on the copy button that the message is on the clipboard, for a moment."""
-        self.buttons["copy"].setText("Copied ✓")
+        self.actions.set_label("copy", "Copied ✓")
         self._copied_reset.start()
 
     def set_text(self, text: str, *, streaming: bool) -> None:
@@ -203,7 +198,7 @@ class MessageBubble(QFrame):
         """Which actions apply: regenerate and Continue on the last reply, edit on every message, none but copy
         while busy or while a version switch is pending."""
         self.is_last, self.busy = is_last, busy
-        self.buttons["regenerate"].setVisible(self.role == "assistant" and is_last)
+        self.actions.set_applies("regenerate", self.role == "assistant" and is_last)
         self.buttons["edit"].setToolTip("Edit and resend; later messages go to the old version's branch"
                                         if self.role == "user" else "Edit the reply's text")
         for name in ("regenerate", "edit", "fork", "delete"):
@@ -212,6 +207,8 @@ class MessageBubble(QFrame):
         self.reply_end.offer(is_last and not busy and not self.versions.switching)
 
     def show_actions(self, shown: bool) -> None:
+        if not shown and self.actions.menu.isVisible():      # the "⋯" menu is open: its row stays
+            return
         self.actions.setVisible(shown)
 
     def event(self, event: QEvent) -> bool:

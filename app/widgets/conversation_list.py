@@ -62,7 +62,7 @@ class ConversationDelegate(QStyledItemDelegate):
     """Title, time of last use, a pin mark and a coloured badge for where the memory is; forks indented."""
 
     def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:  # noqa: N802
-        return QSize(option.rect.width(), 50)
+        return QSize(0, 50)          # as wide as the list (a row never asks for width: the list narrows without a bar)
 
     def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
         painter.save()

@@ -18,7 +18,6 @@ from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QGridLayout,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
     QListView,
@@ -34,6 +33,7 @@ from ..item_models import STATE_LABELS, STATES, StateRole
 
 STATE_COLORS = {"resident": "#3fb950", "ram": "#d29922", "disk": "#58a6ff", "dropped": "#6e7681"}
 CONTENTS_PRECISION_ROWS = 64    # rows a ResizeToContents column measures (Qt's default, 1000, is every row here)
+BLOCK_NAME_MIN_WIDTH = 64      # the block table's narrowest column (the names' Stretch column gives way to this)
 EVENT_LAYOUT_BATCH = 40         # wrapped event rows laid out per event-loop pass
 
 
@@ -156,15 +156,9 @@ class MemoryPanel(QWidget):
         layout.addLayout(grid)
         self.strip = BlockStrip(blocks_model)
         layout.addWidget(self.strip)
-        legend = QHBoxLayout()
-        legend.setSpacing(10)
-        self.legend_labels: dict[str, QLabel] = {}
-        for state in STATES:
-            label = QLabel(objectName="legend")
-            self.legend_labels[state] = label
-            legend.addWidget(label)
-        legend.addStretch(1)
-        layout.addLayout(legend)
+        self.legend = QLabel(objectName="legend")             # one line, wrapped where the dock is narrow
+        self.legend.setWordWrap(True)
+        layout.addWidget(self.legend)
         split = QSplitter(Qt.Orientation.Vertical)
         self.table = QTableView(objectName="blockTable")
         self.table.setModel(blocks_model)
@@ -180,6 +174,7 @@ class MemoryPanel(QWidget):
         header.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)   # "resident · kept" fits
         header.setSectionResizeMode(3, QHeaderView.ResizeMode.ResizeToContents)
         header.setResizeContentsPrecision(CONTENTS_PRECISION_ROWS)    # not every row at every stats refresh
+        header.setMinimumSectionSize(BLOCK_NAME_MIN_WIDTH)     # a narrow dock scrolls the table, names stay legible
         blocks_model.modelReset.connect(self._fit_attention_column)
         self.table.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.table.customContextMenuRequested.connect(self._block_menu)
@@ -210,9 +205,9 @@ class MemoryPanel(QWidget):
 
     def _update_legend(self, *_: Any) -> None:
         totals = self.blocks_model.tokens_by_state()
-        for state, label in self.legend_labels.items():
-            label.setText(f"<span style='color:{STATE_COLORS[state]}'>■</span> {STATE_LABELS[state]} "
-                          f"{totals.get(state, 0)}")
+        self.legend.setText(" &nbsp; ".join(f"<span style='color:{STATE_COLORS[state]}'>■</span>&nbsp;"
+                                            f"{STATE_LABELS[state].replace(' ', '&nbsp;')}&nbsp;{totals.get(state, 0)}"
+                                            for state in STATES))
 
     def set_stats(self, stats: dict[str, Any]) -> None:
         active, budget = int(stats.get("active_tokens", 0)), int(stats.get("budget_tokens", 0))

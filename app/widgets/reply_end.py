@@ -29,14 +29,14 @@ class ReplyEnd(QWidget):
         font = self.note.font()
         font.setItalic(True)
         self.note.setFont(font)
+        self.note.setWordWrap(True)                  # a narrow bubble wraps the note beside the button
         self.always = False
         self.can_continue = False
         self.button = QToolButton(text=CONTINUE_LABEL, objectName="continueButton",
                                   toolTip="Go on writing this reply from where it stopped")
         self.button.clicked.connect(self.continueClicked.emit)
-        row.addWidget(self.note)
+        row.addWidget(self.note, 1)
         row.addWidget(self.button)
-        row.addStretch(1)
         self.button.hide()
         self.hide()
 

@@ -2,7 +2,8 @@
 
 Invariant: it only formats what the controller reports; the gauge turns amber above the high
 watermark and red over the budget; it says "Ready" only while no conversation is opening (a rebuild
-shows its progress and a Cancel button that emits `cancelRebuild`).
+shows its progress and a Cancel button that emits `cancelRebuild`). A long state, model, device or endpoint text
+is cut with "…" (whole in its tooltip): the bar never sets the window's minimum width.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QToolButton, QWidget
 
 from ..messages import model_name
+from .elided_label import ElidedLabel
 
 
 def _gib(n: int) -> str:
@@ -59,17 +61,17 @@ class StatusBar(QStatusBar):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("statusBar")
-        self.state = QLabel("Loading model…", objectName="statusState")
+        self.state = ElidedLabel("Loading model…", objectName="statusState")   # long texts cut, never widen
         self.busy = QProgressBar(objectName="busy", maximumWidth=120, maximumHeight=12, textVisible=False)
         self.busy.setRange(0, 0)
         self.cancel = QToolButton(text="Cancel", objectName="cancelRebuild", visible=False)
         self.cancel.setToolTip("Stop rebuilding this conversation from its history (it is rebuilt when you send)")
         self.cancel.clicked.connect(self.cancelRebuild)
-        self.model = QLabel("", objectName="statusModel")
-        self.device = QLabel("", objectName="statusDevice")
+        self.model = ElidedLabel("", objectName="statusModel")
+        self.device = ElidedLabel("", objectName="statusDevice")
         self.speed = QLabel("— tok/s", objectName="statusSpeed")
         self.ttft = QLabel("TTFT —", objectName="statusTtft")
-        self.endpoint = QLabel("", objectName="statusEndpoint", visible=False)
+        self.endpoint = ElidedLabel("", objectName="statusEndpoint", visible=False)
         self.gauge = QProgressBar(objectName="gauge", minimumWidth=220, maximumWidth=280, maximumHeight=16)
         self.gauge.setFormat("KV 0 / 0")
         self.gauge.setRange(0, 1)
