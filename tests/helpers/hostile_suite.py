@@ -72,13 +72,15 @@ MAX_PREFILL_TOKENS = 3840
 class Served:
     """`python -m evoke_engine serve` on an ephemeral loopback port, in a process of its own."""
 
-    def __init__(self, home: Path, *, lifetime_s: float = 900, budget: int = 512) -> None:
+    def __init__(self, home: Path, *, lifetime_s: float = 900, budget: int = 512,
+                 max_prefill_tokens: int | None = MAX_PREFILL_TOKENS) -> None:
         env = {**os.environ, "EVOKE_HOME": str(home), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         env.pop("EVOKE_API_KEY", None)
         self.log = open(home / f"serve-{time.monotonic_ns()}.log", "w")    # noqa: SIM115 (closed in stop)
+        bound = ["--max-prefill-tokens", str(max_prefill_tokens)] if max_prefill_tokens is not None else []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "evoke_engine", "serve", "--port", "0", "--budget", str(budget),
-             "--lifetime", str(lifetime_s), "--max-prefill-tokens", str(MAX_PREFILL_TOKENS)],
+             "--lifetime", str(lifetime_s), *bound],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.address = ""
 
@@ -571,7 +573,7 @@ def run_second_serve(home: Path, tally: Tally) -> None:
                  f"the second serve exited {code}")
 
 
-# -- issue 57: junk tokens, a big embeddings request that leaves, token-less replays, sessions per owner ------------
+# -- issue 57: junk tokens, a big embeddings request that leaves, token-less replays, sessions per owner, long holds ---
 
 def _status_line(sock: socket.socket, wait_s: float) -> bytes:
     sock.settimeout(wait_s)
@@ -699,6 +701,111 @@ def run_guessed_system_prompt(server: Served, tally: Tally, wrong_guesses: int) 
                  f"ratio {ratio:.2f}")
 
 
+def _streamed_chat(server: Served, token: str, text: str) -> tuple[int | None, float, float]:
+    """A streamed 2-token chat: (status, seconds to its first token, seconds to its end); None for a hang."""
+    began = time.monotonic()
+    first = None
+    try:
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as http, http.stream(
+                "POST", server.address + "/chat/completions", json=chat_body(text, 2, stream=True),
+                headers={"X-Evoke-Client": token}) as response:
+            for line in response.iter_lines():
+                if first is None and line.startswith("data: {") and _delta_text(line[6:]):
+                    first = time.monotonic() - began
+            status = response.status_code
+    except httpx.TimeoutException:
+        return None, REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S
+    except httpx.HTTPError:
+        return 0, 0.0, time.monotonic() - began
+    whole = time.monotonic() - began
+    return status, whole if first is None else first, whole
+
+
+def _delta_text(chunk: str) -> str:
+    with contextlib.suppress(ValueError, LookupError, TypeError):
+        return json.loads(chunk)["choices"][0]["delta"].get("content") or ""
+    return ""
+
+
+def _words(n: int) -> str:
+    return " ".join(f"w{i % 97}" for i in range(n))          # about 2.6 tokens a word
+
+
+def _over_the_limit(server: Served, token: str, body: dict, pattern: str) -> tuple[int, int] | None:
+    """(tokens, limit) from the 400 a body one request may not decode gets (None: it was not refused so)."""
+    status, response = send(server, body, headers={"X-Evoke-Client": token}, timeout=60)
+    found = re.search(pattern, _json(response).get("error", {}).get("message", "")) if status == 400 else None
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def _exchanges(pairs: int) -> list[dict]:
+    history = []
+    for i in range(pairs):
+        history += [{"role": "user", "content": f"Q{i}: bay {i}?"}, {"role": "assistant", "content": f"{100 + i} l."}]
+    return history
+
+
+def run_long_hold(home: Path, tally: Tally, share: float) -> None:
+    """Item 6 without --max-prefill-tokens: an attacker sends the longest message the server accepts (its size read
+    from the 400 one too long gets; `share` of it in --quick), then the most fake user/assistant exchanges that fit (up
+    to 300), while a known client sends streamed 2-token chats; each of them must end within 3x its quiet figure +
+    1 s, and the first before the attacker's request does (never behind its whole prefill)."""
+    victim, attacker = "issue57-victim-token-000000001", "issue57-attacker-token-0000001"
+    home.mkdir()
+    server = Served(home, max_prefill_tokens=None).wait()
+    try:
+        _streamed_chat(server, victim, "Say hi.")                                  # warm: the model and the prefix
+        quiet = [_streamed_chat(server, victim, "Say hi.") for _ in range(3)]
+        context = _json(send(server, method="GET", path="/models", timeout=30)[1]).get("data", [{}])[0].get(
+            "context_length", 4096)
+        sized = _over_the_limit(server, attacker, chat_body(_words(context)), r"is (\d+) tokens, \d+ over the (\d+)")
+        message_words = int(context * sized[1] / sized[0] * 0.97 * share) if sized else context // 3
+        probe = _exchanges(300)
+        sized = _over_the_limit(server, attacker, {**chat_body("Which bay is 150 l?"), "messages": [
+            *probe, {"role": "user", "content": "Which bay is 150 l?"}]}, r"about (\d+) tokens, \d+ over the (\d+)")
+        pairs = min(300, int(300 * sized[1] / sized[0] * 0.9 * share)) if sized else int(300 * share)
+        cases = [(f"the longest message ({message_words} words)", chat_body(_words(message_words), 4)),
+                 (f"{pairs} fake exchanges", {**chat_body("Which bay is 150 l?", 4), "messages": [
+                     *_exchanges(pairs), {"role": "user", "content": "Which bay is 150 l?"}]})]
+        for name, body in cases:
+            _hold_case(server, tally, name, body, quiet, attacker, victim)
+    finally:
+        server.stop()
+
+
+def _hold_case(server: Served, tally: Tally, name: str, body: dict, quiet: list, attacker: str, victim: str) -> None:
+    held: dict = {}
+
+    def attack() -> None:
+        began = time.monotonic()
+        status, response = send(server, body, headers={"X-Evoke-Client": attacker}, timeout=600)
+        held.update(status=status, ended=time.monotonic(), began=began,
+                    tokens=_json(response).get("usage", {}).get("prompt_tokens", 0))
+
+    thread = threading.Thread(target=attack, daemon=True)
+    thread.start()
+    time.sleep(1.0)                                  # its prefill has begun
+    chats: list[tuple[int | None, float, float, float]] = []      # status, first token, whole, ended at
+    while thread.is_alive() or not chats:
+        status, first, whole = _streamed_chat(server, victim, "Say hi.")
+        chats.append((status, first, whole, time.monotonic()))
+    thread.join(600)
+    quiet_first, quiet_whole = max(q[1] for q in quiet), max(q[2] for q in quiet)
+    bar = 3 * quiet_whole + 1.0
+    worst_first, worst_whole = max(c[1] for c in chats), max(c[2] for c in chats)
+    hold_s = held.get("ended", time.monotonic()) - held.get("began", 0.0)
+    first_done = chats[0][3] - held.get("began", 0.0)
+    tally.hangs += sum(c[0] is None for c in chats)
+    tally.record(f"issue 57.6: {name} from one client holds no other client's chat",
+                 held.get("status") == 200 and all(c[0] == 200 for c in chats) and worst_whole <= bar
+                 and chats[0][3] < held.get("ended", 0.0), held.get("status"),
+                 f"attacker {held.get('tokens', 0)} prompt tokens, {hold_s:.1f} s; {len(chats)} victim chats, first "
+                 f"token max {worst_first:.2f} s, whole max {worst_whole:.2f} s against quiet {quiet_first:.2f} / "
+                 f"{quiet_whole:.2f} s (bar {bar:.2f} s); the first ended at {first_done:.1f} s of the attacker's "
+                 f"{hold_s:.1f} s; each (first token / whole): "
+                 + ", ".join(f"{c[1]:.2f}/{c[2]:.2f}" for c in chats))
+
+
 # -- a disk that fills up ---------------------------------------------------------------------------------
 
 def run_disk_full(tally: Tally, turns: int) -> None:
@@ -776,6 +883,7 @@ def main(argv: list[str] | None = None) -> int:
             run_token_less(server, tally)
             run_sessions_per_owner(server, tally, sessions=20 if args.quick else 300)
             run_guessed_system_prompt(server, tally, wrong_guesses=2 if args.quick else 5)
+            run_long_hold(Path(tmp) / "long-hold", tally, share=0.25 if args.quick else 1.0)
             tally.seconds["issue57"] = round(time.monotonic() - phase, 1)
             phase = time.monotonic()
             run_concurrent(server, tally, clients=4 if args.quick else 16, turns=2 if args.quick else 4)
