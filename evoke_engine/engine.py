@@ -137,7 +137,7 @@ class Engine:
         if self.prewarm:
             shared = len(self.warm_default_prefix().tokens)
             if model.embedder.enabled and recovery_backend(settings.recovery).evicts:
-                self.thread.submit(model.embedder.warm, priority=BACKGROUND, command=Command.EMBED)
+                self._warm_embedder(model.embedder)
         warning = model.fit_warning(shared) if recovery_backend(settings.recovery).evicts else None
         if warning:
             self.emit(EngineEvent(EventKind.ERROR, warning))
@@ -245,7 +245,24 @@ class Engine:
             focus = focus_from_history(self.history.messages(state.id), embedder, self.settings)
             state.memory.adopt_embedder(embedder, focus)
         if embedder.enabled and recovery_backend(self.settings.recovery).evicts:
-            self.thread.submit(embedder.warm, priority=BACKGROUND, command=Command.EMBED)
+            self._warm_embedder(embedder)
+
+    def _warm_embedder(self, embedder: Embedder) -> None:
+        """Load the embedder on its own thread, never the engine's: no turn waits for it (one meanwhile recalls by
+        words, `Embedder.warming`); events say when it starts, whether it is exported first (the first start
+        with this model: up to a minute), and when it is ready."""
+        first_use = embedder.first_use()
+        said = ("preparing the recall model for its first use (once; until it is ready, recall matches words)"
+                if first_use else "loading the recall model")
+        self.emit(EngineEvent(EventKind.EMBEDDER_WARMING, said, detail={"first_use": first_use}))
+
+        def ready(seconds: float, error: BaseException | None) -> None:
+            said = (f"the recall model is ready ({seconds:.1f} s)" if error is None
+                    else f"the recall model could not load ({error}); recall matches words")
+            failure = None if error is None else str(error)
+            self.emit(EngineEvent(EventKind.EMBEDDER_READY, said, detail={"seconds": round(seconds, 2),
+                                                                          "error": failure}))
+        embedder.warm_in_background(ready)
 
     def _embedder_changed(self, old: Settings, new: Settings) -> None:
         if self.model is not None:                     # unloaded: the next load builds the new one

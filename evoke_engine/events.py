@@ -16,6 +16,9 @@ class EventKind(enum.StrEnum):
     MODEL_LOADED = "model_loaded"
     MODEL_UNLOADED = "model_unloaded"
     LOAD_FAILED = "load_failed"
+    EMBEDDER_WARMING = "embedder_warming"   # the embedder loads on its own thread; detail = {"first_use"}: it is
+                                            # exported first (a minute, once); turns meanwhile recall by words
+    EMBEDDER_READY = "embedder_ready"       # detail = {"seconds", "error"} (error None when it loaded)
     PREFILL = "prefill"                  # tokens of a long message decoded so far
     EVICTED = "evicted"
     RECOVERED = "recovered"

@@ -87,6 +87,8 @@ def _adapt_vectors(snapshot: Snapshot, embedder: Embedder, messages: Sequence[Me
                      f"recomputed with {current} when needed")
         snapshot.focus = None
         snapshot.lines = {}                              # line vectors of another embedder: embedded again
+    elif embedder.warming:                               # its own vectors, from the same model: checked when
+        stale = []                                       # they are read (a decision embeds what it lacks)
     else:
         dim = embedder.dimension()
         stale = [b for b in with_vectors if b.embedding.shape[0] != dim]

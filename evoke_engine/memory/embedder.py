@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -68,6 +69,8 @@ class Embedder:
         self._model = None
         self._lock = threading.Lock()
         self._warming = False
+        self._warmed = threading.Event()          # set while no background load runs (`wait_warm`)
+        self._warmed.set()
         self.embed_s = 0.0            # seconds callers waited for vectors (a turn's breakdown reads the difference)
         self._recent: OrderedDict[str, np.ndarray] = OrderedDict()
         self._recent_lock = threading.Lock()
@@ -75,8 +78,20 @@ class Embedder:
 
     @property
     def warming(self) -> bool:
-        """`warm` is loading the model now: a turn does not wait for it (it decides with the lexical signal)."""
+        """`warm_in_background` is loading the model now: nothing waits for it (`embed` gives no vectors, a turn
+        decides with the lexical signal, the vectors are made once it is ready)."""
         return self._warming
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Wait (off the engine thread) for a background load to end; True when none runs now."""
+        return self._warmed.wait(timeout)
+
+    def first_use(self) -> bool:
+        """Whether loading the model means exporting it first (the first start with this model: seconds to a
+        minute, where later loads take a second)."""
+        if not self.enabled or self._model is not None or self.backend == "sentence-transformers":
+            return False
+        return not onnx_encoder.exported(self.name or bundled_model_path(), self.cache_dir)
 
     @property
     def identity(self) -> str | None:
@@ -109,13 +124,30 @@ class Embedder:
         return SentenceTransformer(str(path), device="cpu", local_files_only=True)
 
     def warm(self) -> None:
-        """Load the model now (the engine does this in the background after the LLM loads)."""
+        """Load the model now, on the calling thread."""
         if self.enabled:
-            self._warming = True
+            self._load().encode(["warm up"])     # first inference allocates
+
+    def warm_in_background(self, on_ready: Callable[[float, BaseException | None], None]) -> None:
+        """Load the model on a thread of its own (the engine does this after the LLM loads): `warming` until it
+        is loaded, then `on_ready(seconds, error)` on that thread (error None when it loaded; after an error the
+        next `embed` tries again, and raises)."""
+        if not self.enabled or self._model is not None:
+            return
+        self._warming = True
+        self._warmed.clear()
+
+        def run() -> None:
+            started, error = time.perf_counter(), None
             try:
-                self._load().encode(["warm up"])     # first inference allocates
+                self.warm()
+            except BaseException as exc:               # noqa: BLE001 - said to the caller, raised again on use
+                error = exc
             finally:
                 self._warming = False
+                self._warmed.set()
+            on_ready(time.perf_counter() - started, error)
+        threading.Thread(target=run, name="evoke-embedder-warm", daemon=True).start()
 
     def dimension(self) -> int | None:
         """Length of this embedder's vectors (loads the model); None when similarity is off."""
@@ -124,8 +156,9 @@ class Embedder:
         return int(self._load().dimension)
 
     def embed(self, texts: list[str]) -> np.ndarray | None:
-        """(len(texts), dim) unit vectors, or None when similarity is off."""
-        if not self.enabled or not texts:
+        """(len(texts), dim) unit vectors, or None when similarity is off or the model is still warming up (the
+        caller goes on without them: vectors are made when next asked for)."""
+        if not self.enabled or not texts or self._warming:
             return None
         started = time.perf_counter()
         vectors = self._encode(texts)

@@ -255,6 +255,8 @@ class ConversationMemory:
         if not missing or not self.embedder.enabled:
             return
         vectors = self.embedder.embed([b.text for b in missing])
+        if vectors is None:                          # the embedder is warming up: made when next asked for
+            return
         for block, vector in zip(missing, vectors, strict=True):
             block.embedding = vector
 
@@ -356,7 +358,7 @@ class ConversationMemory:
         """Embed the blocks (and their lines) that ended turns left to do: the engine runs this on its idle
         time after each turn, so neither the reply's end nor the next first token waits for it; a decision or a
         KV file that comes first runs it itself, so nothing is ever decided or written without the vectors."""
-        if not self.embedding_due:
+        if not self.embedding_due or getattr(self.embedder, "warming", False):    # warming: once it is ready
             return
         self.embedding_due = False
         self.ensure_embeddings(b for b in self.table.resident if not b.shared)

@@ -127,6 +127,12 @@ def load(model_dir: str | Path, cache_dir: str | Path,
     return made, model
 
 
+def exported(model_dir: str | Path, cache_dir: str | Path) -> bool:
+    """Whether `cache_dir` holds an export of the model in `model_dir` (a load then takes a second, where the
+    export itself takes from a few seconds to a minute and needs torch)."""
+    return _Files.of(model_dir, Path(cache_dir)).record.exists()
+
+
 def _open(files: _Files, model_dir: str | Path) -> OnnxSentenceEncoder | None:
     """The export in `files`, or None when there is none (or it cannot be opened)."""
     try:

@@ -184,6 +184,8 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: boo
         read = read_as_words if words else code_words
         flat = [read(line) for lines in missing.values() for line in lines]
         vectors = embedder.embed(flat) if flat else None
+        if vectors is None and getattr(embedder, "warming", False):
+            return cached_lines(embedder, keys.values())      # warming: the missing ones are embedded once it is ready
         at = 0
         for key, lines in missing.items():
             cache[key] = (lines, None if vectors is None else vectors[at:at + len(lines)])

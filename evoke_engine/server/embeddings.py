@@ -218,6 +218,9 @@ async def embed_request(engine: Engine, request: EmbeddingRequest, model_id: str
     check_options(request)
     check_model(request.model, model_id, engine.settings.embedder)
     inputs = read_inputs(request.input)
+    embedder = engine.model.embedder if engine.model is not None else None
+    if embedder is not None and embedder.warming:           # its first load runs on a thread of its own: wait
+        await asyncio.to_thread(embedder.wait_warm)         # here, never in an engine job
     texts = inputs.texts
     if texts is None:
         texts, _ = await _on_engine(engine, decode_ids, inputs.ids, about="embeddings: token ids")
