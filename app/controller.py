@@ -103,6 +103,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
     openingChanged = Signal(str)               # title of the conversation whose KV is opening ("" once it is open)
     newPending = Signal(str)                   # New was asked: the pane is the new conversation (title) until it exists
     conversationSettled = Signal(str)          # the highlighted conversation's messages are shown and its KV is open
+    recallModelChanged = Signal(str, bool, str)   # warming | ready | failed, first use (exported first), its words
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -124,6 +125,8 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self._cancel_asked: set[str] = set()       # the user pressed Cancel on their rebuild
         self.creating = False                      # New was asked and its conversation does not exist yet
         self.read_only = False                     # another process owns the data folder
+        self._recall_said: tuple[str, str] | None = None   # the recall model's state last said, and its words
+        self._recall_first_use = False
         self._drop_after_switch = ""               # an empty conversation that was left: deleted once the next shows
         self.error_topic = ""
         self.streams: dict[str, Stream] = {}       # conversation id -> its reply being written (several at once)
@@ -216,6 +219,9 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self.model_info = info
         self.modelInfoChanged.emit(info)
         self._set_model_state("ready", model_name(info))
+        status = getattr(self.engine, "embedder_status", None)
+        if status is not None and status() is not None:      # it began before this window listened
+            self._recall_model(status())
         self.errorResolved.emit("model")
         self._list_timer.start()
         if first:
@@ -823,10 +829,24 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self._stats_busy = False
         log.warning("stats failed: %s", error_text(exc))
 
+    def _recall_model(self, event: Any) -> None:
+        """The embedder (the recall model) is warming up, ready or failed: said once per change."""
+        detail = getattr(event, "detail", None) or {}
+        if event.kind == EventKind.EMBEDDER_WARMING:
+            state, self._recall_first_use = "warming", bool(detail.get("first_use"))
+        else:
+            state = "failed" if detail.get("error") else "ready"
+        if (state, event.message) != self._recall_said:
+            self._recall_said = (state, event.message)
+            self.recallModelChanged.emit(state, self._recall_first_use, event.message)
+
     def _on_event(self, event: Any) -> None:
         kind = str(getattr(event, "kind", ""))          # an EventKind (a str enum): kept as its plain value
         message = getattr(event, "message", "") or kind
         conv_id = getattr(event, "conversation_id", None)
+        if kind in (EventKind.EMBEDDER_WARMING, EventKind.EMBEDDER_READY):
+            self._recall_model(event)
+            return
         if kind == EventKind.MODEL_LOADING:
             self._set_model_state("loading", message)
         elif kind == EventKind.MODEL_LOADED and self.model_info is not None:

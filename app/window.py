@@ -215,6 +215,8 @@ class MainWindow(QMainWindow):
         c.prefillProgress.connect(self.status.set_prefill)
         c.rebuildProgress.connect(self.status.set_rebuild)
         c.rebuildProgress.connect(self.chat.show_rebuild)
+        c.recallModelChanged.connect(self.chat.show_first_start)
+        c.recallModelChanged.connect(self.status.set_recall_model)
         c.attachmentsChanged.connect(self.input.set_attachments)
         c.errorRaised.connect(lambda text: self.banner.show_message(text, topic=c.error_topic))
         c.warningRaised.connect(self.banner.show_warning)

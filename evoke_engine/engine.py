@@ -65,6 +65,7 @@ class Engine:
         self.owner = DataFolderLock(self.settings.data_dir).acquire()   # first: a refused engine starts nothing
         self.thread = EngineThread(stream_limit=self._stream_limit)
         self._subscribers: list[Callable[[EngineEvent], None]] = []
+        self._embedder_event: EngineEvent | None = None       # `embedder_status`
         self._cancels: dict[str, set[threading.Event]] = {}     # one Event per queued or running turn
         self._open_cancels: dict[str, set[threading.Event]] = {}   # one Event per queued or running open
         self._cancels_lock = threading.Lock()
@@ -254,15 +255,24 @@ class Engine:
         first_use = embedder.first_use()
         said = ("preparing the recall model for its first use (once; until it is ready, recall matches words)"
                 if first_use else "loading the recall model")
-        self.emit(EngineEvent(EventKind.EMBEDDER_WARMING, said, detail={"first_use": first_use}))
+        self._say_embedder(EngineEvent(EventKind.EMBEDDER_WARMING, said, detail={"first_use": first_use}))
 
         def ready(seconds: float, error: BaseException | None) -> None:
             said = (f"the recall model is ready ({seconds:.1f} s)" if error is None
                     else f"the recall model could not load ({error}); recall matches words")
             failure = None if error is None else str(error)
-            self.emit(EngineEvent(EventKind.EMBEDDER_READY, said, detail={"seconds": round(seconds, 2),
-                                                                          "error": failure}))
+            self._say_embedder(EngineEvent(EventKind.EMBEDDER_READY, said, detail={"seconds": round(seconds, 2),
+                                                                                   "error": failure}))
         embedder.warm_in_background(ready)
+
+    def _say_embedder(self, event: EngineEvent) -> None:
+        self._embedder_event = event
+        self.emit(event)
+
+    def embedder_status(self) -> EngineEvent | None:
+        """The embedder's last event (`embedder_warming` or `embedder_ready`), None before its first load: what a
+        window that subscribed after it shows."""
+        return self._embedder_event
 
     def _embedder_changed(self, old: Settings, new: Settings) -> None:
         if self.model is not None:                     # unloaded: the next load builds the new one

@@ -254,12 +254,29 @@ class ChatView(QScrollArea):
         self.notice.setWordWrap(True)
         self.notice.hide()
         self.column.insertWidget(1, self.notice)
+        self.first_start = QLabel(objectName="firstStart")    # the first start: what is being prepared, and why
+        self.first_start.setWordWrap(True)
+        self.first_start.hide()
+        self.column.insertWidget(0, self.first_start)
         self.bubbles: list[MessageBubble] = []
         self._revealed: MessageBubble | None = None      # a search hit's bubble, kept in view until the next change
         self.busy = False
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
         self.verticalScrollBar().valueChanged.connect(self._scrolled)
+
+    def show_first_start(self, state: str, first_use: bool, _message: str = "") -> None:
+        """On the first start (the recall model exported for its first use), say what is happening above the
+        chat until it is ready: chatting works meanwhile."""
+        if state != "warming" or not first_use:
+            self.first_start.hide()
+            return
+        self.first_start.setText(
+            "Welcome to Evoke Desk. The model is loaded: you can chat now.\n\n"
+            "One thing is still being prepared, once only: the recall model, which finds the older parts of a long "
+            "conversation a new message needs (it takes up to a minute on this first start, a second on later "
+            "ones). Until it is ready, recall matches words instead of meaning; nothing waits for it.")
+        self.first_start.show()
 
     def show_rebuild(self, title: str, done: int, total: int) -> None:
         """Say in the chat that a conversation's memory is being rebuilt from its history; gone when done."""

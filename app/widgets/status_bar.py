@@ -72,6 +72,7 @@ class StatusBar(QStatusBar):
         self.speed = QLabel("— tok/s", objectName="statusSpeed")
         self.ttft = QLabel("TTFT —", objectName="statusTtft")
         self.endpoint = ElidedLabel("", objectName="statusEndpoint", visible=False)
+        self.recall = ElidedLabel("", objectName="statusRecall", visible=False)   # the recall model, until ready
         self.gauge = QProgressBar(objectName="gauge", minimumWidth=220, maximumWidth=280, maximumHeight=16)
         self.gauge.setFormat("KV 0 / 0")
         self.gauge.setRange(0, 1)
@@ -79,7 +80,7 @@ class StatusBar(QStatusBar):
         self.addWidget(self.state)
         self.addWidget(self.busy)
         self.addWidget(self.cancel)
-        for widget in (self.endpoint, self.model, self.device, self.speed, self.ttft, self.gauge):
+        for widget in (self.recall, self.endpoint, self.model, self.device, self.speed, self.ttft, self.gauge):
             self.addPermanentWidget(widget)
         self.high_watermark = 0.92
         self.active = self.budget = 0
@@ -124,6 +125,16 @@ class StatusBar(QStatusBar):
         self.device.setProperty("level", "notice" if notice else "ok")
         if notice:
             self.showMessage(notice, 15000)
+
+    def set_recall_model(self, state: str, first_use: bool, message: str) -> None:
+        """The recall model (the embedder) warming up: a mark until it is ready; a failure stays marked."""
+        words = {"warming": "Recall: preparing (first use)…" if first_use else "Recall: loading…",
+                 "failed": "Recall: by words only"}.get(state, "")
+        self.recall.setText(words)
+        self.recall.setToolTip(message[:1].upper() + message[1:] if words else "")
+        self.recall.setVisible(bool(words))
+        if state == "ready":
+            self.showMessage(message[:1].upper() + message[1:], 5000)
 
     def set_prefill(self, done: int, message: str) -> None:
         self.state.setText(f"Prefill {message or done}")
