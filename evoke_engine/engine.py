@@ -340,7 +340,8 @@ class Engine:
     def begin_open(self, conversation_id: str, priority: int = FOREGROUND) -> Future:
         """Open a conversation (restore its KV file or rebuild it from history) without waiting; the Future gives
         its handle, or raises `RebuildCancelled` when `cancel_open` stopped the rebuild. The endpoint's imports
-        open at NORMAL priority, behind the turns already waiting."""
+        open at NORMAL priority, behind the turns already waiting. It runs as a stream (`Command.REBUILD`): a
+        rebuild's prefill chunks take turns with replies, so a long history holds no other conversation behind it."""
         cancel = threading.Event()
         with self._cancels_lock:
             self._open_cancels.setdefault(conversation_id, set()).add(cancel)
@@ -356,7 +357,7 @@ class Engine:
                     events.discard(cancel)
                     if not events:
                         del self._open_cancels[conversation_id]
-        future = self.thread.submit(run, priority=priority, command=Command.OPEN, about=conversation_id)
+        future = self.thread.submit(run, priority=priority, command=Command.REBUILD, about=conversation_id)
         future.add_done_callback(finished)
         return future
 

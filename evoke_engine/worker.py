@@ -40,6 +40,8 @@ class Command(enum.StrEnum):
     """What a job does, as the engine's public API names it."""
     LOAD = "load"                    # load, reload or unload the model; apply settings
     OPEN = "open"                    # open, create, release or persist a conversation's KV
+    REBUILD = "rebuild"              # open a conversation whose KV may be rebuilt from history: a stream, whose
+                                     # prefill chunks take turns with replies (an endpoint import, a background open)
     TURN = "turn"                    # a user or tool turn
     REGENERATE = "regenerate"
     CONTINUE = "continue"
@@ -66,7 +68,7 @@ class Job:
         return f"job {self.id} {self.command}{about}"
 
 
-STREAM_COMMANDS = frozenset({Command.TURN, Command.REGENERATE, Command.CONTINUE})
+STREAM_COMMANDS = frozenset({Command.TURN, Command.REGENERATE, Command.CONTINUE, Command.REBUILD})
 EXCLUSIVE_COMMANDS = frozenset({Command.LOAD, Command.SWEEP, Command.DRAIN})   # run only while no reply streams
 _STOP = 10**9                                                   # the stop marker's priority: after every job
 FOREGROUND_WEIGHT = 2.0        # the window's reply gets twice the engine time of an endpoint's while both stream

@@ -386,6 +386,7 @@ class ConversationLifecycle:
         def on_block(_block) -> None:
             progress(memory.prefilled_tokens - first)
             stop_if_cancelled()
+            model.rt.step_boundary()        # in a stream (`Engine.begin_open`), replies take their steps here
 
         progress(0)
         for message in messages:

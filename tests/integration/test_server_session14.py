@@ -21,10 +21,11 @@ def test_fourteen_turn_session(tmp_path):
         result = run_session(client_for(server), seed, session="fourteen")
         turns = result["turns"]
         texts = [text for text, _ in session_turns(seed)[0]]
+        template = engine.diagnostics().template
+        opening = len(engine.tokenize(template.assistant_frame([{"role": "user", "content": "x"}]).opening))
         for record, text in list(zip(turns, texts, strict=True))[1:]:
-            segment = engine.diagnostics().template.segment([{"role": "system", "content": SYSTEM}],
-                                              {"role": "user", "content": text})
-            assert record["evoke"]["decoded"] == len(engine.tokenize(segment)), record["turn"]
+            segment = template.segment([{"role": "system", "content": SYSTEM}], {"role": "user", "content": text})
+            assert record["evoke"]["decoded"] == len(engine.tokenize(segment)) + opening, record["turn"]
             assert record["evoke"]["route"] == "continue"
         assert sum(t["evoke"]["evictions"] for t in turns) > 0
         assert sum(t["evoke"]["recoveries"] for t in turns) > 0

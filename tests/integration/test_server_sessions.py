@@ -45,7 +45,9 @@ def test_rewritten_history_forks_and_keeps_the_original(served):
     figures = evoke(forked)
     assert figures["route"] == "fork" and figures["conversation_id"] != original
     tail = engine.diagnostics().template.segment([{"role": "system", "content": "x"}], rewritten[-1])
-    assert figures["decoded"] == len(engine.tokenize(tail))           # the agreeing head is not re-decoded
+    opening = engine.diagnostics().template.assistant_frame(rewritten).opening      # the reply's generation prompt
+    assert figures["decoded"] == len(engine.tokenize(tail)) + len(engine.tokenize(opening))   # the agreeing head is
+                                                                                               # not re-decoded
     kept = [m["text"] for m in engine.open_conversation(original).messages()]
     assert kept[2] == "Name another one."                                # the original is untouched
     child = [m["text"] for m in engine.open_conversation(figures["conversation_id"]).messages()]
