@@ -276,8 +276,8 @@ class Settings:
                                       "least recently used first, on each write and in the eviction sweep; a "
                                       "conversation whose file went is rebuilt from its history when reopened.",
                                       group="Persistence", low=0, high=1 << 44)
-    disk_reserve_bytes: int = _setting(64 << 20, "Free disk space kept for the chat history: the K/V spill "
-                                       "never writes into it.", group="Persistence", applies=RELOAD,
+    disk_reserve_bytes: int = _setting(64 << 20, "Free disk space kept for the chat history: neither the K/V "
+                                       "spill nor the KV files write into it.", group="Persistence", applies=RELOAD,
                                        low=0, high=1 << 40)
     kv_file_bits: int = _setting(16, "Bits per K/V value in the KV files written from now on: 16 keeps llama.cpp's "
                                  "f16 bytes; 8 packs the slot's cells and the saved blocks as the 8-bit pool does, to "

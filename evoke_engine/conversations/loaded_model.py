@@ -77,7 +77,8 @@ class LoadedModel:
                                                                  block=b.name, tokens=b.n_tokens)))
             files = KVFileStore(settings.cache_dir, model_hash(rt.model_path, settings.kv_cache_type, rt.n_ctx,
                                                                settings.slots, rt.flash_attention),
-                                settings.ttl_seconds(), clock=clock, disk_budget_bytes=settings.disk_budget_bytes)
+                                settings.ttl_seconds(), clock=clock, disk_budget_bytes=settings.disk_budget_bytes,
+                                reserve_bytes=settings.disk_reserve_bytes)
             files.check(fix=True)
             chunks = ChunkIndex(files=KVFileChunks(files))
             chunks.files.catalogue(chunks)           # closed conversations' KV files: exact blocks to reuse

@@ -18,6 +18,7 @@ import json
 import logging
 import mmap
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -44,7 +45,7 @@ from evoke_engine.store.kvnames import (
     temp_file_name,
 )
 from evoke_engine.store.private import FILE_MODE, private_file, private_mkdir
-from evoke_engine.store.store_error import StoreError, describe_os_error
+from evoke_engine.store.store_error import DISK_FULL, StoreError, describe_os_error
 
 __all__ = ["DEFAULT_TTL_SECONDS", "TTL_CLASSES", "KVFileStore", "StoreError", "model_hash", "parse_ttl_class"]
 
@@ -113,7 +114,8 @@ class KVFileStore:
     """TTL-tagged KV payloads per conversation for one model hash; see the module docstring."""
 
     def __init__(self, root: Path, model_hash: str, ttl_seconds: Mapping[str, float] | None = None,
-                 clock: Callable[[], float] = time.time, disk_budget_bytes: int | None = None) -> None:
+                 clock: Callable[[], float] = time.time, disk_budget_bytes: int | None = None,
+                 reserve_bytes: int = 0) -> None:
         if not is_model_hash(model_hash):
             raise ValueError(f"model hash must be 16 lowercase hex characters, got {model_hash!r}")
         ttl = dict(DEFAULT_TTL_SECONDS if ttl_seconds is None else ttl_seconds)
@@ -126,6 +128,7 @@ class KVFileStore:
         self._ttl_seconds = ttl
         self._clock = clock
         self._disk_budget_bytes = disk_budget_bytes       # None: writes are not capped (the sweep still is)
+        self.reserve_bytes = reserve_bytes                # free space a write never takes (the chat history's)
         self._lock = threading.RLock()
 
     # -- helpers -------------------------------------------------------------------------------------
@@ -216,6 +219,25 @@ class KVFileStore:
 
     # -- writing -------------------------------------------------------------------------------------
 
+    def _require_room(self, conversation_id: str, final_path: Path, size: int) -> None:
+        """StoreError (disk full), writing nothing, when the file would leave less free space than `reserve_bytes`
+        (what it adds over the file it replaces, counted in whole 4 KiB blocks): the chat history keeps its room,
+        and a conversation without its file is rebuilt from its history when reopened."""
+        if not self.reserve_bytes:
+            return
+        replaced = 0
+        for name in candidate_names(conversation_id):
+            with contextlib.suppress(OSError):
+                replaced = max(replaced, (self.directory / name).stat().st_size)
+        adds = -(-max(0, size - replaced) // 4096) * 4096
+        free = shutil.disk_usage(self.directory).free
+        if free - adds < self.reserve_bytes:
+            log.warning("KV file of conversation %s not written: %d bytes would leave %d free, under the %d kept for "
+                        "the chat history", conversation_id, adds, free - adds, self.reserve_bytes)
+            raise StoreError(f"the disk is nearly full: the KV cache file was not written, to keep "
+                             f"{self.reserve_bytes >> 20} MiB free for the chat history (the conversation is rebuilt "
+                             "from its history when reopened)", reason=DISK_FULL, path=final_path)
+
     def write(self, conversation_id: str, ttl_class: str, payload: Payload) -> Path:
         """Atomically store `payload` as the conversation's file of `ttl_class` and return its path.
 
@@ -230,6 +252,7 @@ class KVFileStore:
                 log.warning("KV file of conversation %s not written: cannot create %s: %s",
                             conversation_id, self.directory, error)
                 raise describe_os_error("create the KV cache folder", self.directory, error) from error
+            self._require_room(conversation_id, final_path, len(header) + len(payload))
             temp_path = self.directory / temp_file_name(conversation_id)
             created = False
             try:

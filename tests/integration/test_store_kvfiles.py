@@ -8,6 +8,7 @@ import hashlib
 import logging
 import os
 import random
+import shutil
 import signal
 import struct
 import subprocess
@@ -472,3 +473,27 @@ def test_threads_share_one_store_and_end_consistent(store: KVFileStore) -> None:
     assert errors == []
     assert store.check(fix=False) == []
     assert all(name.count(".") == 2 for name in files_in(store.directory))
+
+
+def test_a_file_that_would_cross_the_disk_reserve_is_not_written_and_the_old_one_stays(tmp_path, clock, monkeypatch):
+    """Issue 57 item 7: KV files keep the chat history's reserve as the spill does; a rewrite counts only what it
+    adds over the file it replaces."""
+    store = KVFileStore(tmp_path, MODEL, TTL, clock=clock, reserve_bytes=1 << 20)
+    free = {"bytes": (1 << 20) + 64 * 1024}                       # 64 KiB above the reserve
+    usage = shutil.disk_usage
+
+    def disk_usage(path):
+        real = usage(path)
+        return type(real)(real.total, real.used, free["bytes"])
+    monkeypatch.setattr("evoke_engine.store.kvfiles.shutil.disk_usage", disk_usage)
+    first = payload_of(1, 40 * 1024)
+    store.write("c1", "long", first)
+    assert bytes(store.read("c1")) == first
+    store.write("c1", "long", payload_of(2, 40 * 1024))          # the same size again: adds nothing
+    with pytest.raises(StoreError) as refused:
+        store.write("c1", "long", payload_of(3, 200 * 1024))
+    assert refused.value.reason == reasons.DISK_FULL and "chat history" in str(refused.value)
+    assert bytes(store.read("c1")) == payload_of(2, 40 * 1024)    # the old file intact
+    with pytest.raises(StoreError):
+        store.write("c2", "long", payload_of(4, 80 * 1024))
+    assert store.read("c2") is None and not [p for p in store.directory.iterdir() if "c2" in p.name]
