@@ -322,7 +322,7 @@ class Engine:
         system_prompt = system_prompt_of(self.settings) if system_prompt is None else system_prompt
         tools = tools_of(self.settings) if tools is None else tools
         state = self.thread.call(self.lifecycle.create, conversation_id, title or "New conversation",
-                                 system_prompt, tools, source, owner)
+                                 system_prompt, tools, source, owner, command=Command.OPEN, about=conversation_id)
         return Conversation(self, state.id)
 
     def prefix_decoded_at(self, conversation_id: str) -> float | None:

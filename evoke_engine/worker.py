@@ -69,6 +69,9 @@ class Job:
 
 
 STREAM_COMMANDS = frozenset({Command.TURN, Command.REGENERATE, Command.CONTINUE, Command.REBUILD})
+# work that means a request or a user is at another conversation (reads, sweeps and idle embedding do not)
+ARRIVALS = frozenset({*STREAM_COMMANDS, Command.OPEN, Command.EDIT, Command.COMPLETE, Command.PREPARE})
+ARRIVAL_GRACE_S = 1.0
 EXCLUSIVE_COMMANDS = frozenset({Command.LOAD, Command.SWEEP, Command.DRAIN})   # run only while no reply streams
 _STOP = 10**9                                                   # the stop marker's priority: after every job
 FOREGROUND_WEIGHT = 2.0        # the window's reply gets twice the engine time of an endpoint's while both stream
@@ -158,6 +161,7 @@ class EngineThread:
         self._waiting: dict[int, tuple[Job, Future]] = {}
         self._cancel_hooks: dict[int, Callable[[], None]] = {}
         self.running: Job | None = None              # the plain job running on the scheduler's thread
+        self._arrived: dict[str, float] = {}         # conversation -> when work about it last arrived (`contended`)
         # runs the step the parked replies share (their tokens in one decode; `Runtime.run_step`), installed by the
         # engine with the model; None: every reply decodes alone
         self.shared_step: Callable[[], None] | None = None
@@ -177,6 +181,10 @@ class EngineThread:
             return future
         with self._lock:
             self._waiting[job.id] = (job, future)
+            if about is not None and job.command in ARRIVALS:
+                self._arrived[about] = self.clock()
+                if len(self._arrived) > 64:                  # old arrivals say nothing: the map stays small
+                    self._arrived = dict(sorted(self._arrived.items(), key=lambda kv: kv[1])[-32:])
             if on_cancel is not None:
                 self._cancel_hooks[job.id] = on_cancel
         self._queue.put(_Entry(priority, next(self._order), job, fn, args, kwargs, future))
@@ -223,8 +231,15 @@ class EngineThread:
         return self._queue.qsize() + len(self._ready)
 
     def contended(self) -> bool:
-        """Other work waits for the engine besides the running reply (its long decodes are then split in steps)."""
-        return len(self._streams) > 1 or not self._queue.empty()
+        """Other work waits for the engine besides the running reply, or work about another conversation arrived
+        within `ARRIVAL_GRACE_S` (a request's next job comes a few milliseconds after its first ends): the running
+        reply's long decodes are then split in steps."""
+        if len(self._streams) > 1 or not self._queue.empty():
+            return True
+        stream = getattr(self._local, "stream", None)
+        mine = stream.job.conversation_id if stream is not None else None
+        now = self.clock()
+        return any(now - at < ARRIVAL_GRACE_S for about, at in list(self._arrived.items()) if about != mine)
 
     def streaming(self) -> list[Job]:
         """The replies streaming now, in the order they take steps."""

@@ -225,3 +225,37 @@ def test_stop_lets_every_stream_finish():
 def test_step_boundary_outside_a_stream_is_a_no_op(engine):
     engine.step_boundary()                             # a test's own thread: nothing happens
     assert engine.submit(lambda: engine.step_boundary() or "plain", command=Command.READ).result(10) == "plain"
+
+
+def test_work_about_another_conversation_splits_a_lone_reply_for_a_moment(timed):
+    """A request's next job comes a few milliseconds after its first ends: for `ARRIVAL_GRACE_S` after work about
+    another conversation arrived, a lone reply counts as contended (its prefill runs in steps); its own turn, reads
+    and idle embedding do not count."""
+    from evoke_engine.worker import ARRIVAL_GRACE_S
+    engine, clock = timed
+    seen: list[tuple[str, bool]] = []
+    stages = ("own", "read", "embed", "other", "later")
+    go = {stage: threading.Event() for stage in stages}
+
+    def reply() -> None:
+        for stage in stages:
+            go[stage].wait(10)
+            engine.step_boundary()                  # the jobs queued meanwhile run here
+            seen.append((stage, engine.contended()))
+
+    def at(stage: str, job: Command | None = None) -> None:        # one job a step: one runs at each boundary
+        done = engine.submit(lambda: None, command=job, about="conv-b") if job is not None else None
+        go[stage].set()
+        if done is not None:
+            done.result(10)
+        while len(seen) < stages.index(stage) + 1:
+            time.sleep(0.001)
+    stream = engine.submit(reply, command=Command.TURN, about="conv-a")
+    at("own")
+    at("read", Command.READ)
+    at("embed", Command.EMBED)
+    at("other", Command.OPEN)
+    clock.now += ARRIVAL_GRACE_S + 0.1
+    at("later")
+    stream.result(10)
+    assert seen == [("own", False), ("read", False), ("embed", False), ("other", True), ("later", False)]
