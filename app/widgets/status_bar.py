@@ -31,12 +31,17 @@ def device_summary(info: Any) -> str:
         return "CPU (GPU not used)" if getattr(info, "device_notice", "") else "CPU"
     name = getattr(info, "device", "GPU").split(" (")[0]
     used = getattr(info, "vram_weights_bytes", 0) + getattr(info, "vram_kv_bytes", 0)
-    return f"{name} · {getattr(info, 'n_gpu_layers', 0)} layers · VRAM {_gib(used)}"
+    layers, total = getattr(info, "n_gpu_layers", 0), getattr(info, "n_layer", 0)
+    shown = f"{layers} of {total} layers" if total and 0 <= layers < total else f"{layers} layers"
+    auto = " (auto)" if getattr(info, "gpu_layers_reason", "").startswith("auto") else ""
+    return f"{name} · {shown}{auto} · VRAM {_gib(used)}"
 
 
 def device_details(info: Any) -> str:
     """The tooltip and Settings → Model text: device, VRAM split, and any fallback notice."""
     lines = [f"Device: {getattr(info, 'device', 'CPU')}"]
+    if getattr(info, "gpu_layers_reason", ""):
+        lines.append(f"GPU layers chosen: {info.gpu_layers_reason}")
     if getattr(info, "device_kind", "cpu") == "cuda":
         lines += [f"GPU layers: {getattr(info, 'n_gpu_layers', 0)} of {getattr(info, 'n_layer', '?')}",
                   f"VRAM: weights {_gib(getattr(info, 'vram_weights_bytes', 0))}, "

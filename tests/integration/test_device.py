@@ -30,6 +30,15 @@ def test_status_bar_names_the_gpu_its_layers_and_vram():
     assert "weights 4.0 GiB, KV cache 0.5 GiB; 18.0 GiB free of 24.0 GiB" in details
 
 
+def test_status_bar_says_how_many_layers_auto_put_on_the_gpu_and_why():
+    reason = "auto: 20 of 64 layers on the GPU, the rest and the KV cache in RAM (18.0 GiB free)"
+    info = _info(device="CUDA0 (NVIDIA GeForce RTX 4070)", device_kind="cuda", n_gpu_layers=20, n_layer=64,
+                 vram_weights_bytes=9 << 30, vram_kv_bytes=1 << 30, vram_total_bytes=12 << 30,
+                 vram_free_bytes=1 << 30, gpu_layers_reason=reason)
+    assert device_summary(info) == "CUDA0 · 20 of 64 layers (auto) · VRAM 10.0 GiB"
+    assert f"GPU layers chosen: {reason}" in device_details(info)
+
+
 def test_status_bar_says_when_the_gpu_is_not_used():
     assert device_summary(_info()) == "CPU"
     fallback = _info(device_notice="CUDA build, but no GPU or NVIDIA driver found; running on the CPU")
