@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export QT_QPA_PLATFORM ?= offscreen
 
-.PHONY: install run chat test test-fast test-loaded test-soak test-hostile lint bench gpu cpu native-variants clean
+.PHONY: install run chat test test-fast test-loaded test-soak test-hostile lint bench gpu cpu native-variants bundle clean
 
 $(STAMP): pyproject.toml packaging/install.sh native/build.sh native/rope_reanchor.c native/attention_capture.cpp native/kv_direct.cpp native/kvquant.c \
           native/build_cpu.sh native/llama_wheel.sh native/build_rpc_server.sh native/rpc_server/CMakeLists.txt
@@ -54,6 +54,12 @@ cpu: install
 # the bundle's portable native libraries (-march=x86-64, x86-64-v3, x86-64-v4 in native/build/<variant>/, ~20 s)
 native-variants: install
 	bash native/build_variants.sh
+
+# the one-folder CPU bundle dist/evoke-desk/ (packaging/build_bundle.sh): a portable llama.cpp wheel, a build venv
+# without torch in build/bundle/, the native variants against it, the exported ONNX embedder, PyInstaller
+# (~25 min on 2 cores the first time, mostly the wheel; then ~5 min). .venv exports the embedder (it has torch).
+bundle: install
+	bash packaging/build_bundle.sh
 
 clean:
 	rm -rf $(VENV) native/build

@@ -22,7 +22,7 @@ fi
 
 if [ "${1:-}" = "--bundle" ]; then
   EXEC="$ROOT/dist/$NAME/$NAME"
-  [ -x "$EXEC" ] || { echo "no bundle at $EXEC: run pyinstaller --noconfirm packaging/evoke-desk.spec" >&2; exit 1; }
+  [ -x "$EXEC" ] || { echo "no bundle at $EXEC: build it with make bundle (packaging/build_bundle.sh)" >&2; exit 1; }
 else
   EXEC="$ROOT/.venv/bin/$NAME"
   if [ ! -x "$EXEC" ]; then
