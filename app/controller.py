@@ -103,6 +103,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
     openingChanged = Signal(str)               # title of the conversation whose KV is opening ("" once it is open)
     newPending = Signal(str)                   # New was asked: the pane is the new conversation (title) until it exists
     conversationSettled = Signal(str)          # the highlighted conversation's messages are shown and its KV is open
+    writingChanged = Signal(list)              # titles of the conversations whose reply is being written now
     recallModelChanged = Signal(str, bool, str)   # warming | ready | failed, first use (exported first), its words
 
     def __init__(self, bridge: EngineBridge, parent: QObject | None = None) -> None:
@@ -125,6 +126,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self._cancel_asked: set[str] = set()       # the user pressed Cancel on their rebuild
         self.creating = False                      # New was asked and its conversation does not exist yet
         self.read_only = False                     # another process owns the data folder
+        self._writing_names: list[str] = []            # what `writingChanged` said last
         self._recall_said: tuple[str, str] | None = None   # the recall model's state last said, and its words
         self._recall_first_use = False
         self._drop_after_switch = ""               # an empty conversation that was left: deleted once the next shows
@@ -196,6 +198,12 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         if ask is not None:
             writing |= set(ask())
         self.conversations.set_generating(writing)
+        rows = [r for r in self.conversations.rows if r.id in writing]
+        names = [r.title + ("" if r.source == "app" else f" ({r.source})") for r in rows]
+        names += ["a conversation not listed yet"] * (len(writing) - len(rows))
+        if names != self._writing_names:
+            self._writing_names = names
+            self.writingChanged.emit(names)
 
     def _set_model_state(self, state: str, detail: str = "") -> None:
         self.model_state = state

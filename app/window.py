@@ -211,6 +211,7 @@ class MainWindow(QMainWindow):
         c.generatingChanged.connect(self.status.set_generating)
         c.statsChanged.connect(self.status.set_stats)
         c.statsChanged.connect(self.memory.set_stats)
+        c.writingChanged.connect(self.memory.set_writing)
         c.turnMetrics.connect(self.status.set_metrics)
         c.prefillProgress.connect(self.status.set_prefill)
         c.rebuildProgress.connect(self.status.set_rebuild)

@@ -142,6 +142,9 @@ class MemoryPanel(QWidget):
         self.summary = QLabel("No conversation open", objectName="memorySummary")
         self.summary.setWordWrap(True)
         layout.addWidget(self.summary)
+        self.writing = QLabel("", objectName="memoryWriting", visible=False)   # replies being written, any window
+        self.writing.setWordWrap(True)
+        layout.addWidget(self.writing)
         self.breakdown = QLabel("", objectName="turnBreakdown")     # the last turn's first token, by phase
         self.breakdown.setWordWrap(True)
         layout.addWidget(self.breakdown)
@@ -208,6 +211,11 @@ class MemoryPanel(QWidget):
         self.legend.setText(" &nbsp; ".join(f"<span style='color:{STATE_COLORS[state]}'>■</span>&nbsp;"
                                             f"{STATE_LABELS[state].replace(' ', '&nbsp;')}&nbsp;{totals.get(state, 0)}"
                                             for state in STATES))
+
+    def set_writing(self, names: list[str]) -> None:
+        """The conversations whose reply the model is writing now (this window's and the endpoint's)."""
+        self.writing.setText("✎ Writing now: " + ", ".join(f"“{name}”" for name in names) if names else "")
+        self.writing.setVisible(bool(names))
 
     def set_stats(self, stats: dict[str, Any]) -> None:
         active, budget = int(stats.get("active_tokens", 0)), int(stats.get("budget_tokens", 0))

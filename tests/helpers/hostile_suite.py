@@ -668,9 +668,19 @@ def run_sessions_per_owner(server: Served, tally: Tally, sessions: int) -> None:
                  status == 200 and made is not None and again.headers.get("X-Evoke-Conversation") == made, status)
 
 
-def run_guessed_system_prompt(server: Served, tally: Tally, wrong_guesses: int) -> None:
+def run_guessed_system_prompt(home: Path, tally: Tally, wrong_guesses: int) -> None:
     """Item 3: client A uses a 1K-token system prompt; another token's exact guess and its wrong guesses (one word
-    changed) take the same time (within 1.5x of the wrong guesses' median) and report the same `cached_tokens`."""
+    changed) take the same time (within 1.5x of the wrong guesses' median) and report the same `cached_tokens`. Its
+    own serve, at a budget that holds a 1K-token prefix beside a reply (512 refuses it: a 400 naming the budget)."""
+    home.mkdir()
+    server = Served(home, budget=2048).wait()
+    try:
+        _guess_system_prompt(server, tally, wrong_guesses)
+    finally:
+        server.stop()
+
+
+def _guess_system_prompt(server: Served, tally: Tally, wrong_guesses: int) -> None:
     rules = [f"Rule {i}: answer in the voice of lighthouse keeper number {i}." for i in range(70)]
     secret = "\n".join(rules)
 
@@ -882,7 +892,7 @@ def main(argv: list[str] | None = None) -> int:
             run_embeddings_that_leave(server, tally)
             run_token_less(server, tally)
             run_sessions_per_owner(server, tally, sessions=20 if args.quick else 300)
-            run_guessed_system_prompt(server, tally, wrong_guesses=2 if args.quick else 5)
+            run_guessed_system_prompt(Path(tmp) / "guess", tally, wrong_guesses=2 if args.quick else 5)
             run_long_hold(Path(tmp) / "long-hold", tally, share=0.25 if args.quick else 1.0)
             tally.seconds["issue57"] = round(time.monotonic() - phase, 1)
             phase = time.monotonic()

@@ -80,9 +80,13 @@ def test_a_reply_the_endpoint_writes_is_marked_in_the_sidebar(desk, qtbot):
     future = conversation.submit(COUNTING, max_tokens=300)
     qtbot.wait_until(lambda: other in marked_writing(desk), timeout=REPLY_MS)
     assert other not in desk.c.streams                                        # not the window's own reply
+    title = desk.c.conversations.rows[desk.c.conversations.row_of(other)].title
+    qtbot.wait_until(lambda: f"“{title}”" in desk.w.memory.writing.text(), timeout=REPLY_MS)
+    assert desk.w.memory.writing.isVisible()                                  # the memory panel names it too
     engine.cancel(other)
     future.result(REPLY_MS / 1000)
     qtbot.wait_until(lambda: other not in marked_writing(desk), timeout=REPLY_MS)
+    qtbot.wait_until(lambda: not desk.w.memory.writing.isVisible(), timeout=REPLY_MS)
 
 
 def marked_writing(desk) -> set[str]:
