@@ -39,6 +39,10 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("evoke-desk")) / "embedders"
 
 
+class EmbedderUnavailable(RuntimeError):
+    """The embedder cannot load in this install (no usable ONNX export and no sentence-transformers)."""
+
+
 class SentenceTransformerEncoder:
     """A loaded SentenceTransformer behind the encoder interface: `encode(texts)` unit vectors, `dimension`,
     `spins` (torch's threads spin-wait between ops: run beside the engine's Python, it slows both, measured 2.5x)."""
@@ -69,6 +73,7 @@ class Embedder:
         self._model = None
         self._lock = threading.Lock()
         self._warming = False
+        self.unavailable = ""                     # why the model cannot load here ("" while it can)
         self._warmed = threading.Event()          # set while no background load runs (`wait_warm`)
         self._warmed.set()
         self.embed_s = 0.0            # seconds callers waited for vectors (a turn's breakdown reads the difference)
@@ -78,9 +83,10 @@ class Embedder:
 
     @property
     def warming(self) -> bool:
-        """`warm_in_background` is loading the model now: nothing waits for it (`embed` gives no vectors, a turn
-        decides with the lexical signal, the vectors are made once it is ready)."""
-        return self._warming
+        """`warm_in_background` is loading the model now, or it could not load (`unavailable`): nothing waits for
+        it (`embed` gives no vectors, a turn decides with the lexical signal, the vectors are made once it is
+        ready)."""
+        return self._warming or bool(self.unavailable)
 
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Wait (off the engine thread) for a background load to end; True when none runs now."""
@@ -106,9 +112,14 @@ class Embedder:
                 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
                 path = self.name or bundled_model_path()
                 encoder, model = (None, None)
-                if self.backend != "sentence-transformers":
-                    encoder, model = onnx_encoder.load(path, self.cache_dir, self._sentence_transformer)
-                self._model = encoder or SentenceTransformerEncoder(model or self._sentence_transformer(path))
+                try:
+                    if self.backend != "sentence-transformers":
+                        encoder, model = onnx_encoder.load(path, self.cache_dir, self._sentence_transformer)
+                    self._model = encoder or SentenceTransformerEncoder(model or self._sentence_transformer(path))
+                except ImportError as exc:     # no usable export and no torch (a bundle): recall by words, said once
+                    self.unavailable = f"the embedder cannot run here ({exc}); recall matches words"
+                    log.warning("%s: %s", path, self.unavailable)
+                    raise EmbedderUnavailable(self.unavailable) from exc
                 log.info("embedder %s runs on %s", path, type(self._model).__name__)
         return self._model
 
@@ -151,17 +162,23 @@ class Embedder:
 
     def dimension(self) -> int | None:
         """Length of this embedder's vectors (loads the model); None when similarity is off."""
-        if not self.enabled:
+        if not self.enabled or self.unavailable:
             return None
-        return int(self._load().dimension)
+        try:
+            return int(self._load().dimension)
+        except EmbedderUnavailable:
+            return None
 
     def embed(self, texts: list[str]) -> np.ndarray | None:
         """(len(texts), dim) unit vectors, or None when similarity is off or the model is still warming up (the
         caller goes on without them: vectors are made when next asked for)."""
-        if not self.enabled or not texts or self._warming:
+        if not self.enabled or not texts or self.warming:
             return None
         started = time.perf_counter()
-        vectors = self._encode(texts)
+        try:
+            vectors = self._encode(texts)
+        except EmbedderUnavailable:                # said once (`unavailable`); from now on `warming` holds
+            return None
         self.embed_s += time.perf_counter() - started
         return vectors
 

@@ -174,6 +174,8 @@ def _enabled_embedder(engine: Engine):
     embedder = engine.ensure_model().embedder
     if not embedder.enabled:
         raise ApiError(400, "the embedder is off (the `embedder` setting): no embeddings", "embedder_off", "model")
+    if embedder.unavailable:
+        raise ApiError(503, embedder.unavailable, "embedder_unavailable")
     return embedder
 
 
@@ -202,7 +204,10 @@ def decode_ids(engine: Engine, lists: list[list[int]]) -> list[str]:
 def embed_part(engine: Engine, texts: list[str]) -> tuple[np.ndarray, int, str | None]:
     """One part's vectors, the embedder's dimension and identity (engine thread)."""
     embedder = _enabled_embedder(engine)
-    return np.asarray(embedder.embed(texts), dtype=np.float32), embedder.dimension(), embedder.identity
+    vectors = embedder.embed(texts)
+    if vectors is None:                            # it could not load here (said in `unavailable`)
+        raise ApiError(503, embedder.unavailable or "the embedder is not ready", "embedder_unavailable")
+    return np.asarray(vectors, dtype=np.float32), embedder.dimension(), embedder.identity
 
 
 async def _on_engine(engine: Engine, fn, *args, about: str) -> tuple:
