@@ -166,26 +166,30 @@ class SpillRoom:
     @contextlib.contextmanager
     def writing(self, nbytes: int) -> Iterator[None]:
         """Around a file's write: what of its blocks the reading does not show is counted as taken."""
-        if not self._measured:
+        with self._watching(nbytes) as unshown:
             yield
-            return
-        before = self._read()
-        yield
-        after = self._read()
-        shown = before - after if before is not None and after is not None else 0
-        self.unshown_written += max(0, self.footprint(nbytes) - max(0, shown))
+        self.unshown_written += unshown(-1)
 
     @contextlib.contextmanager
     def deleting(self, nbytes: int) -> Iterator[None]:
         """Around a file's delete: what the reading does not show as freed is not counted free (until a settle)."""
-        if not self._measured:
+        with self._watching(nbytes) as unshown:
             yield
-            return
-        before = self._read()
-        yield
-        after = self._read()
-        shown = after - before if before is not None and after is not None else 0
-        self.unshown_freed += max(0, self.footprint(nbytes) - max(0, shown))
+        self.unshown_freed += unshown(+1)
+
+    @contextlib.contextmanager
+    def _watching(self, nbytes: int) -> Iterator[Callable[[int], int]]:
+        """The reading before the change inside; `unshown(sign)` after it: how much of the file's blocks the reading
+        did not show move the way `sign` says (+1 free space grew, -1 it shrank); 0 where readings are not measured."""
+        before = self._read() if self._measured else None
+
+        def unshown(sign: int) -> int:
+            if not self._measured:
+                return 0
+            after = self._read()
+            shown = sign * (after - before) if before is not None and after is not None else 0
+            return max(0, self.footprint(nbytes) - max(0, shown))
+        yield unshown
 
 
 def _pid_alive(pid: int) -> bool:
