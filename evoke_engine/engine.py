@@ -252,10 +252,10 @@ class Engine:
         """Load the embedder on its own thread, never the engine's: no turn waits for it (one meanwhile recalls by
         words, `Embedder.warming`); events say when it starts, whether it is exported first (the first start
         with this model: up to a minute), and when it is ready."""
-        first_use = embedder.first_use()
-        said = ("preparing the recall model for its first use (once; until it is ready, recall matches words)"
-                if first_use else "loading the recall model")
-        self._say_embedder(EngineEvent(EventKind.EMBEDDER_WARMING, said, detail={"first_use": first_use}))
+        def started(first_use: bool) -> None:
+            said = ("preparing the recall model for its first use (once; until it is ready, recall matches words)"
+                    if first_use else "loading the recall model")
+            self._say_embedder(EngineEvent(EventKind.EMBEDDER_WARMING, said, detail={"first_use": first_use}))
 
         def ready(seconds: float, error: BaseException | None) -> None:
             said = (f"the recall model is ready ({seconds:.1f} s)" if error is None
@@ -263,7 +263,7 @@ class Engine:
             failure = None if error is None else str(error)
             self._say_embedder(EngineEvent(EventKind.EMBEDDER_READY, said, detail={"seconds": round(seconds, 2),
                                                                                    "error": failure}))
-        embedder.warm_in_background(ready)
+        embedder.warm_in_background(started, ready)
 
     def _say_embedder(self, event: EngineEvent) -> None:
         self._embedder_event = event

@@ -6,7 +6,7 @@ bytes are (`put`/`share` return the tier, `where` tells it) and tells an entry's
 (`BytesOwner`: spilled to DISK, or let go for want of room, DROPPED: the block's text still rebuilds it);
 spill never takes `spill_bytes` past `spill_budget_bytes` nor the disk's free space under `reserve_bytes` (room
 the chat history needs), a file counted at the whole blocks it takes and a reading never trusted to show the
-pool's own writes and deletes (`SpillRoom`: btrfs shows them at its next commit); a parked conversation's slot
+pool's own writes and deletes (`DiskRoom`: btrfs shows them at its next commit); a parked conversation's slot
 image is never dropped (it stays in RAM instead); bytes shared by two blocks (a forked conversation) are counted
 once and freed when the last holder lets go. With `bits` 8 or 4, blocks are held packed (kvquant: RAM and `.kvq`
 spill files, counted at their packed size) and unpacked on take; blocks kvquant does not cover (a q8_0 cache) and
@@ -19,23 +19,21 @@ peek). Spill files live under one 0700 folder of this process, locked (flock) wh
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
-import functools
 import logging
 import os
 import re
 import shutil
 import tempfile
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from ..errors import RestoreError
 from ..runtime.kv import SavedKV
 from ..settings import POOL_BITS  # 16: the bytes as llama.cpp wrote them; 8, 4: kvquant's packed forms
+from ..store.disk_room import LOCAL_DISK, DiskRoom
 from ..store.private import create_private, private_mkdir
 from . import kvquant
 from .blocks import Block, BlockState
@@ -52,144 +50,6 @@ log = logging.getLogger(__name__)
 SPILL_DIR = re.compile(r"spill-(\d+)-")
 LOCK_NAME = "owner.lock"
 NEVER_DROPPED = frozenset({"image"})    # roles whose bytes are a parked conversation, not one block
-
-
-def disk_free(path: Path) -> int:
-    return shutil.disk_usage(path).free
-
-
-class LocalDisk:
-    """This machine's disks as the spill sees them: a free-space reading (bytes this process may write), the
-    allocation unit a file takes whole, and a commit after which the reading shows every write and delete made."""
-
-    def __call__(self, path: Path) -> int:
-        return disk_free(path)
-
-    @staticmethod
-    def block_bytes(path: Path) -> int:
-        return os.statvfs(path).f_frsize if hasattr(os, "statvfs") else 4096
-
-    @staticmethod
-    def settle(path: Path) -> None:
-        """syncfs(2) of the filesystem holding `path` (btrfs commits then; xfs frees deleted files' blocks and trims
-        speculative preallocation); `os.sync` where there is no syncfs; nothing where there is neither."""
-        libc = _libc()
-        if libc is not None and hasattr(libc, "syncfs"):
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            try:
-                if libc.syncfs(fd) != 0:
-                    code = ctypes.get_errno()
-                    raise OSError(code, os.strerror(code))
-            finally:
-                os.close(fd)
-        elif hasattr(os, "sync"):
-            os.sync()
-
-
-LOCAL_DISK = LocalDisk()
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    if os.name != "posix":
-        return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    except OSError:
-        return None
-
-
-class SpillRoom:
-    """The room spill files may still take above the disk's reserve: the free-space reading less this pool's writes
-    that reading does not show yet. Each write and delete is measured by the reading's change across it (ext4, tmpfs
-    and xfs show a write at once, btrfs at its next commit, xfs and btrfs a delete at the next commit); when a file
-    does not fit and something is unshown, the disk is committed (`settle`) and read again. A file counts at the
-    whole blocks it takes. A reading that fails (OSError) leaves no room. A reading with no `settle` is taken as exact
-    at once: nothing is measured."""
-
-    def __init__(self, folder: Path, reserve_bytes: int, reading: Callable[[Path], int]) -> None:
-        self.folder, self.reserve_bytes, self._reading = folder, reserve_bytes, reading
-        self._commit: Callable[[Path], None] | None = getattr(reading, "settle", None)
-        self._measured = bool(reserve_bytes) and self._commit is not None
-        self.unshown_written = 0          # bytes of this pool's files the reading has not shown as taken
-        self.unshown_freed = 0            # bytes of deleted files the reading has not shown as free
-        self.settles = 0
-        self._block: int | None = None
-
-    @property
-    def block(self) -> int:
-        if self._block is None:
-            measure = getattr(self._reading, "block_bytes", None)     # a plain reading: exact bytes, 1-byte blocks
-            try:
-                self._block = max(1, measure(self.folder)) if measure is not None else 1
-            except OSError:
-                self._block = 4096
-        return self._block
-
-    def footprint(self, nbytes: int) -> int:
-        """The disk a file of `nbytes` takes: whole blocks."""
-        return -(-nbytes // self.block) * self.block
-
-    def short(self, nbytes: int) -> int:
-        """Bytes a new file of `nbytes` would take out of the reserve (0: it fits)."""
-        if not self.reserve_bytes:
-            return 0
-        over = self._over(nbytes)
-        if over > 0 and (self.unshown_written or self.unshown_freed) and self._settle():
-            over = self._over(nbytes)
-        return max(0, over)
-
-    def _over(self, nbytes: int) -> int:
-        free = self._read()
-        if free is None:
-            return self.footprint(nbytes)                 # cannot tell: do not write
-        return self.reserve_bytes + self.footprint(nbytes) + self.unshown_written - free
-
-    def _read(self) -> int | None:
-        try:
-            return self._reading(self.folder)
-        except OSError:
-            return None
-
-    def _settle(self) -> bool:
-        if self._commit is None:
-            return False
-        try:
-            self._commit(self.folder)
-        except OSError as exc:
-            log.debug("cannot commit the disk of %s (%s): its reading may lag", self.folder, exc)
-            return False
-        self.settles += 1
-        self.unshown_written = self.unshown_freed = 0
-        return True
-
-    @contextlib.contextmanager
-    def writing(self, nbytes: int) -> Iterator[None]:
-        """Around a file's write: what of its blocks the reading does not show is counted as taken."""
-        with self._watching(nbytes) as unshown:
-            yield
-        self.unshown_written += unshown(-1)
-
-    @contextlib.contextmanager
-    def deleting(self, nbytes: int) -> Iterator[None]:
-        """Around a file's delete: what the reading does not show as freed is not counted free (until a settle)."""
-        with self._watching(nbytes) as unshown:
-            yield
-        self.unshown_freed += unshown(+1)
-
-    @contextlib.contextmanager
-    def _watching(self, nbytes: int) -> Iterator[Callable[[int], int]]:
-        """The reading before the change inside; `unshown(sign)` after it: how much of the file's blocks the reading
-        did not show move the way `sign` says (+1 free space grew, -1 it shrank); 0 where readings are not measured."""
-        before = self._read() if self._measured else None
-
-        def unshown(sign: int) -> int:
-            if not self._measured:
-                return 0
-            after = self._read()
-            shown = sign * (after - before) if before is not None and after is not None else 0
-            return max(0, self.footprint(nbytes) - max(0, shown))
-        yield unshown
 
 
 def _pid_alive(pid: int) -> bool:
@@ -317,7 +177,7 @@ class SavedPool:
         private_mkdir(spill_root)
         remove_orphan_spill_dirs(spill_root)
         self.spill_dir = Path(tempfile.mkdtemp(prefix=f"spill-{os.getpid()}-", dir=spill_root))   # 0700
-        self.room = SpillRoom(self.spill_dir, reserve_bytes, free_bytes)
+        self.room = DiskRoom(self.spill_dir, reserve_bytes, free_bytes)
         try:
             with self.room.writing(len(f"{os.getpid()}\n")):
                 self._lock_fd = _lock_folder(self.spill_dir)
@@ -519,7 +379,7 @@ class SavedPool:
     def _make_room(self, nbytes: int) -> bool:
         """Drop the least recently spilled blocks until `nbytes` fit; drops nothing when that cannot do it. The drops
         are counted (bytes for the cap, blocks for the reserve) and the disk is read again once they cover the
-        shortfall: a reading may show a delete only at the disk's next commit (`SpillRoom.short` commits it)."""
+        shortfall: a reading may show a delete only at the disk's next commit (`DiskRoom.short` commits it)."""
         over_cap, over_reserve = self._bytes_short(nbytes)
         if not over_cap and not over_reserve:
             return True

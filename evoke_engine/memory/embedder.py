@@ -139,10 +139,11 @@ class Embedder:
         if self.enabled:
             self._load().encode(["warm up"])     # first inference allocates
 
-    def warm_in_background(self, on_ready: Callable[[float, BaseException | None], None]) -> None:
+    def warm_in_background(self, on_start: Callable[[bool], None],
+                           on_ready: Callable[[float, BaseException | None], None]) -> None:
         """Load the model on a thread of its own (the engine does this after the LLM loads): `warming` until it
-        is loaded, then `on_ready(seconds, error)` on that thread (error None when it loaded; after an error the
-        next `embed` tries again, and raises)."""
+        is loaded; on that thread `on_start(first_use())` first (which reads the model's files), then
+        `on_ready(seconds, error)` (error None when it loaded; `unavailable` says when it never can)."""
         if not self.enabled or self._model is not None:
             return
         self._warming = True
@@ -151,6 +152,7 @@ class Embedder:
         def run() -> None:
             started, error = time.perf_counter(), None
             try:
+                on_start(self.first_use())
                 self.warm()
             except BaseException as exc:               # noqa: BLE001 - said to the caller, raised again on use
                 error = exc

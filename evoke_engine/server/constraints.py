@@ -72,6 +72,11 @@ def prefixed_rules(grammar: str, prefix: str) -> str:
     return "".join(prefix + token if token in defined else token for token in _GBNF_TOKEN.findall(grammar))
 
 
+def forces_call(request) -> bool:
+    """Whether `tool_choice` forces a tool call (`required` or a named function): the whole reply is one."""
+    return request.tool_choice is not None and request.tool_choice not in ("auto", "none")
+
+
 def grammar_for(request, call_format: ToolCallFormat = HERMES) -> str | None:
     """The GBNF the reply must match, or None (free text); a forced tool call in `call_format`'s markup (the loaded
     model's format: `toolcall_formats.loaded_format`)."""
@@ -93,7 +98,7 @@ def grammar_for(request, call_format: ToolCallFormat = HERMES) -> str | None:
                            "unsupported_parameter", "response_format")
     choice = request.tool_choice
     tools = request.tool_dicts()
-    if choice is not None and choice not in ("auto", "none"):
+    if forces_call(request):
         names = [t["function"]["name"] for t in tools]
         if choice == "required":
             wanted = names

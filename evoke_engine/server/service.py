@@ -55,6 +55,7 @@ from ..events import EventKind
 from ..stats import ConversationStats
 from .api_errors import ApiError, context_tokens, reply_room
 from .clients import ANONYMOUS_OWNER, Client
+from .constraints import forces_call
 from .request_bodies import ChatRequest, check_logit_bias
 from .sessions import (
     CONVERSATION_ID,
@@ -399,7 +400,7 @@ class ChatService:
                         before=conv.stats(), lock=lock,
                         messages_before=len(conv.messages()) if route.action == "continue" else 0,
                         tool_names={t["function"]["name"] for t in tools} if request.parse_tools else set(),
-                        call_forced=request.tool_choice not in (None, "auto", "none"),
+                        call_forced=forces_call(request),
                         extras={"priority": request.evoke_priority, "pinned": request.evoke_pinned,
                                 "keep": [(i, m.keep) for i, m in enumerate(messages) if m.keep],
                                 "roles": [m.role for m in messages]})

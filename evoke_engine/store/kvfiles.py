@@ -18,13 +18,13 @@ import json
 import logging
 import mmap
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from evoke_engine.store.disk_room import LOCAL_DISK, DiskRoom
 from evoke_engine.store.kvheader import (
     HEADER_SIZE,
     InvalidKVFile,
@@ -129,6 +129,7 @@ class KVFileStore:
         self._clock = clock
         self._disk_budget_bytes = disk_budget_bytes       # None: writes are not capped (the sweep still is)
         self.reserve_bytes = reserve_bytes                # free space a write never takes (the chat history's)
+        self._room: DiskRoom | None = None                # made with the folder (`_room_for`)
         self._lock = threading.RLock()
 
     # -- helpers -------------------------------------------------------------------------------------
@@ -219,24 +220,24 @@ class KVFileStore:
 
     # -- writing -------------------------------------------------------------------------------------
 
-    def _require_room(self, conversation_id: str, final_path: Path, size: int) -> None:
-        """StoreError (disk full), writing nothing, when the file would leave less free space than `reserve_bytes`
-        (what it adds over the file it replaces, counted in whole 4 KiB blocks): the chat history keeps its room,
-        and a conversation without its file is rebuilt from its history when reopened."""
-        if not self.reserve_bytes:
-            return
+    def _room_for(self, conversation_id: str, final_path: Path, size: int) -> int:
+        """What the file adds over the one it replaces, once `DiskRoom` says it fits above `reserve_bytes`; else
+        StoreError (disk full), writing nothing: the chat history keeps its room, and a conversation without its
+        file is rebuilt from its history when reopened."""
         replaced = 0
         for name in candidate_names(conversation_id):
             with contextlib.suppress(OSError):
                 replaced = max(replaced, (self.directory / name).stat().st_size)
-        adds = -(-max(0, size - replaced) // 4096) * 4096
-        free = shutil.disk_usage(self.directory).free
-        if free - adds < self.reserve_bytes:
-            log.warning("KV file of conversation %s not written: %d bytes would leave %d free, under the %d kept for "
-                        "the chat history", conversation_id, adds, free - adds, self.reserve_bytes)
+        adds = max(0, size - replaced)
+        if self._room is None:
+            self._room = DiskRoom(self.directory, self.reserve_bytes, LOCAL_DISK)
+        if self._room.short(adds):
+            log.warning("KV file of conversation %s not written: its %d more bytes would go into the %d kept free "
+                        "for the chat history", conversation_id, adds, self.reserve_bytes)
             raise StoreError(f"the disk is nearly full: the KV cache file was not written, to keep "
                              f"{self.reserve_bytes >> 20} MiB free for the chat history (the conversation is rebuilt "
                              "from its history when reopened)", reason=DISK_FULL, path=final_path)
+        return adds
 
     def write(self, conversation_id: str, ttl_class: str, payload: Payload) -> Path:
         """Atomically store `payload` as the conversation's file of `ttl_class` and return its path.
@@ -252,29 +253,30 @@ class KVFileStore:
                 log.warning("KV file of conversation %s not written: cannot create %s: %s",
                             conversation_id, self.directory, error)
                 raise describe_os_error("create the KV cache folder", self.directory, error) from error
-            self._require_room(conversation_id, final_path, len(header) + len(payload))
+            adds = self._room_for(conversation_id, final_path, len(header) + len(payload))
             temp_path = self.directory / temp_file_name(conversation_id)
             created = False
-            try:
-                fd = os.open(temp_path, _OPEN_FLAGS, FILE_MODE)
-                created = True
+            with self._room.writing(adds):          # what the disk's reading has not shown yet counts
                 try:
-                    _write_all(fd, header)
-                    _write_all(fd, payload)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                now = self._clock()
-                os.utime(temp_path, (now, now))
-                os.replace(temp_path, final_path)
-            except BaseException as error:
-                if created:
-                    self._unlink(temp_path, "unfinished write", warn=False)
-                if isinstance(error, OSError):
-                    log.warning("KV file of conversation %s not written (%s): %s", conversation_id,
-                                final_path, error)
-                    raise describe_os_error("write the KV cache file", final_path, error) from error
-                raise
+                    fd = os.open(temp_path, _OPEN_FLAGS, FILE_MODE)
+                    created = True
+                    try:
+                        _write_all(fd, header)
+                        _write_all(fd, payload)
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    now = self._clock()
+                    os.utime(temp_path, (now, now))
+                    os.replace(temp_path, final_path)
+                except BaseException as error:
+                    if created:
+                        self._unlink(temp_path, "unfinished write", warn=False)
+                    if isinstance(error, OSError):
+                        log.warning("KV file of conversation %s not written (%s): %s", conversation_id,
+                                    final_path, error)
+                        raise describe_os_error("write the KV cache file", final_path, error) from error
+                    raise
             _fsync_directory(self.directory)
             for name in candidate_names(conversation_id):
                 if name != final_path.name:

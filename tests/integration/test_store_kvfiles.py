@@ -485,7 +485,7 @@ def test_a_file_that_would_cross_the_disk_reserve_is_not_written_and_the_old_one
     def disk_usage(path):
         real = usage(path)
         return type(real)(real.total, real.used, free["bytes"])
-    monkeypatch.setattr("evoke_engine.store.kvfiles.shutil.disk_usage", disk_usage)
+    monkeypatch.setattr("evoke_engine.store.disk_room.shutil.disk_usage", disk_usage)
     first = payload_of(1, 40 * 1024)
     store.write("c1", "long", first)
     assert bytes(store.read("c1")) == first

@@ -28,6 +28,6 @@ def test_its_background_load_reports_the_reason_once(tmp_path, monkeypatch):
     monkeypatch.setattr(Embedder, "_sentence_transformer", staticmethod(_no_torch))
     embedder = Embedder(cache_dir=tmp_path / "empty-cache")
     said, done = [], threading.Event()
-    embedder.warm_in_background(lambda seconds, error: (said.append(error), done.set()))
+    embedder.warm_in_background(lambda _first_use: None, lambda seconds, error: (said.append(error), done.set()))
     assert done.wait(120) and isinstance(said[0], embedder_module.EmbedderUnavailable)
     assert embedder.wait_warm(1) and embedder.embed(["x"]) is None
