@@ -151,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("edit", help="regenerate, edit 3 turns back and fork against re-prefill")
     p.add_argument("--tokens", type=int, default=None)
     p.add_argument("--trials", type=int, default=3)
+    p = sub.add_parser("first_turns", help="first token of Continue in place against decoding the reply again, and "
+                                           "of a first start while the embedder is exported")
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--reply-tokens", type=int, default=300)
     p = sub.add_parser("overhead", help="the engine's time per turn outside llama.cpp calls (p50, p95) at 50 and "
                        "300 blocks, and its share of the first token (each reply's breakdown)")
     p.add_argument("--blocks", type=_ints, default=(50, 300), help="block counts, comma-separated")
@@ -353,6 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         from .edit import run
 
         result = run(tokens=args.tokens, trials=args.trials)
+    elif args.name == "first_turns":
+        from .first_turns import run
+
+        result = run(trials=args.trials, reply_tokens=args.reply_tokens)
     elif args.name == "overhead":
         from .overhead import run
 
