@@ -20,6 +20,7 @@ from ..runtime.runtime import Cancelled
 from ..runtime.sampling import SamplingParams
 from ..store.history import DELETED
 from . import editing
+from .gloss_writer import GlossWriter
 from .lifecycle import ConversationLifecycle, ConversationState
 from .live_stats import StatsTicker
 from .reply_row import StreamedReply, reply_metrics
@@ -33,10 +34,12 @@ class TurnJobs:
 
     def __init__(self, conversations: ConversationLifecycle, *, emit: Callable[[EngineEvent], None],
                  clock: Callable[[], float], on_activity: Callable[[float], None],
-                 on_idle: Callable[[Callable[[], None]], None] = lambda work: work()) -> None:
+                 on_idle: Callable[[Callable[[], None]], None] = lambda work: work(),
+                 glosses: GlossWriter | None = None) -> None:
         self.conversations, self.history = conversations, conversations.history
         self.emit, self.clock, self.on_activity = emit, clock, on_activity
         self.on_idle = on_idle              # runs work when the engine thread has nothing more urgent
+        self.glosses = glosses              # the model's glosses of value lines, written on idle time (issue 61)
 
     def turn(self, conversation_id: str, text: str, attachments: list[Attachment] | None, *,
               params: SamplingParams, on_token, cancel: threading.Event, role: str = "user",
@@ -123,6 +126,15 @@ class TurnJobs:
         state.last_used = self.clock()
         self.on_activity(state.last_used)
         self.on_idle(state.memory.embed_due)         # the turn's blocks' vectors, after the reply is answered
+        if self.glosses is not None:
+            self.on_idle(lambda: self.write_glosses(state.id))
+
+    def write_glosses(self, conversation_id: str) -> None:
+        """On idle time (after the turn's vectors): the model glosses the value lines of the conversation's blocks
+        (`GlossWriter`, where `recall_glosses` has it write), stopping at once when other work arrives."""
+        state = self.conversations.get(conversation_id)
+        if state is not None and self.glosses is not None:
+            self.glosses.write(self.conversations.model, state.memory)
 
     def _reply_row(self, conversation_id: str, on_token, previous_id: int | None = None, *,
                    row_id: int | None = None, text: str = "") -> StreamedReply:

@@ -35,6 +35,7 @@ from ..stats import ConversationStats, Counters
 from . import recall_signals
 from .attention_signal import AttentionSignal
 from .embedder import Embedder
+from .glosses import BOOK as GLOSSES
 from .policy import RecoveryPick, choose_recoveries, choose_victims, file_neighbours, named_in, protected_blocks
 from .recall_signals import MODES, RecallSignal, export_lines, message_asks, only_asks, reply_grounding, seed_lines
 from .recall_signals import prepare as prepare_lines
@@ -283,7 +284,8 @@ class ConversationMemory:
                       file_names=self.settings.recall_file_name_line,
                       skip_questions=self.settings.recall_skip_questions,
                       line_context=self.settings.recall_line_context,
-                      words=self._identifier_words_apply(), before=self._file_text_before)
+                      words=self._identifier_words_apply(), glosses=self.glosses_apply(),
+                      before=self._file_text_before)
 
     def _file_text_before(self, block: Block) -> str:
         """The text of `block`'s file ahead of it in the same message (its earlier blocks), for parent keys."""
@@ -640,7 +642,8 @@ class ConversationMemory:
             query=None if warming else (lambda: self.query), saved=saved, residents=residents, embedder=self.embedder,
             user_margin=self.settings.recall_user_margin, file_names=self.settings.recall_file_name_line,
             skip_questions=self.settings.recall_skip_questions, line_context=self.settings.recall_line_context,
-            value_lines=self._value_lines_apply(), embed_lines=False, words=self._identifier_words_apply())
+            value_lines=self._value_lines_apply(), embed_lines=False, words=self._identifier_words_apply(),
+            glosses=self.glosses_apply())
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
         plan.room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens
                         - reply_reserve)
@@ -714,6 +717,17 @@ class ConversationMemory:
         `bench retrieval` one env-line probe). The same for every turn of a budget, so turn-end lines and a
         decision's keys agree."""
         return recall_signals.IDENTIFIER_WORDS and self.recovery_width() > self.settings.recovery_top_k
+
+    def glosses_apply(self) -> bool:
+        """Whether the recall signals read the loaded model's glosses of value lines beside them (issue 61,
+        `recall_glosses` not "off"; `glosses.BOOK`): a block without any reads as before."""
+        return self.settings.recall_glosses != "off"
+
+    def embed_glossed(self, blocks: Iterable[Block]) -> None:
+        """Embed the lines of blocks whose glosses were just written (idle time: the gloss writer's job), so a
+        later decision finds them cached; nothing when glosses are not read."""
+        if self.glosses_apply():
+            self._embed_lines(blocks)
 
     def recovery_width(self) -> int:
         """Blocks one recovery decision may consider: `recovery_top_k` for each `recovery_width_tokens` of the
@@ -868,7 +882,8 @@ class ConversationMemory:
                         embedder=self.embedder.identity, ahead=ahead,
                         ahead_opening=self.sequence.ahead_opening(), chunks=self.sequence.chunk_records(),
                         exact=self.sequence.exact,
-                        lines=export_lines(self.embedder, [b for b in self.table.blocks if not b.shared]))
+                        lines=export_lines(self.embedder, [b for b in self.table.blocks if not b.shared]),
+                        glosses=GLOSSES.export(b.hash for b in self.table.blocks if not b.shared))
 
     def load_snapshot(self, snapshot: Snapshot, prefix_tokens: int) -> None:
         """Adopt a snapshot's table while out of a slot; `unpark` then restores its image."""
@@ -894,6 +909,7 @@ class ConversationMemory:
                 setattr(self.counters, key, value)
         if snapshot.focus is not None:
             self.focus.vector = np.asarray(snapshot.focus, dtype=np.float32)
+        GLOSSES.seed(snapshot.glosses)                 # before the line vectors: their keys carry the glosses' digest
         self.adopt_line_vectors(snapshot)
 
     def adopt_line_vectors(self, snapshot: Snapshot) -> int:

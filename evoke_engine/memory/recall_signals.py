@@ -26,6 +26,7 @@ from ..kvcache.blocks import Block
 from ..settings import RECALL_SIGNALS as SIGNALS
 from . import lexical as code_lexical
 from .embedder import Embedder
+from .glosses import BOOK as GLOSSES
 from .line_context import expansions, read_as_words, spell_out
 from .value_lines import value_line_scores, value_mask
 
@@ -111,15 +112,19 @@ def asks_for_value(line: str) -> bool:
     return bool(_ASKS.search(line)) and bool(_WH_WORD.search(line)) and not _DIGIT.search(line)
 
 
-def fact_lines(block: Block, skip_questions: bool = False, line_context: bool = False, before: str = "") -> list[str]:
+def fact_lines(block: Block, skip_questions: bool = False, line_context: bool = False, before: str = "",
+               glosses: bool = False) -> list[str]:
     """The block's lines that may hold a fact: `block_lines`, less a user message's lines that `asks_for_value`
     when `skip_questions` (an assistant's or a file's lines are never questions the user asked); with
     `line_context`, each structured line spelled out with its file's name and parent keys (`line_context.spell_out`;
-    `before`: the same file's text ahead of the block, read for parent keys)."""
+    `before`: the same file's text ahead of the block, read for parent keys); with `glosses`, each value line the
+    loaded model glossed is followed by its gloss line (`glosses.gloss_line`), after the block's own lines."""
     if line_context:
         text = spell_out(_MARKUP.sub("\n", block.text), block.file_name, _MARKUP.sub("\n", before))
-        return list(_fact_lines(text, block.role, skip_questions))
-    return list(_fact_lines(block.text, block.role, skip_questions))
+        lines = list(_fact_lines(text, block.role, skip_questions))
+    else:
+        lines = list(_fact_lines(block.text, block.role, skip_questions))
+    return [*lines, *GLOSSES.lines(block.hash)] if glosses else lines
 
 
 @lru_cache(maxsize=1 << 14)
@@ -143,15 +148,16 @@ def only_asks(block: Block) -> bool:
 
 
 def line_key(block: Block, file_names: bool = False, skip_questions: bool = False, line_context: bool = False,
-             words: bool = False) -> str:
+             words: bool = False, glosses: bool = False) -> str:
     """The cache key of a block's lines: its content hash, with its file's name where that is one of the lines, a
     mark where its questions are left out (a user message's, with `skip_questions`), the version of the spelled-
-    out text where structured lines are embedded with their context (`line_context`: `|c1`) and that of the words
-    identifiers are read as (`words`: `|w1`)."""
+    out text where structured lines are embedded with their context (`line_context`: `|c1`), that of the words
+    identifiers are read as (`words`: `|w1`) and, with `glosses`, its glosses' digest where it has any (`|g1.…`)."""
     key = f"{block.hash}|{block.file_name}" if file_names and block.file_name else block.hash
     key = f"{key}|q" if skip_questions and block.role == "user" else key
     key = f"{key}|c{LINE_CONTEXT_VERSION}" if line_context else key
-    return f"{key}|w{WORDS_VERSION}" if words else key
+    key = f"{key}|w{WORDS_VERSION}" if words else key
+    return f"{key}{GLOSSES.suffix(block.hash)}" if glosses else key
 
 
 def file_name_line(file_name: str) -> str:
@@ -162,22 +168,25 @@ def file_name_line(file_name: str) -> str:
 
 def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: bool = False,
                  skip_questions: bool = False, line_context: bool = False, words: bool = False,
+                 glosses: bool = False,
                  before: Callable[[Block], str] | None = None) -> dict[str, tuple[list[str], np.ndarray | None]]:
     """Lines and their unit vectors for each block (by `line_key`), embedded in one batch where missing; with
     `file_names`, a file's block has its file's name as one more line; with `skip_questions`, a user message's
     lines are its `fact_lines` (none, when all of it asks); with `line_context`, structured lines are embedded
     spelled out (`before(block)`: its file's text ahead of it, for parent keys); with `words`, every line is embedded
-    as `line_context.read_as_words` reads it (identifiers as words, abbreviations expanded) instead of `code_words`.
+    as `line_context.read_as_words` reads it (identifiers as words, abbreviations expanded) instead of `code_words`;
+    with `glosses`, the model's gloss lines of its value lines are embedded beside them (`fact_lines`).
     A decision on the critical path embeds nothing: it reads `cached_lines`."""
     cache = _line_cache.setdefault(embedder, OrderedDict())
-    keys = {b: line_key(b, file_names, skip_questions, line_context, words) for b in blocks if b.text.strip()}
+    keys = {b: line_key(b, file_names, skip_questions, line_context, words, glosses) for b in blocks
+            if b.text.strip()}
     missing: dict[str, list[str]] = {}
     for block, key in keys.items():
         if key in cache:
             cache.move_to_end(key)                     # kept through this call's own evictions
         elif key not in missing:
             ahead = before(block) if line_context and before is not None and block.file_name else ""
-            lines = fact_lines(block, skip_questions, line_context, ahead)
+            lines = fact_lines(block, skip_questions, line_context, ahead, glosses)
             named = file_names and bool(block.file_name)
             missing[key] = [*lines, file_name_line(block.file_name)] if named else lines
     if missing:
@@ -219,12 +228,14 @@ def code_words(line: str) -> str:
     return code_lexical.RAW.sub(split, line)
 
 
-def lexical_lines(block: Block, skip_questions: bool = False, words: bool = False) -> list[str]:
+def lexical_lines(block: Block, skip_questions: bool = False, words: bool = False, glosses: bool = False) -> list[str]:
     """The block's lines as the code-aware BM25 reads them: a file's lines carry its path (`lib/db.py`: `lib db py`),
     so a question that names the module ("the DB helper") meets every line of it, not only the framing line; with
     `skip_questions`, a user message's are its `fact_lines`; with `words`, each line (and path) also carries the
-    words its abbreviations stand for (`line_context.expansions`: `..._MS = 4500` gains `milliseconds`)."""
-    return list(_lexical_lines(block.text, block.role, block.file_name, skip_questions, words))
+    words its abbreviations stand for (`line_context.expansions`: `..._MS = 4500` gains `milliseconds`); with
+    `glosses`, the model's gloss lines of its value lines follow (`glosses.gloss_line`)."""
+    lines = list(_lexical_lines(block.text, block.role, block.file_name, skip_questions, words))
+    return [*lines, *GLOSSES.lines(block.hash)] if glosses else lines
 
 
 @lru_cache(maxsize=1 << 14)
@@ -303,7 +314,8 @@ class RecallSignal:
     def __init__(self, mode: str, *, query_text: str, query: np.ndarray | Callable[[], np.ndarray | None] | None,
                  saved: list[Block], residents: list[Block], embedder: Embedder, user_margin: float = 0.0,
                  file_names: bool = False, skip_questions: bool = False, line_context: bool = False,
-                 value_lines: bool = False, embed_lines: bool = True, words: bool = False) -> None:
+                 value_lines: bool = False, embed_lines: bool = True, words: bool = False,
+                 glosses: bool = False) -> None:
         if mode not in SIGNALS:
             raise ValueError(f"recall signal {mode!r}: choose one of {', '.join(SIGNALS)}")
         self.mode = mode
@@ -312,18 +324,20 @@ class RecallSignal:
         lexical: dict[Block, float] = {}
         if lexical_kind is not None:
             if lexical_kind == "fts5":
-                by_hash = bm25_by_block({b.hash: fact_lines(b, skip_questions) for b in pool}, query_text)
+                by_hash = bm25_by_block({b.hash: fact_lines(b, skip_questions, glosses=glosses) for b in pool},
+                                        query_text)
             else:
-                by_hash = code_lexical.bm25_lines({b.hash: lexical_lines(b, skip_questions, words) for b in pool},
-                                                  query_text)
+                by_hash = code_lexical.bm25_lines(
+                    {b.hash: lexical_lines(b, skip_questions, words, glosses) for b in pool}, query_text)
             lexical = {b: by_hash[b.hash] for b in pool if b.hash in by_hash}
         by_lines = dense_kind == "lines" and query is not None and embedder.enabled
-        keys = {b: line_key(b, file_names, skip_questions, line_context, words) for b in pool} if by_lines else {}
+        keys = {b: line_key(b, file_names, skip_questions, line_context, words, glosses) for b in pool} \
+            if by_lines else {}
         if not by_lines:
             vectors = {}
         elif embed_lines:
             vectors = line_vectors(embedder, pool, file_names=file_names, skip_questions=skip_questions,
-                                   line_context=line_context, words=words)
+                                   line_context=line_context, words=words, glosses=glosses)
         else:
             vectors = cached_lines(embedder, keys.values())
         if callable(query):              # a message's vector made meanwhile (`Embedder.embed_soon`): needed from here
@@ -439,12 +453,12 @@ def _cos(a: np.ndarray | None, b: np.ndarray | None) -> float:
 
 
 def prepare(embedder: Embedder, mode: str, blocks: Iterable[Block], *, file_names: bool = False,
-            skip_questions: bool = False, line_context: bool = False, words: bool = False,
+            skip_questions: bool = False, line_context: bool = False, words: bool = False, glosses: bool = False,
             before: Callable[[Block], str] | None = None) -> None:
-    """Embed the lines of `blocks` now (turn end), so a later recovery finds them cached."""
+    """Embed the lines of `blocks` now (turn end, or a block just glossed), so a later recovery finds them cached."""
     if MODES[mode][0] == "lines" and embedder.enabled:
         line_vectors(embedder, blocks, file_names=file_names, skip_questions=skip_questions,
-                     line_context=line_context, words=words, before=before)
+                     line_context=line_context, words=words, glosses=glosses, before=before)
 
 
 def export_lines(embedder: Embedder, blocks: Iterable[Block]) -> dict[str, tuple[list[str], np.ndarray]]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..kvcache.blocks import Block, BlockState
+from .glosses import glosses_of
 from .snapshot_check import (
     FORMAT,
     SnapshotError,
@@ -51,6 +52,7 @@ class Snapshot:
     exact: bool = False          # every resident cell was what a fresh decode of the resident tokens gives
     lines: dict[str, tuple[list[str], np.ndarray]] = field(default_factory=dict)  # line_key -> lines, vectors
     own_budget: int | None = None    # a budget set for this conversation alone (None: it follows the settings)
+    glosses: dict[str, list[list[str]]] = field(default_factory=dict)   # block hash -> [[line, gloss]] (issue 61)
 
 
 def _block_head(block: Block) -> dict:
@@ -84,7 +86,8 @@ def encode_payload(snapshot: Snapshot) -> bytes:
             "exact": snapshot.exact,
             "line_vectors": {key: [lines, base64.b64encode(np.ascontiguousarray(vectors, dtype=np.float16)
                                                            .tobytes()).decode()]
-                             for key, (lines, vectors) in snapshot.lines.items()}}
+                             for key, (lines, vectors) in snapshot.lines.items()},
+            "glosses": snapshot.glosses}
     head_bytes = json.dumps(head, separators=(",", ":")).encode()
     return struct.pack("<I", len(head_bytes)) + head_bytes + b"".join(blobs)
 
@@ -130,4 +133,12 @@ def decode_payload(payload: Buffer) -> Snapshot:
                     focus=None if focus is None else [float(x) for x in focus], embedder=head.get("embedder"),
                     ahead=list(head["ahead"]), ahead_opening=int(head.get("ahead_opening", 0)),
                     chunks=chunks_of(head), exact=head.get("exact", False),
-                    lines=line_vectors_of(head), own_budget=own_budget_of(head))
+                    lines=line_vectors_of(head), own_budget=own_budget_of(head), glosses=_glosses(head))
+
+
+def _glosses(head: dict) -> dict[str, list[list[str]]]:
+    """The head's model-written glosses (absent in older files: none), checked (`glosses.glosses_of`)."""
+    try:
+        return glosses_of(head.get("glosses"))
+    except ValueError as exc:
+        raise SnapshotError(str(exc)) from exc

@@ -1,0 +1,149 @@
+"""The loaded model's glosses of a block's value lines (issue 61): one short plain-language phrase per line saying
+what its value means ("how often the status page reloads, in milliseconds"), read by the recall signals beside it.
+
+Invariants: pure logic over plain strings (no llama.cpp: `conversations/gloss_writer.py` runs the model); a block's
+glosses are kept in `BOOK` by its content hash, process-wide (the same text has the same glosses in every
+conversation, resident or in the pool), and travel in its conversation's KV file (`GlossBook.export` / `seed`); a
+block's glosses are put whole, once (a reply cut short puts nothing); `GlossBook.suffix` changes whenever a block's
+glosses do, so line vectors embedded without them are never taken for the block with them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from .value_lines import holds_value
+
+GLOSS_VERSION = 1                 # bump when the prompt or `gloss_line` changes what a gloss line is
+GLOSS_TOKENS_PER_BLOCK = 96       # a block's reply cap: every gloss of the block together
+MAX_LINES_PER_BLOCK = 4           # value lines glossed per block (the first ones that name a value)
+MAX_GLOSS_CHARS = 120
+MAX_LINE_CHARS = 200              # a longer line is prose or a table: its own words say what it means
+BOOK_BLOCKS = 8192                # blocks whose glosses are kept (LRU)
+SYSTEM = "You explain lines of code and configuration in plain everyday words."
+ASK = ("For each numbered line below, say in a short plain phrase (at most 12 words) what its value means, without "
+       "repeating the line's names. Answer with one numbered phrase per line, like '1. how long ...'.")
+# a name a line gives its value: snake_case, SCREAMING_CASE, camelCase, kebab-case, a dotted key or a --flag
+_NAMED = re.compile(r"[A-Za-z][_-][A-Za-z0-9]|[a-z]\.[a-z]|[a-z][A-Z]|--[a-z]")
+_ANSWER = re.compile(r"^\s*(?P<n>\d{1,2})\s*[.):-]\s*(?P<gloss>\S.*?)\s*$")
+_WRAPPING = " \t`'\"*"
+
+
+def gloss_targets(lines: Iterable[str]) -> list[str]:
+    """The lines of a block worth a gloss: they hold a value (`value_lines.holds_value`) under a name made of
+    several words glued together (`STATUS_REFRESH_MS = 4500`, `"autosaveDelayMs": 900`, `--max-retries 3`), and
+    are short; the first `MAX_LINES_PER_BLOCK`, in order, no repeats."""
+    out: list[str] = []
+    for line in dict.fromkeys(lines):
+        if len(line) <= MAX_LINE_CHARS and _NAMED.search(line) and holds_value(line):
+            out.append(line)
+            if len(out) == MAX_LINES_PER_BLOCK:
+                break
+    return out
+
+
+def gloss_messages(lines: list[str]) -> list[dict[str, str]]:
+    """The chat messages that ask the model for one gloss per line (rendered with the GGUF's own template)."""
+    numbered = "\n".join(f"{i}. {line.strip()}" for i, line in enumerate(lines, 1))
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{ASK}\n\n{numbered}"}]
+
+
+def parse_glosses(reply: str, lines: list[str]) -> dict[str, str]:
+    """Line -> gloss from a numbered reply (`1. how often the status page reloads`): a number outside the lines, an
+    empty phrase or one that only repeats its line is dropped; a phrase is cut to `MAX_GLOSS_CHARS` at a word."""
+    out: dict[str, str] = {}
+    for row in reply.splitlines():
+        answer = _ANSWER.match(row)
+        if not answer:
+            continue
+        index = int(answer.group("n")) - 1
+        gloss = answer.group("gloss").strip(_WRAPPING).rstrip(".").strip(_WRAPPING)
+        if not 0 <= index < len(lines) or lines[index] in out or not gloss:
+            continue
+        if gloss.lower() == lines[index].strip().lower():
+            continue
+        if len(gloss) > MAX_GLOSS_CHARS:
+            gloss = gloss[:MAX_GLOSS_CHARS].rsplit(" ", 1)[0]
+        out[lines[index]] = gloss
+    return out
+
+
+def gloss_line(line: str, gloss: str) -> str:
+    """A glossed line as the recall signals read it beside the line itself: the gloss, then the line (its value and
+    names stay in it, so it is still a value line for `recall_value_lines`)."""
+    return f"{gloss}: {line.strip()}"
+
+
+class GlossBook:
+    """Block content hash -> its glosses ((line, gloss) pairs, in line order), LRU-bounded; a block written with no
+    gloss (the model gave none) is kept as written, so it is not asked again."""
+
+    def __init__(self, capacity: int = BOOK_BLOCKS) -> None:
+        self.capacity = capacity
+        self._glosses: OrderedDict[str, tuple[tuple[str, str], ...]] = OrderedDict()
+        self._suffix: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._glosses)
+
+    def put(self, block_hash: str, glosses: dict[str, str]) -> None:
+        pairs = tuple((line, gloss) for line, gloss in glosses.items() if line and gloss)
+        self._glosses[block_hash] = pairs
+        self._glosses.move_to_end(block_hash)
+        digest = hashlib.sha256(repr(pairs).encode()).hexdigest()[:8]
+        self._suffix[block_hash] = f"|g{GLOSS_VERSION}.{digest}" if pairs else ""
+        while len(self._glosses) > self.capacity:
+            old, _ = self._glosses.popitem(last=False)
+            self._suffix.pop(old, None)
+
+    def written(self, block_hash: str) -> bool:
+        """Whether the block's glosses were written (maybe none)."""
+        return block_hash in self._glosses
+
+    def of(self, block_hash: str) -> tuple[tuple[str, str], ...]:
+        return self._glosses.get(block_hash, ())
+
+    def lines(self, block_hash: str) -> list[str]:
+        """The block's glossed lines as the recall signals read them (`gloss_line`), in line order."""
+        return [gloss_line(line, gloss) for line, gloss in self.of(block_hash)]
+
+    def suffix(self, block_hash: str) -> str:
+        """What the block's line key carries for its glosses: empty without any, else their version and digest."""
+        return self._suffix.get(block_hash, "")
+
+    def export(self, hashes: Iterable[str]) -> dict[str, list[list[str]]]:
+        """The glosses of these blocks (written ones, with none included) for a KV file: hash -> [[line, gloss]]."""
+        return {h: [list(pair) for pair in self._glosses[h]] for h in dict.fromkeys(hashes) if h in self._glosses}
+
+    def seed(self, records: dict[str, list[list[str]]]) -> int:
+        """Glosses read from a KV file (`export`'s form); blocks already written here keep theirs. The count added."""
+        added = 0
+        for block_hash, pairs in records.items():
+            if block_hash not in self._glosses:
+                self.put(block_hash, {line: gloss for line, gloss in pairs})
+                added += 1
+        return added
+
+    def clear(self) -> None:
+        self._glosses.clear()
+        self._suffix.clear()
+
+
+BOOK = GlossBook()
+
+
+def glosses_of(head_glosses: object) -> dict[str, list[list[str]]]:
+    """A KV file head's "glosses" (absent in files written before them: none), checked: hash -> [[line, gloss]];
+    anything else is ValueError."""
+    if head_glosses is None:
+        return {}
+    if not isinstance(head_glosses, dict):
+        raise ValueError("glosses is not an object")
+    for block_hash, pairs in head_glosses.items():
+        if not (isinstance(block_hash, str) and isinstance(pairs, list) and all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in pairs)):
+            raise ValueError(f"glosses of {str(block_hash)[:20]} are not [[line, gloss]]")
+    return head_glosses

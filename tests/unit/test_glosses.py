@@ -1,0 +1,185 @@
+"""The model's glosses of value lines (issue 61) on plain objects: which lines are glossed, the reply parsed, the book
+(its digest in the line key, a KV file's round trip), the recall signals reading gloss lines only when asked, and the
+writer's order, cap and stop when other work arrives (a stand-in `generate`: what llama.cpp does is the slow test's)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from helpers.word_embedder import CountingEmbedder
+
+from evoke_engine.conversations.completion import Completion
+from evoke_engine.conversations.gloss_writer import GlossWriter, blocks_to_gloss, embedded_model, writes_glosses
+from evoke_engine.kvcache.blocks import Block, BlockState
+from evoke_engine.memory import lexical
+from evoke_engine.memory.glosses import (
+    BOOK,
+    GLOSS_TOKENS_PER_BLOCK,
+    MAX_LINES_PER_BLOCK,
+    GlossBook,
+    gloss_messages,
+    gloss_targets,
+    glosses_of,
+    parse_glosses,
+)
+from evoke_engine.memory.recall_signals import fact_lines, lexical_lines, line_key, line_vectors
+from evoke_engine.memory.snapshot import Snapshot, decode_payload, encode_payload
+from evoke_engine.settings import Settings
+
+pytestmark = pytest.mark.unit
+CODE = "// timings of the dashboard and its polling loop\nexport const STATUS_REFRESH_MS = 4500;\nexport function refresh() { return load(); }"
+
+
+@pytest.fixture(autouse=True)
+def empty_book():
+    BOOK.clear()
+    yield
+    BOOK.clear()
+
+
+def _block(text: str = CODE, state: BlockState = BlockState.RAM, turn: int = 1, name: str = "status.ts") -> Block:
+    return Block(name=f"file:{name}#{turn}", role="file", turn=turn, tokens=[len(text), turn, 7], text=text,
+                 file_name=name, state=state)
+
+
+def test_only_short_value_lines_under_a_glued_name_are_glossed():
+    lines = ['"autosaveDelayMs": 900,', "export const STATUS_REFRESH_MS = 4500;", "We met at 9 to talk.",
+             "import os", "  retention_days: 14", "pytest --maxfail 3 tests", "x" * 250 + "_y = 1"]
+    assert gloss_targets(lines) == lines[:2] + [lines[4], lines[5]]
+    many = [f"LIMIT_{i} = {i}" for i in range(9)]
+    assert gloss_targets(many) == many[:MAX_LINES_PER_BLOCK]
+
+
+def test_the_prompt_numbers_the_lines():
+    messages = gloss_messages(["A_B = 1", "  c_d: 2"])
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert messages[1]["content"].endswith("\n\n1. A_B = 1\n2. c_d: 2")
+
+
+def test_a_numbered_reply_gives_one_gloss_a_line_and_drops_the_rest():
+    lines = ["A_B = 1", "C_D = 2", "E_F = 3"]
+    reply = ("Sure!\n1. `how long the page waits, in milliseconds`.\n2) C_D = 2\n7. out of range\n"
+             "1. a second answer to line one\n3: " + "very " * 40 + "long")
+    glosses = parse_glosses(reply, lines)
+    assert glosses["A_B = 1"] == "how long the page waits, in milliseconds"
+    assert "C_D = 2" not in glosses                                      # it only repeats its line
+    assert len(glosses["E_F = 3"]) <= 120 and glosses["E_F = 3"].startswith("very very")
+    assert parse_glosses("I cannot help with that.", lines) == {}
+
+
+def test_the_book_digest_changes_with_the_glosses_and_a_block_without_any_keeps_its_key():
+    book = GlossBook(capacity=2)
+    book.put("h1", {"A_B = 1": "one thing"})
+    first = book.suffix("h1")
+    book.put("h1", {"A_B = 1": "another thing"})
+    assert first.startswith("|g1.") and book.suffix("h1") != first
+    book.put("h2", {})
+    assert book.written("h2") and book.suffix("h2") == "" and book.lines("h2") == []
+    book.put("h3", {"X_Y = 2": "x"})
+    assert not book.written("h1") and len(book) == 2                    # least recently put leaves first
+    assert book.lines("h3") == ["x: X_Y = 2"]
+
+
+def test_a_kv_file_keeps_the_glosses_and_an_older_file_has_none():
+    block = _block()
+    BOOK.put(block.hash, {"export const STATUS_REFRESH_MS = 4500;": "how often the status page reloads"})
+    snapshot = Snapshot(conversation_id="c", prefix_key="p", turn=1, budget_tokens=512, history=[], blocks=[],
+                        image=None, glosses=BOOK.export([block.hash, "unknown"]))
+    read = decode_payload(encode_payload(snapshot))
+    assert read.glosses == {block.hash: [["export const STATUS_REFRESH_MS = 4500;",
+                                          "how often the status page reloads"]]}
+    BOOK.clear()
+    assert BOOK.seed(read.glosses) == 1 and BOOK.lines(block.hash) == \
+        ["how often the status page reloads: export const STATUS_REFRESH_MS = 4500;"]
+    assert glosses_of(None) == {}
+    with pytest.raises(ValueError):
+        glosses_of({"h": [["only one"]]})
+
+
+def test_the_signals_read_gloss_lines_only_when_asked():
+    block = _block()
+    assert line_key(block, glosses=True) == block.hash                    # none written: the key as before
+    BOOK.put(block.hash, {"export const STATUS_REFRESH_MS = 4500;": "how often the status page reloads itself"})
+    assert line_key(block) == block.hash and line_key(block, glosses=True) == block.hash + BOOK.suffix(block.hash)
+    assert fact_lines(block)[-1] != fact_lines(block, glosses=True)[-1]
+    assert fact_lines(block, glosses=True)[-1].startswith("how often the status page reloads itself: export const")
+    asked = "How often does the page reload itself?"
+    assert lexical.bm25_lines({"b": lexical_lines(block)}, asked) == {}
+    assert lexical.bm25_lines({"b": lexical_lines(block, glosses=True)}, asked)["b"] > 0
+    embedder = CountingEmbedder()
+    line_vectors(embedder, [block], glosses=True)
+    assert any(text.startswith("how often the status page reloads itself") for text in embedder.texts)
+
+
+def test_auto_writes_glosses_except_with_the_embedded_tiny_model():
+    assert embedded_model(Settings()) and embedded_model(Settings(model_path="/x/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    assert not writes_glosses(Settings(recall_glosses="auto"))
+    assert writes_glosses(Settings(recall_glosses="auto", model_path="/m/qwen2.5-coder-7b-q4_k_m.gguf"))
+    assert writes_glosses(Settings(recall_glosses="on")) and not writes_glosses(Settings(model_path="/m/q.gguf"))
+
+
+def test_evicted_blocks_are_glossed_first_newest_first_then_the_next_to_be_evicted():
+    old, new = _block(turn=1, name="a.ts"), _block(turn=2, name="b.ts")
+    keep, next_out = _block(state=BlockState.RESIDENT, turn=3, name="c.ts"), \
+        _block(state=BlockState.RESIDENT, turn=4, name="d.ts")
+    prose = _block("We talked about lunch at noon today, nothing else.", turn=5, name="e.md")
+    shared = _block(turn=6, name="f.ts")
+    shared.shared = True
+    done = _block(turn=7, name="g.ts")
+    BOOK.put(done.hash, {})
+    score = {keep: 0.9, next_out: 0.1}
+    assert blocks_to_gloss([old, new, keep, next_out, prose, shared, done], score.get) == [new, old, next_out, keep]
+
+
+class _Model:
+    """What the writer reads of a loaded model (its settings, template, tokenizer); `generate` stands in for it."""
+
+    def __init__(self, mode: str = "on") -> None:
+        self.closed = False
+        self.settings = Settings(recall_glosses=mode)
+        self.template = SimpleNamespace(render=lambda messages, add_generation_prompt: messages[-1]["content"])
+        self.rt = SimpleNamespace(tokenize=lambda text, **_: list(range(len(text.split()))))
+
+
+def _memory(blocks: list[Block]) -> SimpleNamespace:
+    embedded: list[Block] = []
+    return SimpleNamespace(table=SimpleNamespace(blocks=blocks), score=lambda b: 0.0, embedded=embedded,
+                           embed_glossed=embedded.extend)
+
+
+def test_the_writer_glosses_each_block_once_within_its_cap():
+    asked: list[int] = []
+
+    def generate(model, tokens, params, on_token, cancel):
+        asked.append(params.max_tokens)
+        return Completion("1. how often the status page reloads, in milliseconds", len(tokens), 12, "eos", 0.01)
+
+    blocks = [_block(turn=t, name=f"{t}.ts") for t in range(3)]
+    memory = _memory(blocks)
+    writer = GlossWriter(lambda: False, generate=generate)
+    cost = writer.write(_Model(), memory)
+    assert cost.blocks == 3 and cost.glossed_lines == 3 and cost.reply_tokens == 36 and cost.interrupted == 0
+    assert asked == [GLOSS_TOKENS_PER_BLOCK] * 3 and memory.embedded == blocks[::-1]
+    assert BOOK.lines(blocks[0].hash) == \
+        ["how often the status page reloads, in milliseconds: export const STATUS_REFRESH_MS = 4500;"]
+    assert writer.write(_Model(), memory).blocks == 0                   # written once
+    assert writer.write(_Model("auto"), _memory([_block(turn=9)])).blocks == 0     # the embedded model: off
+
+
+def test_work_that_arrives_stops_the_writer_and_a_cut_reply_keeps_nothing():
+    arrived = [False]
+
+    def generate(model, tokens, params, on_token, cancel):
+        assert not cancel.is_set()
+        arrived[0] = True                                  # a turn is queued while this block's reply is written
+        assert cancel.is_set()                             # the next decode sees it
+        return Completion("1. half a gl", len(tokens), 3, "cancelled", 0.01)
+
+    blocks = [_block(turn=t, name=f"{t}.ts") for t in range(3)]
+    writer = GlossWriter(lambda: arrived[0], generate=generate)
+    cost = writer.write(_Model(), _memory(blocks))
+    assert cost.interrupted == 1 and cost.blocks == 0 and len(BOOK) == 0
+    arrived[0] = False
+    writer.generate = lambda *a: Completion("1. how often it reloads", 5, 5, "eos", 0.0)
+    assert writer.write(_Model(), _memory(blocks)).blocks == 3 and writer.total.interrupted == 1
