@@ -28,7 +28,8 @@ from evoke_engine.memory.snapshot import Snapshot, decode_payload, encode_payloa
 from evoke_engine.settings import Settings
 
 pytestmark = pytest.mark.unit
-CODE = "// timings of the dashboard and its polling loop\nexport const STATUS_REFRESH_MS = 4500;\nexport function refresh() { return load(); }"
+CODE = ("// timings of the dashboard and its polling loop\nexport const STATUS_REFRESH_MS = 4500;\n"
+        "export function refresh() { return load(); }")
 
 
 @pytest.fixture(autouse=True)
