@@ -68,8 +68,7 @@ class LoadedModel:
         try:
             template = ChatTemplate(rt.meta("tokenizer.chat_template"), bos_token=rt.token_text("bos"),
                                     eos_token=rt.token_text("eos"))
-            log.info("chat template: each turn renders %s", "its last messages" if template.local   # checked now,
-                     else "the whole history")                                           # not in the first turn
+            log.info("chat template: each turn renders %s", template.rendering)   # checked now, not in the first turn
             pool = SavedPool(settings.ram_budget_bytes, settings.cache_dir / "spill",
                              spill_budget_bytes=settings.spill_budget_bytes,
                              reserve_bytes=settings.disk_reserve_bytes, bits=settings.pool_bits,

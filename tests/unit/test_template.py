@@ -76,8 +76,8 @@ def test_a_template_that_numbers_messages_renders_the_whole_history():
 
 
 def test_a_template_that_refuses_a_probe_renders_the_whole_history():
-    strict = ChatTemplate("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}"
-                          "{% endif %}{{ m['content'] }}{% endfor %}")
+    strict = ChatTemplate("{% for m in messages %}{% if loop.index0 > 8 %}{{ raise_exception('too long') }}"
+                          "{% endif %}{{ m['content'] }}{% endfor %}")    # (a refused system message is polyfilled)
     assert not strict.local
 
 
