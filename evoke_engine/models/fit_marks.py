@@ -29,10 +29,14 @@ class Hyper:
     tied: bool = False
     head_dim_k: int = 0       # 0: n_embd // n_head (as in the GGUF's attention.key_length / value_length)
     head_dim_v: int = 0
+    n_expert: int = 0         # a mixture of experts: routed experts per layer, used per token, each one's width
+    n_expert_used: int = 0
+    n_ff_expert: int = 0
 
 
-# The shipped catalogue's entries (config.json of each repository's source model). MoE models are weighed as dense
-# (fit.py places every expert; n_ff is the active experts' width); DeepSeek-V2's KV is llama.cpp's MLA cache.
+# The shipped catalogue's entries (config.json of each repository's source model). Qwen3-Coder's experts are stated
+# (fit.py places every expert and reads the used ones); DeepSeek-V2-Lite is still weighed as dense (n_ff its first,
+# dense layer's width; shared experts and a dense layer are not stated here); its KV is llama.cpp's MLA cache.
 KNOWN_HYPER: dict[str, Hyper] = {
     "qwen2.5-coder-0.5b-fim": Hyper(896, 14, 2, 4864, 151936, tied=True),
     "qwen2.5-coder-1.5b-fim": Hyper(1536, 12, 2, 8960, 151936, tied=True),
@@ -40,7 +44,8 @@ KNOWN_HYPER: dict[str, Hyper] = {
     "qwen2.5-coder-7b-instruct": Hyper(3584, 28, 4, 18944, 152064),
     "qwen2.5-coder-14b-instruct": Hyper(5120, 40, 8, 13824, 152064),
     "qwen2.5-coder-32b-instruct": Hyper(5120, 40, 8, 27648, 152064),
-    "qwen3-coder-30b-a3b-instruct": Hyper(2048, 32, 4, 6144, 151936, head_dim_k=128, head_dim_v=128),
+    "qwen3-coder-30b-a3b-instruct": Hyper(2048, 32, 4, 6144, 151936, head_dim_k=128, head_dim_v=128, n_expert=128,
+                                          n_expert_used=8, n_ff_expert=768),
     "deepseek-coder-v2-lite-instruct": Hyper(2048, 16, 1, 10944, 102400, head_dim_k=576, head_dim_v=512),
     "codestral-22b": Hyper(6144, 48, 8, 16384, 32768),
 }
@@ -73,7 +78,9 @@ def stated_shape(model: CatalogueModel, quant: Quant) -> ModelShape | None:
     hyper = KNOWN_HYPER.get(model.id) or estimated_hyper(model.params_b, model.n_layer)
     shape = ModelShape.stated(file_bytes=quant.size_bytes, n_layer=model.n_layer, n_embd=hyper.n_embd,
                               n_head=hyper.n_head, n_head_kv=hyper.n_head_kv, n_ff=hyper.n_ff, n_vocab=hyper.n_vocab,
-                              tied_embeddings=hyper.tied, n_ctx_train=model.context_length, name=model.name)
+                              tied_embeddings=hyper.tied, n_ctx_train=model.context_length, name=model.name,
+                              head_dim=hyper.head_dim_k if hyper.n_expert else 0, n_expert=hyper.n_expert,
+                              n_expert_used=hyper.n_expert_used, n_ff_expert=hyper.n_ff_expert)
     return replace(shape, head_dim_k=hyper.head_dim_k, head_dim_v=hyper.head_dim_v)
 
 

@@ -10,6 +10,8 @@ weights, the KV cache ("context") and the compute buffers, against the device's 
 1 GiB (`common_params::fit_params_target`, the same for host memory on a CPU-only machine), filled back to front
 with whole layers, the output layer first. fit.cpp measures each candidate with a no-alloc dry load; here the same
 three parts are computed from the GGUF's header instead, so a catalogue entry can be judged before its download.
+A mixture of experts is placed whole (every expert of an offloaded layer on the GPU, as llama.cpp places it without
+`--n-cpu-moe` or tensor overrides) and decodes at the speed of the bytes a token reads (`active_layer_bytes`).
 """
 
 from __future__ import annotations
@@ -151,10 +153,12 @@ def fit(shape: ModelShape, device: Memory, load: LoadShape, *, gpu_bandwidth: fl
             ngl += 1
     all_slots = n_layer + 1
 
+    read = shape.active_layer_bytes                 # a mixture of experts reads only the experts a token uses
+
     def seconds_per_token(n: int) -> float:        # the token embeddings are a row lookup: not read whole
         on_cpu = n_layer - layers_on_gpu(n_layer, n)
-        cpu_bytes = sum(shape.layer_bytes[:on_cpu]) + (shape.output_bytes if n == 0 else 0)
-        gpu_bytes = sum(shape.layer_bytes) + shape.output_bytes - cpu_bytes
+        cpu_bytes = sum(read[:on_cpu]) + (shape.output_bytes if n == 0 else 0)
+        gpu_bytes = sum(read) + shape.output_bytes - cpu_bytes
         return gpu_bytes / gpu_bandwidth + cpu_bytes / ram_bandwidth
 
     full_ctx = 0

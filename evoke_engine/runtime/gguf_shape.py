@@ -29,6 +29,7 @@ GGML_BLOCKS = {
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.")
+_EXPERT_TENSOR = re.compile(r"\.ffn_[a-z_]+_exps\.")     # routed experts (ffn_up_exps, ffn_gate_up_exps, ...)
 _OUTPUT_TENSORS = ("output.weight", "output_norm.weight", "output_norm.bias", "output.bias")
 _MAX_ARRAY_KEPT = 1024          # longer arrays (the tokenizer's) are skipped, not kept
 _MAX_STRING = 64 << 20          # longer is a corrupt header (chat templates are some KB)
@@ -53,13 +54,27 @@ class ModelShape:
     head_dim_k: int = 0              # 0: n_embd // n_head
     head_dim_v: int = 0
     n_ctx_train: int = 0
-    n_expert: int = 0                # a mixture of experts (the fit weighs it as dense: every expert placed)
+    n_expert: int = 0                # a mixture of experts: its experts per layer (0: dense)
     architecture: str = ""
     name: str = ""
+    n_expert_used: int = 0           # experts a token runs through, per layer
+    expert_bytes: tuple[int, ...] = ()   # per layer, the routed experts' tensors (ffn_*_exps), in layer_bytes
 
     def __post_init__(self) -> None:
         assert len(self.layer_bytes) == self.n_layer, "one weight size per repeating layer"
         assert min(self.n_layer, self.n_embd, self.n_head, self.n_head_kv) > 0, "a shape has layers and heads"
+        assert not self.expert_bytes or len(self.expert_bytes) == self.n_layer, "one expert size per layer"
+
+    @property
+    def active_layer_bytes(self) -> tuple[int, ...]:
+        """The bytes of each layer one token reads: all but the routed experts, and of those the share it uses
+        (`n_expert_used` of `n_expert`): a mixture of experts decodes at the speed of its active parameters. A
+        dense model's are its `layer_bytes`."""
+        if not self.expert_bytes or not self.n_expert or not self.n_expert_used:
+            return self.layer_bytes
+        share = min(1.0, self.n_expert_used / self.n_expert)
+        return tuple(int(layer - experts + experts * share)
+                     for layer, experts in zip(self.layer_bytes, self.expert_bytes, strict=True))
 
     @property
     def weight_bytes(self) -> int:
@@ -75,13 +90,19 @@ class ModelShape:
 
     @classmethod
     def stated(cls, *, file_bytes: int, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int,
-               n_vocab: int, tied_embeddings: bool = False, n_ctx_train: int = 0, name: str = "") -> ModelShape:
-        """A dense transformer's shape from its hyperparameters and the size of its GGUF (a catalogue entry before
+               n_vocab: int, tied_embeddings: bool = False, n_ctx_train: int = 0, name: str = "", head_dim: int = 0,
+               n_expert: int = 0, n_expert_used: int = 0, n_ff_expert: int = 0) -> ModelShape:
+        """A transformer's shape from its hyperparameters and the size of its GGUF (a catalogue entry before
         the download): the file's bytes split by parameter count among the layers, the embeddings and the output
-        matrix. Quantisers keep the embeddings and the output a little wider (Q4_K_M: Q6_K output), so this
-        under-weights the output layer by some tens of MB; the header of a file on disk (`read_shape`) is exact."""
-        head_dim = n_embd // n_head
-        layer_params = 2 * n_embd * n_embd + 2 * n_embd * head_dim * n_head_kv + 3 * n_embd * n_ff
+        matrix; with `n_expert` routed experts of width `n_ff_expert` (and a router) in place of the feed-forward,
+        the experts' share of each layer is `expert_bytes`. Quantisers keep the embeddings and the output a little
+        wider (Q4_K_M: Q6_K output), so this under-weights the output layer by some tens of MB; the header of a file
+        on disk (`read_shape`) is exact."""
+        head_dim = head_dim or n_embd // n_head
+        attention = 2 * n_embd * head_dim * n_head + 2 * n_embd * head_dim * n_head_kv
+        experts = n_expert * 3 * n_embd * n_ff_expert if n_expert else 0
+        feed_forward = experts + n_embd * n_expert if n_expert else 3 * n_embd * n_ff
+        layer_params = attention + feed_forward
         embd_params = n_vocab * n_embd
         params = n_layer * layer_params + embd_params * (1 if tied_embeddings else 2)
         per_param = file_bytes / params
@@ -90,7 +111,8 @@ class ModelShape:
         output = embd                                               # tied: llama.cpp's copy on the output device
         input_bytes = file_bytes - n_layer * layer - (0 if tied_embeddings else output)
         return cls(n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, (layer,) * n_layer, output, input_bytes,
-                   n_ctx_train=n_ctx_train, name=name)
+                   n_ctx_train=n_ctx_train, name=name, n_expert=n_expert, n_expert_used=n_expert_used,
+                   expert_bytes=(int(experts * per_param),) * n_layer if n_expert else ())
 
 
 def read_shape(path: Path) -> ModelShape:
@@ -120,11 +142,14 @@ def shape_of(meta: dict[str, object], tensors: dict[str, int], where: str = "") 
         raise ModelLoadError(f"GGUF has no {arch or '<architecture>'}.block_count: {where}")
     n_embd, n_head = number("embedding_length"), number("attention.head_count", 1) or 1
     layer_bytes = [0] * n_layer
+    expert_bytes = [0] * n_layer
     output = input_bytes = 0
     for name, size in tensors.items():
         match = _LAYER_TENSOR.match(name)
         if match and int(match.group(1)) < n_layer:
             layer_bytes[int(match.group(1))] += size
+            if _EXPERT_TENSOR.search(name):
+                expert_bytes[int(match.group(1))] += size
         elif name in _OUTPUT_TENSORS:
             output += size
         else:                                        # token_embd and any other tensor outside the layers: RAM
@@ -138,7 +163,8 @@ def shape_of(meta: dict[str, object], tensors: dict[str, int], where: str = "") 
         n_ff=number("feed_forward_length"), n_vocab=n_vocab, layer_bytes=tuple(layer_bytes), output_bytes=output,
         input_bytes=input_bytes, head_dim_k=number("attention.key_length"),
         head_dim_v=number("attention.value_length"), n_ctx_train=number("context_length"),
-        n_expert=number("expert_count"), architecture=arch, name=str(meta.get("general.name", "")))
+        n_expert=number("expert_count"), architecture=arch, name=str(meta.get("general.name", "")),
+        n_expert_used=number("expert_used_count"), expert_bytes=tuple(expert_bytes) if any(expert_bytes) else ())
 
 
 def _read_header(fh: BinaryIO) -> tuple[dict[str, object], dict[str, int]]:
