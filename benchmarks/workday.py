@@ -79,12 +79,15 @@ def summarize(rows: list[dict], decide_ms: list[float], budget: int, forms: tupl
 
 
 def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tuple[int, ...] = (2048, 4096),
-        overrides: dict | None = None, identifier_words: bool | None = None) -> dict:
+        overrides: dict | None = None, identifier_words: bool | None = None,
+        context_beside: bool | None = None) -> dict:
     if script not in SCRIPTS:
         raise ValueError(f"unknown script {script!r}; valid: {', '.join(SCRIPTS)}")
     overrides = dict(overrides or {})
     if identifier_words is not None:        # issue 61's lever, a policy constant until it is a setting
         recall_signals.IDENTIFIER_WORDS = identifier_words
+    if context_beside is not None:          # issue 61's second pass: spelled-out lines beside the written ones
+        recall_signals.CONTEXT_BESIDE = context_beside
     base = Settings(home=tempfile.mkdtemp(prefix="evoke-day-"), recovery="kv_restore", system_prompt=SYSTEM,
                     tools_enabled=False, **overrides)
     rt = VocabRuntime(None)
@@ -95,6 +98,7 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
     result: dict = {"bench": "day", "script": script, "seeds": [seed_start, seed_start + seeds],
                     "facts_per_session": [len(s.facts) for s in sessions], "budgets": list(budgets),
                     "overrides": overrides, "identifier_words": recall_signals.IDENTIFIER_WORDS,
+                    "context_beside": recall_signals.CONTEXT_BESIDE,
                     "results": {}}
     started = time.perf_counter()
     for budget in budgets:

@@ -285,7 +285,7 @@ class ConversationMemory:
                       skip_questions=self.settings.recall_skip_questions,
                       line_context=self.settings.recall_line_context,
                       words=self._identifier_words_apply(), glosses=self.glosses_apply(),
-                      before=self._file_text_before)
+                      beside=self._context_beside_apply(), before=self._file_text_before)
 
     def _file_text_before(self, block: Block) -> str:
         """The text of `block`'s file ahead of it in the same message (its earlier blocks), for parent keys."""
@@ -643,7 +643,7 @@ class ConversationMemory:
             user_margin=self.settings.recall_user_margin, file_names=self.settings.recall_file_name_line,
             skip_questions=self.settings.recall_skip_questions, line_context=self.settings.recall_line_context,
             value_lines=self._value_lines_apply(), embed_lines=False, words=self._identifier_words_apply(),
-            glosses=self.glosses_apply())
+            glosses=self.glosses_apply(), beside=self._context_beside_apply())
         fixed = sum(b.n_tokens for b in self.table.resident if b.shared or b.pinned)
         plan.room = max(0, int(self.budget_tokens * self.settings.high_watermark) - fixed - message_tokens
                         - reply_reserve)
@@ -717,6 +717,13 @@ class ConversationMemory:
         `bench retrieval` one env-line probe). The same for every turn of a budget, so turn-end lines and a
         decision's keys agree."""
         return recall_signals.IDENTIFIER_WORDS and self.recovery_width() > self.settings.recovery_top_k
+
+    def _context_beside_apply(self) -> bool:
+        """Whether structured lines are also embedded spelled out with their context, beside the written line
+        (`recall_signals.CONTEXT_BESIDE`, issue 61): where the identifier words apply, and only when
+        `recall_line_context` does not already embed the spelled-out form instead."""
+        return (recall_signals.CONTEXT_BESIDE and not self.settings.recall_line_context
+                and self._identifier_words_apply())
 
     def glosses_apply(self) -> bool:
         """Whether the recall signals read the loaded model's glosses of value lines beside them (issue 61,

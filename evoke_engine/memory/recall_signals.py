@@ -44,6 +44,12 @@ WORDS_VERSION = 1
 # (docs/benchmarks.md). A policy constant here until it is a `Settings` field (settings.py is another owner's file);
 # `bench day|retrieval --identifier-words on|off` sets it for a run.
 IDENTIFIER_WORDS = True
+# Whether a structured line is also embedded spelled out with its context (`line_context.spell_out`: the file's words,
+# its parent keys, JSON path, SQL table or compose service, the name as words) *beside* the line as written, where
+# the words apply (issue 61, second pass; `recall_line_context` embeds it instead of the line). `bench day
+# --context-beside on|off` sets it for a run. Its version is part of `line_key` (`|x1`).
+CONTEXT_BESIDE = False
+CONTEXT_BESIDE_VERSION = 1
 _MARKUP = re.compile(r"<\|[^|>]*\|>")
 _ROLE_LINE = re.compile(r"^(system|user|assistant|tool)$")
 _CASE_TURN = re.compile(r"[a-z][A-Z]")
@@ -113,17 +119,23 @@ def asks_for_value(line: str) -> bool:
 
 
 def fact_lines(block: Block, skip_questions: bool = False, line_context: bool = False, before: str = "",
-               glosses: bool = False) -> list[str]:
+               glosses: bool = False, beside: bool = False) -> list[str]:
     """The block's lines that may hold a fact: `block_lines`, less a user message's lines that `asks_for_value`
     when `skip_questions` (an assistant's or a file's lines are never questions the user asked); with
     `line_context`, each structured line spelled out with its file's name and parent keys (`line_context.spell_out`;
     `before`: the same file's text ahead of the block, read for parent keys); with `glosses`, each value line the
-    loaded model glossed is followed by its gloss line (`glosses.gloss_line`), after the block's own lines."""
-    if line_context:
+    loaded model glossed is followed by its gloss line (`glosses.gloss_line`), after the block's own lines; with
+    `beside` (and not `line_context`), the spelled-out lines that differ from the written ones follow them."""
+    if line_context or beside:
         text = spell_out(_MARKUP.sub("\n", block.text), block.file_name, _MARKUP.sub("\n", before))
-        lines = list(_fact_lines(text, block.role, skip_questions))
+        spelled = list(_fact_lines(text, block.role, skip_questions))
+    if line_context:
+        lines = spelled
     else:
         lines = list(_fact_lines(block.text, block.role, skip_questions))
+        if beside:
+            written = set(lines)
+            lines += [line for line in dict.fromkeys(spelled) if line not in written]
     return [*lines, *GLOSSES.lines(block.hash)] if glosses else lines
 
 
@@ -148,15 +160,17 @@ def only_asks(block: Block) -> bool:
 
 
 def line_key(block: Block, file_names: bool = False, skip_questions: bool = False, line_context: bool = False,
-             words: bool = False, glosses: bool = False) -> str:
+             words: bool = False, glosses: bool = False, beside: bool = False) -> str:
     """The cache key of a block's lines: its content hash, with its file's name where that is one of the lines, a
     mark where its questions are left out (a user message's, with `skip_questions`), the version of the spelled-
     out text where structured lines are embedded with their context (`line_context`: `|c1`), that of the words
-    identifiers are read as (`words`: `|w1`) and, with `glosses`, its glosses' digest where it has any (`|g1.…`)."""
+    identifiers are read as (`words`: `|w1`), that of the spelled-out lines beside the written ones (`beside`: `|x1`)
+    and, with `glosses`, its glosses' digest where it has any (`|g1.…`)."""
     key = f"{block.hash}|{block.file_name}" if file_names and block.file_name else block.hash
     key = f"{key}|q" if skip_questions and block.role == "user" else key
     key = f"{key}|c{LINE_CONTEXT_VERSION}" if line_context else key
     key = f"{key}|w{WORDS_VERSION}" if words else key
+    key = f"{key}|x{CONTEXT_BESIDE_VERSION}" if beside and not line_context else key
     return f"{key}{GLOSSES.suffix(block.hash)}" if glosses else key
 
 
@@ -168,25 +182,26 @@ def file_name_line(file_name: str) -> str:
 
 def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: bool = False,
                  skip_questions: bool = False, line_context: bool = False, words: bool = False,
-                 glosses: bool = False,
+                 glosses: bool = False, beside: bool = False,
                  before: Callable[[Block], str] | None = None) -> dict[str, tuple[list[str], np.ndarray | None]]:
     """Lines and their unit vectors for each block (by `line_key`), embedded in one batch where missing; with
     `file_names`, a file's block has its file's name as one more line; with `skip_questions`, a user message's
     lines are its `fact_lines` (none, when all of it asks); with `line_context`, structured lines are embedded
     spelled out (`before(block)`: its file's text ahead of it, for parent keys); with `words`, every line is embedded
     as `line_context.read_as_words` reads it (identifiers as words, abbreviations expanded) instead of `code_words`;
-    with `glosses`, the model's gloss lines of its value lines are embedded beside them (`fact_lines`).
+    with `glosses`, the model's gloss lines of its value lines are embedded beside them, with `beside` the spelled-
+    out form of its structured lines (`fact_lines`).
     A decision on the critical path embeds nothing: it reads `cached_lines`."""
     cache = _line_cache.setdefault(embedder, OrderedDict())
-    keys = {b: line_key(b, file_names, skip_questions, line_context, words, glosses) for b in blocks
+    keys = {b: line_key(b, file_names, skip_questions, line_context, words, glosses, beside) for b in blocks
             if b.text.strip()}
     missing: dict[str, list[str]] = {}
     for block, key in keys.items():
         if key in cache:
             cache.move_to_end(key)                     # kept through this call's own evictions
         elif key not in missing:
-            ahead = before(block) if line_context and before is not None and block.file_name else ""
-            lines = fact_lines(block, skip_questions, line_context, ahead, glosses)
+            ahead = before(block) if (line_context or beside) and before is not None and block.file_name else ""
+            lines = fact_lines(block, skip_questions, line_context, ahead, glosses, beside)
             named = file_names and bool(block.file_name)
             missing[key] = [*lines, file_name_line(block.file_name)] if named else lines
     if missing:
@@ -315,7 +330,7 @@ class RecallSignal:
                  saved: list[Block], residents: list[Block], embedder: Embedder, user_margin: float = 0.0,
                  file_names: bool = False, skip_questions: bool = False, line_context: bool = False,
                  value_lines: bool = False, embed_lines: bool = True, words: bool = False,
-                 glosses: bool = False) -> None:
+                 glosses: bool = False, beside: bool = False) -> None:
         if mode not in SIGNALS:
             raise ValueError(f"recall signal {mode!r}: choose one of {', '.join(SIGNALS)}")
         self.mode = mode
@@ -331,13 +346,13 @@ class RecallSignal:
                     {b.hash: lexical_lines(b, skip_questions, words, glosses) for b in pool}, query_text)
             lexical = {b: by_hash[b.hash] for b in pool if b.hash in by_hash}
         by_lines = dense_kind == "lines" and query is not None and embedder.enabled
-        keys = {b: line_key(b, file_names, skip_questions, line_context, words, glosses) for b in pool} \
+        keys = {b: line_key(b, file_names, skip_questions, line_context, words, glosses, beside) for b in pool} \
             if by_lines else {}
         if not by_lines:
             vectors = {}
         elif embed_lines:
             vectors = line_vectors(embedder, pool, file_names=file_names, skip_questions=skip_questions,
-                                   line_context=line_context, words=words, glosses=glosses)
+                                   line_context=line_context, words=words, glosses=glosses, beside=beside)
         else:
             vectors = cached_lines(embedder, keys.values())
         if callable(query):              # a message's vector made meanwhile (`Embedder.embed_soon`): needed from here
@@ -454,11 +469,11 @@ def _cos(a: np.ndarray | None, b: np.ndarray | None) -> float:
 
 def prepare(embedder: Embedder, mode: str, blocks: Iterable[Block], *, file_names: bool = False,
             skip_questions: bool = False, line_context: bool = False, words: bool = False, glosses: bool = False,
-            before: Callable[[Block], str] | None = None) -> None:
+            beside: bool = False, before: Callable[[Block], str] | None = None) -> None:
     """Embed the lines of `blocks` now (turn end, or a block just glossed), so a later recovery finds them cached."""
     if MODES[mode][0] == "lines" and embedder.enabled:
         line_vectors(embedder, blocks, file_names=file_names, skip_questions=skip_questions,
-                     line_context=line_context, words=words, glosses=glosses, before=before)
+                     line_context=line_context, words=words, glosses=glosses, beside=beside, before=before)
 
 
 def export_lines(embedder: Embedder, blocks: Iterable[Block]) -> dict[str, tuple[list[str], np.ndarray]]:

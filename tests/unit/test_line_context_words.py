@@ -126,3 +126,17 @@ def test_the_memory_reads_the_words_only_when_on_and_the_working_set_has_grown(t
             memory.release()
     finally:
         rig.close()
+
+
+def test_spelled_out_lines_beside_the_written_ones_only_when_asked():
+    block = _file_block('{\n  "editor": {\n    "autosaveDelayMs": 900,\n    "theme": "dark-high-contrast"\n  }\n}',
+                        "config/settings.json")
+    written = recall_signals.fact_lines(block)
+    beside = recall_signals.fact_lines(block, beside=True)
+    assert beside[:len(written)] == written
+    assert any("config settings json editor autosave delay ms: 900" in line for line in beside[len(written):])
+    assert line_key(block, beside=True) == f"{block.hash}|x{recall_signals.CONTEXT_BESIDE_VERSION}"
+    assert line_key(block, line_context=True, beside=True) == line_key(block, line_context=True)   # instead wins
+    read = CountingEmbedder()
+    line_vectors(read, [block], words=True, beside=True)
+    assert any("config settings json editor autosave delay milliseconds: 900" in text for text in read.texts)
