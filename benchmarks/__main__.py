@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context-beside", choices=("on", "off"), default=None, help="issue 61: structured lines also "
                    "embedded spelled out with their file, parent keys or table, beside the line (default: the "
                    "engine's)")
+    p.add_argument("--glosses", default=None, metavar="write:PATH|read:PATH", help="issue 61: the decisions read "
+                   "the model's glosses of value lines: written by the real embedded model after each turn (saved "
+                   "to PATH), or read from PATH")
     p = sub.add_parser("decode", help="tokens/s of a greedy reply at 2K and 8K context: Evoke against "
                        "llama-cpp-python's Llama (and llama-server with --server), same threads and sampler")
     p.add_argument("--contexts", type=_ints, default=(2048, 8192), help="context lengths, comma-separated")
@@ -307,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run(script=args.script, seeds=args.seeds, seed_start=args.seed_start, budgets=args.budgets,
                      overrides=parse_overrides(args.set),
                      identifier_words=None if args.identifier_words is None else args.identifier_words == "on",
-                     context_beside=None if args.context_beside is None else args.context_beside == "on")
+                     context_beside=None if args.context_beside is None else args.context_beside == "on",
+                     glosses=args.glosses)
     elif args.name == "decode":
         from .decode import run
 

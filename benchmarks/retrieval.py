@@ -83,9 +83,11 @@ def sessions(family: str, seeds: range, *, probes: int = 3, decoys: int = 2) -> 
 
 
 def replay(session: Session, settings: Settings, rt: VocabRuntime, embedder: Embedder,
-           observe: Callable[[SimConversation, dict, dict], None] | None = None) -> dict:
+           observe: Callable[[SimConversation, dict, dict], None] | None = None,
+           after_turn: Callable[[SimConversation], None] | None = None) -> dict:
     """One session through the memory manager; one row per probe, plus the session's costs and blocks.
-    `observe(conversation, turn_out, probe_row)` sees each probe turn as it ends (`bench rerank`)."""
+    `observe(conversation, turn_out, probe_row)` sees each probe turn as it ends (`bench rerank`); `after_turn(
+    conversation)` runs after every turn, as the engine's idle-time work would (`bench day --glosses write:`)."""
     recall_signals.clear_cache(embedder)
     conv = SimConversation(settings, rt, embedder, SYSTEM)
     rng = random.Random(session.seed * 31 + 7)
@@ -97,6 +99,8 @@ def replay(session: Session, settings: Settings, rt: VocabRuntime, embedder: Emb
             if turn.fact is not None:
                 reply = reader(fact_blocks.get(id(turn.fact), []), turn.fact.value, reply)
             out = conv.send(turn.text, turn.attachments, reply, turn.max_tokens)
+            if after_turn is not None:
+                after_turn(conv)
             written = reply if isinstance(reply, str) else ""          # a table the assistant wrote holds facts too
             stated = turn.text + "".join(body for _, body in turn.attachments) + written
             for fact in session.facts:

@@ -20,8 +20,10 @@ import numpy as np
 
 from evoke_engine.memory import recall_signals
 from evoke_engine.memory.embedder import Embedder
+from evoke_engine.memory.glosses import BOOK
 from evoke_engine.settings import Settings
 
+from . import day_glosses
 from .paraphrase_workload import PARAPHRASE
 from .recall_suite import SYSTEM, wilson
 from .recall_workload import Session
@@ -80,7 +82,7 @@ def summarize(rows: list[dict], decide_ms: list[float], budget: int, forms: tupl
 
 def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tuple[int, ...] = (2048, 4096),
         overrides: dict | None = None, identifier_words: bool | None = None,
-        context_beside: bool | None = None) -> dict:
+        context_beside: bool | None = None, glosses: str | None = None) -> dict:
     if script not in SCRIPTS:
         raise ValueError(f"unknown script {script!r}; valid: {', '.join(SCRIPTS)}")
     overrides = dict(overrides or {})
@@ -88,6 +90,14 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
         recall_signals.IDENTIFIER_WORDS = identifier_words
     if context_beside is not None:          # issue 61's second pass: spelled-out lines beside the written ones
         recall_signals.CONTEXT_BESIDE = context_beside
+    glosser, gloss_mode = None, None
+    if glosses is not None:                 # issue 61: the model's glosses, written now (real model) or read
+        gloss_mode, book = day_glosses.parse(glosses)
+        overrides.setdefault("recall_glosses", "on")
+        if gloss_mode == "read":
+            day_glosses.read_book(book)
+        else:
+            glosser = day_glosses.TurnGlosser()
     base = Settings(home=tempfile.mkdtemp(prefix="evoke-day-"), recovery="kv_restore", system_prompt=SYSTEM,
                     tools_enabled=False, **overrides)
     rt = VocabRuntime(None)
@@ -105,7 +115,7 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
         settings = dataclasses.replace(base, budget_tokens=budget, n_ctx=max(base.n_ctx, 2 * budget))
         rows, decide, tokens = [], [], []
         for session in sessions:
-            out = replay(session, settings, rt, embedder)
+            out = replay(session, settings, rt, embedder, after_turn=glosser)
             for probe, gap in zip(out["probes"], gaps[session.seed], strict=True):
                 rows.append({"type": probe["type"], "in_context": probe["in_context"], "distance": gap})
             decide += out["decide_ms"]
@@ -116,4 +126,11 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
         summary["conversation_tokens"] = tokens
         result["results"][str(budget)] = summary
     result["seconds"] = round(time.perf_counter() - started, 1)
+    if glosses is not None:
+        result["glosses"] = {"source": glosses, "blocks_in_book": len(BOOK),
+                             "blocks_with_a_gloss": sum(bool(BOOK.of(h)) for h in BOOK.hashes())}
+    if glosser is not None:
+        result["glosses"]["writing"] = dataclasses.asdict(glosser.cost)
+        day_glosses.save_book(book)
+        glosser.close()
     return result

@@ -25,7 +25,8 @@ MAX_LINE_CHARS = 200              # a longer line is prose or a table: its own w
 BOOK_BLOCKS = 8192                # blocks whose glosses are kept (LRU)
 SYSTEM = "You explain lines of code and configuration in plain everyday words."
 ASK = ("For each numbered line below, say in a short plain phrase (at most 12 words) what its value means, without "
-       "repeating the line's names. Answer with one numbered phrase per line, like '1. how long ...'.")
+       "repeating the line's names. Answer with one numbered phrase per line.")     # no example: small models copy it
+MIN_GLOSS_WORDS = 3
 # a name a line gives its value: snake_case, SCREAMING_CASE, camelCase, kebab-case, a dotted key or a --flag
 _NAMED = re.compile(r"[A-Za-z][_-][A-Za-z0-9]|[a-z]\.[a-z]|[a-z][A-Z]|--[a-z]")
 _ANSWER = re.compile(r"^\s*(?P<n>\d{1,2})\s*[.):-]\s*(?P<gloss>\S.*?)\s*$")
@@ -52,8 +53,10 @@ def gloss_messages(lines: list[str]) -> list[dict[str, str]]:
 
 
 def parse_glosses(reply: str, lines: list[str]) -> dict[str, str]:
-    """Line -> gloss from a numbered reply (`1. how often the status page reloads`): a number outside the lines, an
-    empty phrase or one that only repeats its line is dropped; a phrase is cut to `MAX_GLOSS_CHARS` at a word."""
+    """Line -> gloss from a numbered reply (`1. how often the status page reloads`): a number outside the lines, a
+    phrase of fewer than `MIN_GLOSS_WORDS` words, one numbered again (`1. 1. how long`) or one that repeats its line or
+    a name glued from words (`STATUS_REFRESH_MS = 450`: a copy, maybe with another value, says nothing in plain
+    words) is dropped; a phrase is cut to `MAX_GLOSS_CHARS` at a word."""
     out: dict[str, str] = {}
     for row in reply.splitlines():
         answer = _ANSWER.match(row)
@@ -63,7 +66,8 @@ def parse_glosses(reply: str, lines: list[str]) -> dict[str, str]:
         gloss = answer.group("gloss").strip(_WRAPPING).rstrip(".").strip(_WRAPPING)
         if not 0 <= index < len(lines) or lines[index] in out or not gloss:
             continue
-        if gloss.lower() == lines[index].strip().lower():
+        if (gloss.lower() == lines[index].strip().lower() or _NAMED.search(gloss) or _ANSWER.match(gloss)
+                or len(gloss.split()) < MIN_GLOSS_WORDS):
             continue
         if len(gloss) > MAX_GLOSS_CHARS:
             gloss = gloss[:MAX_GLOSS_CHARS].rsplit(" ", 1)[0]
@@ -98,6 +102,10 @@ class GlossBook:
         while len(self._glosses) > self.capacity:
             old, _ = self._glosses.popitem(last=False)
             self._suffix.pop(old, None)
+
+    def hashes(self) -> list[str]:
+        """The blocks whose glosses were written, least recently put first."""
+        return list(self._glosses)
 
     def written(self, block_hash: str) -> bool:
         """Whether the block's glosses were written (maybe none)."""

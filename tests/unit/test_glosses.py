@@ -67,6 +67,8 @@ def test_a_numbered_reply_gives_one_gloss_a_line_and_drops_the_rest():
     assert "C_D = 2" not in glosses                                      # it only repeats its line
     assert len(glosses["E_F = 3"]) <= 120 and glosses["E_F = 3"].startswith("very very")
     assert parse_glosses("I cannot help with that.", lines) == {}
+    assert parse_glosses("1. export const STATUS_REFRESH_MS = 450;\n2. autosaveDelayMs: 900", lines) == {}
+    assert parse_glosses("1. 1. how long\n2. how long\n3. the page's wait", lines) == {"E_F = 3": "the page's wait"}
 
 
 def test_the_book_digest_changes_with_the_glosses_and_a_block_without_any_keeps_its_key():
