@@ -20,7 +20,7 @@ from ..runtime.runtime import Cancelled
 from ..runtime.sampling import SamplingParams
 from ..store.history import DELETED
 from . import editing
-from .gloss_writer import GlossWriter
+from .gloss_writer import GlossWriter, writes_glosses
 from .lifecycle import ConversationLifecycle, ConversationState
 from .live_stats import StatsTicker
 from .reply_row import StreamedReply, reply_metrics
@@ -126,7 +126,8 @@ class TurnJobs:
         state.last_used = self.clock()
         self.on_activity(state.last_used)
         self.on_idle(state.memory.embed_due)         # the turn's blocks' vectors, after the reply is answered
-        if self.glosses is not None:
+        model = self.conversations.model
+        if self.glosses is not None and model is not None and writes_glosses(model.settings):
             self.on_idle(lambda: self.write_glosses(state.id))
 
     def write_glosses(self, conversation_id: str) -> None:
