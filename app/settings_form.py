@@ -16,7 +16,7 @@ GROUP_TITLES = {"Conversation": "System prompt", "Persistence": "Persistence & k
 LABELS = {
     "model_path": "Model file", "n_ctx": "Context length", "n_gpu_layers": "GPU layers",
     "n_threads": "Threads", "n_batch": "Batch size", "kv_cache_type": "KV cache type",
-    "flash_attention": "Flash attention", "slots": "Conversation slots", "slot_contexts": "A context per slot",
+    "flash_attention": "Flash attention", "slots": "Conversation slots", "slot_layout": "Slot layout",
     "budget_tokens": "Budget", "high_watermark": "High watermark", "low_watermark": "Low watermark",
     "tail_fraction": "Protected tail", "block_tokens": "Block size", "recovery": "Recovery backend",
     "recovery_top_k": "Recovery top-K", "ram_budget_bytes": "RAM budget", "embedder": "Embedder model",

@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=_ints, default=(2, 4), help="client counts, comma-separated")
     p.add_argument("--paste-tokens", type=int, default=7000, help="the long prompt's size in tokens (about; "
                    "llama-server caps a slot at the model's training context, 8192 for SmolLM2)")
-    p.add_argument("--systems", default="evoke,evoke_shared,evoke_serial,llama_server", help="comma-separated")
+    p.add_argument("--systems", default="evoke,evoke_contexts,evoke_serial,llama_server",
+                   help="comma-separated: evoke (streams), evoke_contexts, evoke_unified, evoke_serial, llama_server")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting of both Evoke servers (repeatable), e.g. prefill_step_tokens=16")
     p = sub.add_parser("attention", help="decode tokens/s with the attention capture on one layer against off")

@@ -1,7 +1,8 @@
 """`bench concurrency`: several clients of one endpoint at once (issue 59), each system in its own process on the
 same model file, one after another in one run: Evoke's `serve` (replies streamed together, `parallel_replies`:
-`evoke` with a context a slot, where they take turns; `evoke_shared` with one context for all slots, where their
-tokens share each step's decode), Evoke with one reply at a time (`evoke_serial`,
+`evoke` in the default slot layout, a KV stream per slot, where their tokens share each step's decode and each
+attends over its own cells; `evoke_contexts` with a context a slot, where they take turns; `evoke_unified` with one
+cache for all slots), Evoke with one reply at a time (`evoke_serial`,
 `parallel_replies=1`, the engine before streams), and llama-server `-np N` with `--server`. Scenarios:
   behind   B sends a short question one second into A's long reply: B's first token against B alone, and A's
            longest token gap while B is admitted against A's median gap;
@@ -263,11 +264,11 @@ def measured(system: str, measure) -> dict | str:
 
 def run(*, server: str | None, threads: int, reply_tokens: int = 200, counts: tuple[int, ...] = (2, 4),
         paste_tokens: int = 7000,
-        systems: tuple[str, ...] = ("evoke", "evoke_shared", "evoke_serial", "llama_server"),
+        systems: tuple[str, ...] = ("evoke", "evoke_contexts", "evoke_serial", "llama_server"),
         overrides: dict | None = None) -> dict:
     threads = threads or os.cpu_count() or 1
     slots = max(counts) + 1                     # a reply in each, and one slot for opening (parallel_replies)
-    n_ctx = 16384 * slots                       # each slot's own context holds the paste (slot_contexts)
+    n_ctx = 16384 * slots                       # each slot's own stream or context holds the paste
     results: dict = {"reply_tokens": reply_tokens, "paste_tokens": paste_tokens, "threads": threads,
                      "overrides": overrides or {}}
     figures = dict(reply_tokens=reply_tokens, counts=counts, paste_tokens=paste_tokens)
@@ -283,8 +284,9 @@ def run(*, server: str | None, threads: int, reply_tokens: int = 200, counts: tu
             return run_system(f"http://127.0.0.1:{endpoint.port}", **figures)
     if "evoke" in systems:
         results["evoke"] = measured("evoke", lambda: evoke(max(counts)))
-    if "evoke_shared" in systems:
-        results["evoke_shared"] = measured("evoke_shared", lambda: evoke(max(counts), slot_contexts=False))
+    for layout in ("contexts", "unified"):     # the default is streams
+        if f"evoke_{layout}" in systems:
+            results[f"evoke_{layout}"] = measured(f"evoke_{layout}", lambda: evoke(max(counts), slot_layout=layout))
     if "evoke_serial" in systems:
         results["evoke_serial"] = measured("evoke_serial", lambda: evoke(1))
     if "llama_server" in systems and server:

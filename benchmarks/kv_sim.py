@@ -168,6 +168,8 @@ class FakeRuntime:
     eviction_supported = True
     eviction_note = ""
     n_contexts = 1
+    slots_share_cells = True                      # the unified layout: the slots and the prefix in one cache
+    steps_shared = True
 
     def __init__(self, *, slots: int = 4, n_cells: int = 1 << 16) -> None:
         self.cells = FakeCells(n_cells)
@@ -298,7 +300,7 @@ class FakeKVCache:
     def pos_min(self, seq: int) -> int:
         return min((c.pos for c in self.cells.of(seq)), default=-1)
 
-    def same_context(self, a: int, b: int) -> bool:
+    def same_cells(self, a: int, b: int) -> bool:
         return True
 
     @property

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 APP_NAME = "evoke-desk"
 RECOVERY_BACKENDS = ("kv_restore", "breadcrumb", "discard", "none")
 KV_CACHE_TYPES = ("f16", "q8_0")
+SLOT_LAYOUTS = ("streams", "contexts", "unified")
 POOL_BITS = (16, 8, 4)                          # declared here only: pool.py takes it from here
 KV_FILE_BITS = (16, 8)                          # memory/file_bits.py
 RECALL_SIGNALS = ("block", "lines", "lines+lexical", "block+lexical", "lexical", "fused")   # recall_signals.MODES
@@ -62,8 +63,9 @@ class Settings:
     model_path: str | None = _setting(
         None, "GGUF model file; empty means the embedded SmolLM2-135M-Instruct.",
         group="Model", applies=RELOAD)
-    n_ctx: int = _setting(16384, "KV cells in all: split evenly among the slot contexts, or shared by "
-                          "the slots of one context.",
+    n_ctx: int = _setting(16384, "KV cells of the slots in all: split evenly among the slots (streams, "
+                          "contexts), or shared by them (unified); with streams or contexts the prefixes "
+                          "have a context of one slot's share more.",
                           group="Model", applies=RELOAD, low=512, high=262144)
     n_gpu_layers: int = _setting(GPU_LAYERS_AUTO, "Layers offloaded to the GPU: -1 automatic (as many as fit "
                                  "in the free GPU memory with 1 GiB to spare, after llama.cpp's --fit), -2 all, "
@@ -90,9 +92,12 @@ class Settings:
     prefill_step_tokens: int = _setting(32, "While other replies stream, a message's prefill runs this many tokens a "
                                         "step between their tokens (smaller: smoother streams, slower prefill; a GPU "
                                         "wants hundreds).", group="Model", low=8, high=8192)
-    slot_contexts: bool = _setting(True, "One llama.cpp context per slot: a turn attends over its own "
-                                   "conversation only (the prefix is copied into each). Off: one context "
-                                   "for all, every decode scans every slot.", group="Model", applies=RELOAD)
+    slot_layout: str = _setting("streams", "Where the slots' K/V live. streams: one llama.cpp context with a KV "
+                                "stream per slot: each reply attends over its own conversation only, and the "
+                                "replies' next tokens share one decode (needs the direct KV path; else contexts). "
+                                "contexts: a context per slot, the replies take turns a step each. unified: one "
+                                "cache for all slots: shared decodes, but every decode scans every slot's cells.",
+                                group="Model", applies=RELOAD, choices=SLOT_LAYOUTS)
     rpc_servers: str = _setting("", "Remote devices (RPC): host:port of each worker (`evoke-desk rpc-worker` on that "
                                 "machine), comma-separated; llama.cpp places some layers (weights and their KV cache) "
                                 "there. Its RPC protocol has no authentication or encryption: trusted networks or SSH "

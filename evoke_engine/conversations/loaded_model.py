@@ -94,8 +94,8 @@ class LoadedModel:
     def fit_warning(self, shared_tokens: int) -> str | None:
         """Why the slots' budgets may not fit in the context (an error event's text), or None when they fit."""
         s, rt = self.settings, self.rt
-        if rt.n_contexts > 1:                       # each slot in its own context, with a copy of the prefix; a wide
-            # recovery's overdraft takes only the cells its context has past these (ConversationMemory clamps it)
+        if not rt.slots_share_cells:                # each slot in its own context or stream, with a copy of the
+            # prefix; a wide recovery's overdraft takes only the cells past these (ConversationMemory clamps it)
             cells, room = s.budget_tokens + 2 * s.block_tokens, rt.n_ctx_per_context
         else:
             cells = (shared_tokens + s.slots * max(0, s.budget_tokens - shared_tokens) + s.recovery_overdraft_tokens

@@ -142,7 +142,7 @@ class SharedPrefixes:
             opening_text = self.template.user_opening([system_message(system_prompt, tools)])
             prefix.opening = self.rt.tokenize(opening_text) if opening_text else []
             self.rt.decode([*tokens, *prefix.opening], seq, 0, logits_last=False)
-            if self.rt.n_contexts > 1:
+            if not self.rt.slots_share_cells:           # each slot gets the prefix as bytes
                 prefix.kv = self.kv.save(seq, 0, len(tokens))
             if prefix.opening:
                 prefix.opening_kv = self.kv.save(seq, len(tokens), len(tokens) + len(prefix.opening))
@@ -165,7 +165,7 @@ class SharedPrefixes:
         """Give sequence `seq` the prefix's cells (no decode; no copy within the prefix's context)."""
         if not prefix.tokens:
             return
-        if prefix.kv is None or self.kv.same_context(prefix.seq, seq):
+        if prefix.kv is None or self.kv.same_cells(prefix.seq, seq):
             self.kv.share(prefix.seq, seq, 0, len(prefix.tokens))
         else:                                        # at its own positions: restore leaves the bytes as they are
             self.kv.restore(prefix.kv, seq, prefix.kv.origin_pos)

@@ -752,7 +752,7 @@ class ConversationMemory:
         ranked = self.embedder.enabled or MODES[self.settings.recall_signal][0] is None
         if not wide or self.recovery.brings_back != "bytes" or not ranked or self.settings.recovery_top_k == 0:
             return 0
-        if getattr(self.rt, "n_contexts", 1) > 1:
+        if not getattr(self.rt, "slots_share_cells", True):
             cells = getattr(self.rt, "n_ctx_per_context", 0)
             wide = min(wide, max(0, cells - self.budget_tokens - 2 * self.settings.block_tokens))
         return wide

@@ -47,22 +47,43 @@ class Memory(Protocol):
 
 @dataclass(frozen=True)
 class LoadShape:
-    """What a load asks for beyond the weights: the KV cells in all (`n_ctx`, split among `contexts`), the cache
-    type, the llama.cpp contexts (each reserves its own compute buffers), the batch, and flash attention."""
+    """What a load asks for beyond the weights: the slots' KV cells in all (`n_ctx`, the setting), the cache type,
+    the llama.cpp contexts (each reserves its own compute buffers), the batch, flash attention, and how many slots
+    split `n_ctx` (`slots`; 0: one per context). With a slot layout that gives the prefixes a context of their own
+    (`prefix_context`), it holds one slot's share more."""
 
     n_ctx: int = 16384
     kv_cache_type: str = "f16"
     contexts: int = 1
     n_batch: int = 512
     flash_attention: bool = True
+    slots: int = 0
+    prefix_context: bool = False
+
+    @property
+    def slot_cells(self) -> int:
+        """The cells one sequence attends over: its slot's share, or all of one context's."""
+        return max(1, self.n_ctx // (self.slots or self.contexts))
+
+    @property
+    def cells_per_ctx(self) -> float:
+        """KV cells the load holds for each cell of `n_ctx` (the prefixes' context adds a slot's share)."""
+        return 1.0 + 1.0 / (self.slots or self.contexts) if self.prefix_context else 1.0
+
+    @property
+    def cells(self) -> int:
+        return int(self.n_ctx * self.cells_per_ctx)
 
     @classmethod
     def of(cls, settings: Settings, on_gpu: bool) -> LoadShape:
         """The load `settings` make (flash attention resolved as model_file.resolve_flash_attention does)."""
         flash = settings.flash_attention == "on" or (
             settings.flash_attention == "auto" and (on_gpu or settings.kv_cache_type != "f16"))
-        return cls(settings.n_ctx, settings.kv_cache_type, settings.slots if settings.slot_contexts else 1,
-                   settings.n_batch, flash)
+        if settings.slot_layout == "unified":
+            return cls(settings.n_ctx, settings.kv_cache_type, 1, settings.n_batch, flash, slots=1)
+        contexts = 2 if settings.slot_layout == "streams" else settings.slots + 1
+        return cls(settings.n_ctx, settings.kv_cache_type, contexts, settings.n_batch, flash, slots=settings.slots,
+                   prefix_context=True)
 
 
 @dataclass(frozen=True)
@@ -118,7 +139,7 @@ def compute_bytes(shape: ModelShape, load: LoadShape, *, layers: bool, output: b
     if output:
         peak = max(peak, stream + batch * shape.n_vocab * f32)
     if layers:
-        ctx = max(1, load.n_ctx // load.contexts)
+        ctx = load.slot_cells
         scores = 0 if load.flash_attention else ctx * batch * (shape.n_head + 1) * f32
         peak = max(peak, stream + scores, stream + 2 * batch * shape.n_ff * f32)
     return int(peak)
@@ -128,7 +149,7 @@ def fit(shape: ModelShape, device: Memory, load: LoadShape, *, gpu_bandwidth: fl
         ram_bandwidth: float = DEFAULT_RAM_BANDWIDTH) -> Fit:
     """The most layers the GPU holds with fit.cpp's margin to spare, what stays in RAM, and the verdict."""
     n_layer = shape.n_layer
-    kv_layer = shape.kv_bytes_per_token_per_layer(load.kv_cache_type) * load.n_ctx
+    kv_layer = shape.kv_bytes_per_token_per_layer(load.kv_cache_type) * load.cells
     gpu_budget = max(0, device.vram_free_bytes - GPU_MARGIN_BYTES) if device.on_gpu else 0
     ram_free = device.ram_available_bytes or device.ram_total_bytes
     ram_budget = max(0, ram_free - RAM_MARGIN_BYTES) if ram_free else 0
@@ -164,7 +185,7 @@ def fit(shape: ModelShape, device: Memory, load: LoadShape, *, gpu_bandwidth: fl
     full_ctx = 0
     if device.on_gpu:
         fixed = gpu_use(all_slots) - n_layer * kv_layer          # weights and compute buffers of a full offload
-        per_cell = n_layer * shape.kv_bytes_per_token_per_layer(load.kv_cache_type)
+        per_cell = n_layer * shape.kv_bytes_per_token_per_layer(load.kv_cache_type) * load.cells_per_ctx
         if gpu_budget > fixed:
             full_ctx = int((gpu_budget - fixed) / per_cell) // 256 * 256
     if not device.on_gpu:

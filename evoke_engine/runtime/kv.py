@@ -7,7 +7,8 @@ cells here), elsewhere by a one-token decode in the scratch sequence of that con
 empty between calls; cells shared with a prefix sequence are never shifted or removed here; every
 sequence operation runs in the context of the sequence it serves (`Runtime.context_of`) and goes through
 `_seq_rm` / `_seq_add` / `_seq_cp`, which tell the `mirror` (the attention capture's K store, when there
-is one) after llama.cpp did it. Sharing between two contexts copies the bytes (save, then restore).
+is one) after llama.cpp did it. Sharing between two contexts, or two KV streams of one, copies the bytes (save,
+then restore); the streams' context has no scratch sequence, so its blocks move by the direct path only.
 Tokens held ahead of a sequence (`hold_ahead`) live only until the next operation on it: any but a
 compaction below them drops them, an older block brought back at their start (`before_opening`) moves
 their opening up past it where the K-shift that costs is cheap (the rest drops), and `claim_ahead` hands
@@ -110,8 +111,9 @@ class KVCache:
     def pos_min(self, seq: int) -> int:
         return ll.llama_memory_seq_pos_min(self._memory(seq), seq)
 
-    def same_context(self, a: int, b: int) -> bool:
-        return self.rt.context_of(a) == self.rt.context_of(b)
+    def same_cells(self, a: int, b: int) -> bool:
+        """Whether `b` can be given `a`'s cells by a sequence copy (one context, one KV stream)."""
+        return self.rt.same_cells(a, b)
 
     @property
     def shift_pending(self) -> bool:
@@ -174,10 +176,13 @@ class KVCache:
             try:
                 data = self._save_direct(direct, seq, p0, p1)
             except DirectError as exc:               # not each position once: llama.cpp writes what it holds
+                if not self.rt.has_scratch(context):
+                    raise RestoreError(f"[{p0}, {p1}) of seq {seq} cannot be saved: {exc}") from exc
                 log.debug("serialised save: %s", exc)
             else:
                 self.direct_saves += 1
                 return SavedKV(data=data, origin_pos=p0, n_tokens=p1 - p0)
+        self._need_scratch(context, "saved")
         self._seq_cp(seq, self.scratch, p0, p1, context)
         try:
             data = self._state_of(self.scratch, context)
@@ -303,6 +308,7 @@ class KVCache:
         delta, data = at_pos - saved.origin_pos, saved.data
         if self._restore_direct(saved, seq, context, delta):
             return
+        self._need_scratch(context, f"restored into seq {seq}")
         if delta and self.geometry is not None:
             layout = reanchor.parse(data, self.geometry)
             if layout is not None:
@@ -329,6 +335,14 @@ class KVCache:
             self._seq_cp(self.scratch, seq, -1, -1, context)
         finally:
             self._seq_rm(self.scratch, -1, -1, context)
+
+    def _need_scratch(self, context: int, what: str) -> None:
+        """The serialised path's scratch sequence, or a RestoreError where the context has none (the streams' one:
+        only the direct path moves its blocks, and it refused this one)."""
+        if not self.rt.has_scratch(context):
+            why = self.direct_note or "the direct path refused the bytes"
+            raise RestoreError(f"a block cannot be {what} in a KV stream by llama.cpp's serialised state ({why}); "
+                               "slot_layout = contexts moves every block")
 
     def _save_direct(self, direct: DirectKV, seq: int, p0: int, p1: int) -> bytearray | memoryview:
         """[p0, p1) of `seq` by the direct path, into the host arena (pinned on a GPU, pre-faulted on the CPU) while
@@ -438,17 +452,19 @@ class KVCache:
         return view
 
     def share(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        """Give `dst` the cells of `src` in [p0, p1): no decode and no byte copy within one context; a
-        copy of the bytes (save, restore at the same positions) between two."""
+        """Give `dst` the cells of `src` in [p0, p1): no decode and no byte copy within one context's stream; a
+        copy of the bytes (save, restore at the same positions, replacing what `dst` held there) between two."""
         self.rt._check_thread()
         self.ahead.shared(src, dst, p1)
-        if self.same_context(src, dst):
+        if self.same_cells(src, dst):
             self._seq_cp(src, dst, p0, p1)
             return
         first = self.pos_min(src) if p0 < 0 else p0
         end = self.pos_max(src) + 1 if p1 < 0 else p1
         if end > first >= 0:
-            self.restore(self.save(src, first, end), dst, first)
+            saved = self.save(src, first, end)
+            self._seq_rm(dst, first, end)           # what `dst` held there is replaced, never held twice
+            self.restore(saved, dst, first)
 
     def drop(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         """Forget [p0, p1) of `seq` without compaction (cells shared elsewhere survive)."""
@@ -465,9 +481,17 @@ class KVCache:
     def _flush_context(self, context: int, via_seq: int | None = None) -> None:
         if context not in self._shifted or self._shift_natively(context):
             return
-        seq = self.scratch if via_seq is None else via_seq
-        self.rt.decode([self._flush_token()], seq, 0, logits_last=False, context=context)
-        self._seq_rm(seq, -1, -1, context)
+        if via_seq is None and not self.rt.has_scratch(context):
+            # no scratch in the streams' context: one token past the end of a slot's sequence, then gone (llama.cpp
+            # shifts every stream before any decode)
+            self.join_copies()
+            at = self.pos_max(0) + 1
+            self.rt.decode([self._flush_token()], 0, at, logits_last=False, context=context)
+            self._seq_rm(0, at, -1, context)
+        else:
+            seq = self.scratch if via_seq is None else via_seq
+            self.rt.decode([self._flush_token()], seq, 0, logits_last=False, context=context)
+            self._seq_rm(seq, -1, -1, context)
         self._shifted.discard(context)
         self.shift_flushes += 1
 

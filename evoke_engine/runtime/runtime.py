@@ -2,10 +2,12 @@
 
 Invariants: every method runs on the thread that constructed the Runtime (asserted, so a
 call from the GUI thread fails loudly); a decode never mixes sequences unless asked. Sequences:
-one per slot, the prefixes, one scratch, numbered alike in every context. With `slot_contexts`
-each slot has a context of its own (one model, `slots` contexts of n_ctx / slots cells), so a turn
-attends over its own conversation only; the prefixes live in context 0 and the scratch sequence is
-used in the context of the sequence it serves. Without it, one unified context holds every slot.
+one per slot, the prefixes, one scratch. The slot layout (`slot_layout`) says where they live:
+`streams` (the default where the direct KV path runs): one context whose cache keeps a KV stream per
+slot, so a reply attends over its own conversation only and the replies' tokens share one decode;
+`contexts`: a context per slot, replies take turns; with either, the prefixes and the scratch live in
+a context of their own (a slot's size) and reach a slot as a byte copy, so every slot holds its
+conversation at the same cells. `unified`: one context holds every sequence.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 
 from ..errors import Cancelled, DecodeError, ModelLoadError
 from ..settings import Settings
-from . import device, fit, rpc, rpc_placement
+from . import device, fit, kv_direct, rpc, rpc_placement
 from .model_file import (  # noqa: F401 - re-exported: callers import these from runtime
     GGUF_MAGIC,
     check_model_file,
@@ -71,6 +73,8 @@ class ModelInfo:
     eviction_note: str
     devices: tuple[rpc_placement.DeviceShare, ...] = ()   # with remote devices: each device, its memory and layers
     gpu_layers_reason: str = ""   # the GPU layers chosen and why ("auto: 20 of 64 layers on the GPU, ...")
+    slot_layout: str = "unified"  # where the slots' K/V live: streams, contexts or unified (Settings.slot_layout)
+    slot_layout_note: str = ""    # why the layout is not the one asked for, else ""
 
 
 class Runtime:
@@ -121,26 +125,21 @@ class Runtime:
 
         self.flash_attention = resolve_flash_attention(settings.flash_attention, settings.kv_cache_type,
                                                        self.device.on_gpu)
-        self.n_contexts = settings.slots if settings.slot_contexts else 1
-        cparams = ll.llama_context_default_params()
-        cparams.n_ctx = settings.n_ctx // self.n_contexts
-        cparams.n_batch = settings.n_batch
-        cparams.n_ubatch = settings.n_batch
-        cparams.n_seq_max = self.n_seq_max
+        self.layout, self.layout_note = self._choose_layout(settings, eval_callback)
         threads = settings.n_threads or device.auto_threads()
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.type_k = _KV_TYPES[settings.kv_cache_type]
-        cparams.type_v = _KV_TYPES[settings.kv_cache_type]
-        cparams.flash_attn_type = _FLASH[self.flash_attention]
-        cparams.kv_unified = True
-        cparams.no_perf = True
         self._eval_callback = eval_callback
-        if eval_callback is not None:
-            cparams.cb_eval, cparams.cb_eval_user_data = eval_callback.cb_eval, eval_callback.user_data
         self.before_decode = None           # called with the sequence before each decode (the capture's target)
-        self.contexts: list = []            # llama_context pointers, one per slot or one for all
-        for _ in range(self.n_contexts):
+        # the slots' cells: each slot's share of n_ctx (its stream or its context), or all of it shared (unified)
+        self.slot_cells = settings.n_ctx // (1 if self.layout == "unified" else settings.slots)
+        if self.layout == "streams":        # one context, a stream per slot; the prefixes' context after it
+            shapes = [(settings.n_ctx, settings.slots, False), (self.slot_cells, self.n_seq_max, True)]
+        elif self.layout == "contexts":     # a context per slot, then the prefixes' context
+            shapes = [(self.slot_cells, self.n_seq_max, True)] * (settings.slots + 1)
+        else:
+            shapes = [(settings.n_ctx, self.n_seq_max, True)]
+        self.contexts: list = []            # llama_context pointers
+        for n_ctx, n_seq, unified in shapes:
+            cparams = self._context_params(settings, n_ctx, n_seq, unified, threads)
             ctx = ll.llama_init_from_model(self.model, cparams)
             if not ctx:
                 self.close()
@@ -148,11 +147,15 @@ class Runtime:
                     f"llama.cpp could not create a context of {cparams.n_ctx} tokens "
                     f"(out of memory? try a smaller context or KV cache type q8_0): {path}")
             self.contexts.append(ctx)
+        self.n_contexts = len(self.contexts)
+        self.prefix_context = 0 if self.layout == "unified" else self.n_contexts - 1
         self._memories = [ll.llama_get_memory(ctx) for ctx in self.contexts]
         if self.placement.endpoints:        # llama.cpp's connections to the workers exist now: watch them
             self.remote_watch = rpc.RemoteWatch(self.placement.endpoints)
-        self.n_ctx_per_context = ll.llama_n_ctx(self.contexts[0])
-        self.n_ctx = self.n_ctx_per_context * self.n_contexts
+        # what one conversation's sequence can hold (llama.cpp pads a stream or a context to 256 cells)
+        self.slot_cells = ll.llama_n_ctx_seq(self.contexts[0])
+        self.n_ctx_per_context = self.slot_cells
+        self.n_ctx = self.slot_cells * (1 if self.layout == "unified" else settings.slots)
         self._last_context = 0
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self._batch_capacity = settings.n_batch
@@ -163,6 +166,46 @@ class Runtime:
         self._token_piece_cache: dict[int, bytes] = {}
         if self.device.on_gpu:
             self.device = device.detect()          # free VRAM now that weights and KV are placed
+
+    def _context_params(self, settings: Settings, n_ctx: int, n_seq: int, unified: bool, threads: int):
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = settings.n_batch
+        cparams.n_ubatch = settings.n_batch
+        cparams.n_seq_max = n_seq
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.type_k = _KV_TYPES[settings.kv_cache_type]
+        cparams.type_v = _KV_TYPES[settings.kv_cache_type]
+        cparams.flash_attn_type = _FLASH[self.flash_attention]
+        cparams.kv_unified = unified
+        cparams.no_perf = True
+        if self._eval_callback is not None:
+            cparams.cb_eval, cparams.cb_eval_user_data = self._eval_callback.cb_eval, self._eval_callback.user_data
+        return cparams
+
+    def _choose_layout(self, settings: Settings, eval_callback) -> tuple[str, str]:
+        """The slot layout to build and, where it is not the one asked for, why. A stream per slot needs the direct
+        KV path (a block spliced into a sequence that already holds others: llama.cpp's own state path clears the
+        sequence it reads into, and a sequence copy between streams copies a whole stream)."""
+        asked = settings.slot_layout
+        if asked != "streams":
+            return asked, ""
+        why = ""
+        if not settings.kv_direct:
+            why = "the direct KV path is off (kv_direct)"
+        elif not kv_direct.available():
+            why = f"the direct KV library is {kv_direct.missing_note()}"
+        elif eval_callback is not None:
+            why = "the attention capture reads one stream"
+        elif settings.rpc_servers:
+            why = "the model is split over RPC workers"
+        elif self._detect_cache_kind():
+            why = self._detect_cache_kind()
+        if why:
+            log.info("a context per slot instead of a KV stream per slot: %s", why)
+            return "contexts", f"a context per slot: {why}"
+        return "streams", ""
 
     @staticmethod
     def gpu_layers_requested(settings: Settings, dev: device.DeviceInfo) -> int:
@@ -177,8 +220,32 @@ class Runtime:
 
     # -- contexts ---------------------------------------------------------------------------
     def context_of(self, seq: int) -> int:
-        """The context a sequence lives in: its slot's own with `slot_contexts`; prefixes and scratch: 0."""
-        return seq if self.n_contexts > 1 and seq < self.settings.slots else 0
+        """The context a sequence lives in: a slot's is the streams' context (0) or its own; the prefixes' and the
+        scratch's is their own context (the last); with `unified`, 0 for all."""
+        if seq >= self.settings.slots:
+            return self.prefix_context
+        return seq if self.layout == "contexts" else 0
+
+    def same_cells(self, a: int, b: int) -> bool:
+        """Whether two sequences can share cells (a sequence copy, no bytes moved): one context, one stream."""
+        if self.context_of(a) != self.context_of(b):
+            return False
+        return self.layout != "streams" or a == b or min(a, b) >= self.settings.slots
+
+    def has_scratch(self, context: int) -> bool:
+        """Whether the scratch sequence can serve `context` (every context but the streams' one: there a sequence
+        copy between two streams would copy a whole stream)."""
+        return not (self.layout == "streams" and context == 0)
+
+    @property
+    def slots_share_cells(self) -> bool:
+        """Whether the slots and the prefixes share one cache (`unified`); else a prefix reaches a slot as bytes."""
+        return self.layout == "unified"
+
+    @property
+    def steps_shared(self) -> bool:
+        """Whether the replies' next tokens can share one decode (every slot in one context)."""
+        return self.layout in ("streams", "unified")
 
     def ctx(self, context: int):
         """A context, for a call that computes or moves K/V bytes: RemoteDeviceLost once a worker has gone
@@ -261,6 +328,8 @@ class Runtime:
             kv_bytes_per_token=self.kv_bytes_per_token(),
             flash_attention=self.flash_attention,
             contexts=self.n_contexts,
+            slot_layout=self.layout,
+            slot_layout_note=self.layout_note,
             eviction_supported=self.eviction_supported,
             eviction_note=self.eviction_note,
             devices=self.placement.shares,
@@ -371,7 +440,7 @@ class Runtime:
         sampler samples its row there, else it is decoded alone."""
         if cancel is not None and cancel.is_set():
             raise Cancelled()
-        if self.n_contexts == 1 and self.joins_step():
+        if self.steps_shared and self.joins_step():
             entry = StepToken(seq, token, pos)
             self.step_batch.add(entry)
             self.await_step()

@@ -43,8 +43,8 @@ class StepBatch:
     def run(self, ctx, n_ctx: int) -> None:
         """Decode every waiting token in one call, then have each reply's sampler sample its row. Where llama.cpp
         refuses the batch (no room for all), each token is tried alone so only the one without room fails."""
-        waiting, self.waiting = self.waiting, []
-        if not waiting:
+        waiting, self.waiting = sorted(self.waiting, key=lambda entry: entry.seq), []
+        if not waiting:          # (in seq order: llama.cpp puts KV streams in one ubatch only as a run of seq ids)
             return
         rc = self._decode(ctx, waiting)
         if rc == 0:

@@ -44,14 +44,14 @@ def error_response(status: int, message: str, code: str | None = None, param: st
 
 
 def context_length(engine: Engine) -> int:
-    """The tokens one conversation's context holds (a slot's share of n_ctx when slots have their own)."""
+    """The tokens one conversation's context holds (a slot's share of n_ctx, unless the slots share one cache)."""
     return context_tokens(engine.settings)
 
 
 def context_tokens(settings: Settings) -> int:
     """`context_length` from the settings alone (no model loaded): the one context size the endpoint advertises
     (/v1/models, aider's metadata, the overflow error) and enforces (what a request decodes and asks to generate)."""
-    return settings.n_ctx // (settings.slots if settings.slot_contexts else 1)
+    return settings.n_ctx // (1 if settings.slot_layout == "unified" else settings.slots)
 
 
 def reply_room(settings: Settings) -> int:

@@ -307,22 +307,28 @@ def test_q8_0_cache_falls_back_to_llama_cpp_shift_and_still_recalls(tmp_path):
         rt.close()
 
 
-def test_a_slot_in_another_context_gets_the_prefix_bytes_and_decodes_alike(clean):
-    """With a context per slot, the prefix decoded once (context 0) and spliced into slot 1's own context
-    gives the same logits, bit for bit, as the slot sharing the prefix's cells in context 0."""
+def test_every_slot_gets_the_prefix_bytes_at_the_same_cells_and_decodes_alike(clean):
+    """With a KV stream per slot, the prefix decoded once in its own context and spliced into each slot's stream
+    gives the same logits, bit for bit, in every slot: no slot holds its conversation at other cells than another
+    (issue 58 item 7: the same request gave another text in the slot whose context also held the prefixes)."""
     rt, kv = clean
-    assert rt.n_contexts == 2 and not kv.same_context(0, 1)
+    assert rt.layout == "streams" and rt.n_contexts == 2
     prefix_seq = rt.prefix_seqs[0]
+    assert not kv.same_cells(0, 1) and not kv.same_cells(prefix_seq, 0) and kv.same_cells(prefix_seq, rt.scratch_seq)
     tokens = rt.tokenize(TEXT)
     rt.decode(tokens[:200], prefix_seq, 0, logits_last=False)
-    kv.share(prefix_seq, 0, 0, 200)                        # same context: the cells themselves
-    kv.share(prefix_seq, 1, 0, 200)                        # another context: a copy of the bytes
-    assert kv.pos_max(1) == 199 and kv.pos_min(1) == 0
+    for seq in (0, 1):
+        kv.share(prefix_seq, seq, 0, 200)                  # another context: a copy of the bytes
+        assert kv.pos_max(seq) == 199 and kv.pos_min(seq) == 0
     logits = []
     for seq in (0, 1):
         rt.decode(tokens[200:240], seq, 200)
         logits.append(rt.logits())
     assert np.array_equal(logits[0], logits[1])
+    kv.drop(0)
+    kv.share(prefix_seq, 0, 0, 200)                         # again, after a stream was emptied
+    rt.decode(tokens[200:240], 0, 200)
+    assert np.array_equal(rt.logits(), logits[1])
 
 
 def test_flash_attention_auto_is_off_only_where_it_is_slower_and_optional():

@@ -1,8 +1,9 @@
-"""Issue 58 item 7, pinned: the same seeded request on one engine, before and after other conversations, should
-give the same tokens and log-probabilities. It does not yet (strict xfail): the sampler is fresh per reply and the
-prefix K/V are the same saved bytes, but which cells a conversation's tokens occupy in its slot's context (after the
-prefix sequences and earlier conversations) changes the order llama.cpp's CPU attention sums in, so a seeded draw
-near a boundary flips. When every slot context is laid out alike (or flash attention is on), this passes."""
+"""Issue 58 item 7, pinned: the same seeded request on one engine, before and after other conversations, gives the
+same tokens and log-probabilities. The sampler is fresh per reply and the prefix K/V are the same saved bytes; what
+leaked was cell placement: slot 0's context also held the prefix sequences, so a conversation there sat at other
+cells than in the other slots, and llama.cpp's CPU attention summed in another order (a seeded draw near a boundary
+flipped). The prefixes now live in a context of their own and every slot holds its conversation alike; the test
+runs in each slot layout that promises it."""
 
 from __future__ import annotations
 
@@ -21,10 +22,9 @@ def seeded_reply(engine: Engine) -> tuple[str, list[float]]:
     return reply.text, [round(r["logprob"], 6) for r in reports]
 
 
-@pytest.mark.xfail(strict=True, reason="cell placement in a slot's context leaks into the attention's rounding "
-                                       "(issue 58 item 7): not fixed")
-def test_a_seeded_request_gives_the_same_reply_whatever_ran_before(tmp_path):
-    with Engine(Settings(home=str(tmp_path), embedder="off"), scheduler=False) as engine:
+@pytest.mark.parametrize("layout", ["streams", "contexts"])
+def test_a_seeded_request_gives_the_same_reply_whatever_ran_before(tmp_path, layout):
+    with Engine(Settings(home=str(tmp_path), embedder="off", slot_layout=layout), scheduler=False) as engine:
         first = seeded_reply(engine)
         for i in range(6):
             other = engine.new_conversation(system_prompt=None if i % 2 else "You are terse.")

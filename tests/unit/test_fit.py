@@ -7,6 +7,7 @@ Qwen2.5-Coder Instruct's hyperparameters and its Q4_K_M files' sizes (4.68, 8.99
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,7 +31,7 @@ CODER_14B = ModelShape.stated(file_bytes=int(8.99 * GB), n_layer=48, n_embd=5120
 CODER_32B = ModelShape.stated(file_bytes=int(19.85 * GB), n_layer=64, n_embd=5120, n_head=40, n_head_kv=8,
                               n_ff=27648, n_vocab=QWEN_VOCAB, n_ctx_train=32768, name="32B")
 ONE_CONTEXT_8K = LoadShape(n_ctx=8192, contexts=1)
-DEFAULT_LOAD = LoadShape.of(Settings(), on_gpu=True)          # 16K cells, four slot contexts, f16, flash on
+DEFAULT_LOAD = LoadShape.of(Settings(), on_gpu=True)          # 16K cells in 4 streams, the prefixes 4K more
 
 
 def card(gb: int, ram_gib: int = 32) -> SimpleNamespace:
@@ -118,8 +119,8 @@ def test_32b_is_partial_on_16_gb_and_fits_24_gb_only_at_small_context():
     at_default = fit(CODER_32B, card(24), DEFAULT_LOAD)
     assert at_default.verdict == PARTIAL and at_default.layers_on_gpu >= 55
     assert 8192 < at_default.full_offload_ctx < 16384               # what a smaller context would allow
-    assert fit(CODER_32B, card(24), LoadShape(n_ctx=at_default.full_offload_ctx, contexts=4)).verdict == FITS
-    assert fit(CODER_32B, card(24), LoadShape(n_ctx=at_default.full_offload_ctx + 256, contexts=4)).verdict == PARTIAL
+    assert fit(CODER_32B, card(24), replace(DEFAULT_LOAD, n_ctx=at_default.full_offload_ctx)).verdict == FITS
+    assert fit(CODER_32B, card(24), replace(DEFAULT_LOAD, n_ctx=at_default.full_offload_ctx + 256)).verdict == PARTIAL
     assert fit(CODER_32B, card(24), LoadShape(n_ctx=32768, contexts=1)).verdict == PARTIAL
 
 

@@ -127,9 +127,9 @@ def test_legacy_logprobs_shape():
 
 
 def test_aider_metadata_names_the_context_a_conversation_holds():
-    settings = Settings(n_ctx=16384, slots=4, slot_contexts=True, max_tokens=512)
+    settings = Settings(n_ctx=16384, slots=4, slot_layout="streams", max_tokens=512)
     info = aider_metadata(settings)["openai/evoke"]
     assert info["max_input_tokens"] == 4096 and info["max_output_tokens"] == 512
     assert info["litellm_provider"] == "openai" and info["input_cost_per_token"] == 0
-    assert aider_metadata(Settings(n_ctx=8192, slots=2, slot_contexts=False), "openai/x")["openai/x"][
+    assert aider_metadata(Settings(n_ctx=8192, slots=2, slot_layout="unified"), "openai/x")["openai/x"][
         "max_input_tokens"] == 8192

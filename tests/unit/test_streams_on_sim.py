@@ -52,7 +52,7 @@ def test_two_conversations_stream_their_replies_together(backend, tmp_path):
 
 
 def test_replies_in_one_context_for_all_slots_stream_together_too(backend, tmp_path):
-    with sim_engine(backend, sim_settings(tmp_path, slots=3, slot_contexts=False)) as (engine, _):
+    with sim_engine(backend, sim_settings(tmp_path, slots=3, slot_layout="unified")) as (engine, _):
         a, b = engine.new_conversation(), engine.new_conversation()
         backend.script(LONG, "short answer.")
         heard: list[str] = []
