@@ -285,8 +285,9 @@ def run(*, server: str | None, threads: int, reply_tokens: int = 200, counts: tu
     if "evoke" in systems:
         results["evoke"] = measured("evoke", lambda: evoke(max(counts)))
     for layout in ("contexts", "unified"):     # the default is streams
-        if f"evoke_{layout}" in systems:
-            results[f"evoke_{layout}"] = measured(f"evoke_{layout}", lambda: evoke(max(counts), slot_layout=layout))
+        name = f"evoke_{layout}"
+        if name in systems:
+            results[name] = measured(name, lambda shape=layout: evoke(max(counts), slot_layout=shape))
     if "evoke_serial" in systems:
         results["evoke_serial"] = measured("evoke_serial", lambda: evoke(1))
     if "llama_server" in systems and server:
