@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from helpers.rig import Rig
 from helpers.word_embedder import CountingEmbedder
 
 from evoke_engine.conversations.completion import Completion
@@ -23,6 +24,7 @@ from evoke_engine.memory.glosses import (
     glosses_of,
     parse_glosses,
 )
+from evoke_engine.memory.memory import ConversationMemory
 from evoke_engine.memory.recall_signals import fact_lines, lexical_lines, line_key, line_vectors
 from evoke_engine.memory.snapshot import Snapshot, decode_payload, encode_payload
 from evoke_engine.settings import Settings
@@ -186,3 +188,33 @@ def test_work_that_arrives_stops_the_writer_and_a_cut_reply_keeps_nothing():
     arrived[0] = False
     writer.generate = lambda *a: Completion("1. how often it reloads", 5, 5, "eos", 0.0)
     assert writer.write(_Model(), _memory(blocks)).blocks == 3 and writer.total.interrupted == 1
+
+
+def test_a_conversations_kv_file_carries_its_glosses_and_their_line_vectors(tmp_path):
+    """The glosses are kept with the block in the KV file; a reopen in a fresh process (an empty book, a new
+    embedder) reads them and adopts their line vectors: the first turn after it embeds only its message."""
+    rig = Rig(tmp_path, recall_signal="lines", recovery_top_k=2, recall_glosses="on")
+    try:
+        memory = rig.memory()
+        memory.embedder = CountingEmbedder()
+        blocks = [rig.add(memory, "file", 16, priority=p) for p in (0.1, 0.1, 0.9, 0.9, 0.9, 0.9)]
+        BOOK.put(blocks[0].hash, {"POLL_MS = 4500": "how often the page reloads itself"})
+        memory.end_turn()
+        memory.evict_to(memory.active_tokens - 20)
+        assert any(t.startswith("how often the page reloads itself") for t in memory.embedder.texts)
+        memory.park()
+        payload = encode_payload(memory.snapshot("prefix", [{"role": "user", "content": "x", "evoke_turn": 1}]))
+        memory.release()
+        BOOK.clear()
+        embedder = CountingEmbedder()
+        loaded = ConversationMemory("c2", settings=rig.settings, runtime=rig.rt, kv=rig.kv, pool=rig.pool,
+                                    embedder=embedder, emit=rig.events.append)
+        loaded.load_snapshot(decode_payload(payload), rig.prefix_tokens)
+        assert BOOK.lines(blocks[0].hash) == ["how often the page reloads itself: POLL_MS = 4500"]
+        rig.enter_slot(loaded, 1)
+        loaded.turn += 1
+        loaded.set_query("how often does it reload?")
+        loaded.recover("how often does it reload?", message_tokens=16, reply_reserve=16)
+        assert embedder.texts == ["how often does it reload?"]
+    finally:
+        rig.close()
