@@ -175,6 +175,7 @@ class FakeRuntime:
         self.cells = FakeCells(n_cells)
         self.vocab = ToyVocab()
         self.scratch_seq = slots + 1              # slots, one prefix sequence, then the scratch
+        self.completion_seq = slots + 2           # and a raw completion's
         self.decoded: list[tuple[int, int, int]] = []    # (seq, start position, tokens) of every decode
 
     @property

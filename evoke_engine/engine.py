@@ -49,7 +49,7 @@ from .store.kvfiles import KVFileStore
 from .store.owner import DataFolderLock
 from .store.search import SearchHit
 from .sweeps import Sweeps
-from .worker import BACKGROUND, FOREGROUND, NORMAL, Command, EngineThread, Job
+from .worker import BACKGROUND, FOREGROUND, LATENCY, NORMAL, Command, EngineThread, Job
 
 log = logging.getLogger(__name__)
 
@@ -633,13 +633,14 @@ class Engine:
 
     def complete(self, tokens: list[int], *, on_token: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None, **sampling) -> Future[Completion]:
-        """A stateless raw completion of `tokens` (no conversation, nothing kept: `conversations.completion`), at
-        NORMAL priority; `cancel` stops it with the text so far; ContextFullError when the free cells do not hold
-        the prompt."""
+        """A stateless raw completion of `tokens` (no conversation, nothing kept: `conversations.completion`): a
+        stream at LATENCY priority (after the window's turn, before endpoint replies), one at a time, taking turns
+        with the replies' steps; `cancel` stops it with the text so far; ContextFullError when the free cells do not
+        hold the prompt."""
         params = SamplingParams.from_settings(self.settings, **sampling)
         cancel = cancel or threading.Event()
         return self.thread.submit(lambda: complete(self.ensure_model(), tokens, params, on_token, cancel),
-                                  priority=NORMAL, command=Command.COMPLETE, on_cancel=cancel.set)
+                                  priority=LATENCY, command=Command.COMPLETE, on_cancel=cancel.set)
 
     # -- editing ----------------------------------------------------------------------------
     def regenerate(self, conversation_id: str, *, on_token: Callable[[str], None] | None = None,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
-FOREGROUND, NORMAL, BACKGROUND = 0, 10, 20
+FOREGROUND, LATENCY, NORMAL, BACKGROUND = 0, 5, 10, 20   # LATENCY: raw completions (an editor's, a FIM)
 
 
 class Command(enum.StrEnum):
@@ -68,13 +68,15 @@ class Job:
         return f"job {self.id} {self.command}{about}"
 
 
-STREAM_COMMANDS = frozenset({Command.TURN, Command.REGENERATE, Command.CONTINUE, Command.REBUILD})
+STREAM_COMMANDS = frozenset({Command.TURN, Command.REGENERATE, Command.CONTINUE, Command.REBUILD, Command.COMPLETE})
+# streams with one sequence of their own each, one at a time, admitted past `stream_limit` (short, latency-bound)
+SOLO_STREAMS = frozenset({Command.COMPLETE})
 # work that means a request or a user is at another conversation (reads, sweeps and idle embedding do not)
 ARRIVALS = frozenset({*STREAM_COMMANDS, Command.OPEN, Command.EDIT, Command.COMPLETE, Command.PREPARE})
 ARRIVAL_GRACE_S = 1.0
 EXCLUSIVE_COMMANDS = frozenset({Command.LOAD, Command.SWEEP, Command.DRAIN})   # run only while no reply streams
 _STOP = 10**9                                                   # the stop marker's priority: after every job
-FOREGROUND_WEIGHT = 2.0        # the window's reply gets twice the engine time of an endpoint's while both stream
+FOREGROUND_WEIGHT = 2.0        # the window's reply (and a raw completion) gets twice an endpoint reply's engine time
 
 
 @dataclass(order=True)
@@ -101,7 +103,7 @@ class _Stream:
         self.done = False
         self.steps = 0
         self.used_s = 0.0                             # engine time taken, divided by its weight (fair share)
-        self.weight = FOREGROUND_WEIGHT if entry.priority <= FOREGROUND else 1.0
+        self.weight = FOREGROUND_WEIGHT if entry.priority <= LATENCY else 1.0
         self.parked = False                           # its next token waits for the shared step
         self.stepped_in = -1                          # the shared-step round it last took a step in
         self.step_failure: BaseException | None = None    # the shared step it waited for failed with this
@@ -335,10 +337,17 @@ class EngineThread:
                 continue
             if self._streams and job.command in EXCLUSIVE_COMMANDS:
                 continue
-            if job.command in STREAM_COMMANDS and len(self._streams) >= max(1, self.stream_limit()):
+            if job.command in SOLO_STREAMS:
+                if any(s.job.command is job.command for s in self._streams):
+                    continue
+            elif job.command in STREAM_COMMANDS and self._replies() >= max(1, self.stream_limit()):
                 continue
             return entry
         return None
+
+    def _replies(self) -> int:
+        """Streams that count against `stream_limit` (a raw completion does not: one at a time, past the limit)."""
+        return sum(1 for s in self._streams if s.job.command not in SOLO_STREAMS)
 
     def _start(self, entry: _Entry) -> bool:
         """Run a plain job to its end, or start a stream and run its first step (True)."""

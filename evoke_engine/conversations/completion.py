@@ -1,8 +1,10 @@
-"""A stateless raw-text completion (`/v1/completions`): the prompt's tokens decoded into the scratch sequence, a
-reply sampled with llama.cpp's sampler chain, nothing kept.
+"""A stateless raw-text completion (`/v1/completions`): the prompt's tokens decoded into the completion's own
+sequence, a reply sampled with llama.cpp's sampler chain, nothing kept. It runs as a stream (`Command.COMPLETE`):
+its prefill chunks and tokens take turns with the replies' steps.
 
-Invariants: engine thread only; the scratch sequence is empty again when `complete` returns or raises, so the KV
-primitives' use of it is unchanged; no conversation, history row or KV file is touched; a prompt and reply that do
+Invariants: on the engine (its stream holds it between steps); one completion at a time (the worker admits one);
+its sequence is empty again when `complete` returns or raises; no conversation, history row or KV file is
+touched; a prompt and reply that do
 not fit the free cells of the context raise `ContextFullError` before any token is sampled or mid-reply (the reply so
 far is then returned, stopped "length"), never by truncating the prompt.
 """
@@ -33,7 +35,7 @@ class Completion:
 def complete(model: LoadedModel, tokens: list[int], params: SamplingParams,
              on_token: Callable[[str], None] | None, cancel: threading.Event) -> Completion:
     """Decode `tokens` (a whole prompt, BOS included where wanted) and sample up to `params.max_tokens`."""
-    rt, kv, seq = model.rt, model.kv, model.rt.scratch_seq
+    rt, kv, seq = model.rt, model.kv, model.rt.completion_seq
     context = rt.context_of(seq)
     started = time.perf_counter()
     reply = ReplyText(rt.token_bytes, params.stop)
@@ -43,7 +45,7 @@ def complete(model: LoadedModel, tokens: list[int], params: SamplingParams,
             rt.decode(tokens, seq, 0, cancel=cancel)
         except Cancelled:
             return Completion("", len(tokens), 0, "cancelled", 0.0)
-        with rt.sampler(params, context) as sampler:
+        with rt.sampler(params, context, seq=seq) as sampler:
             while True:                  # ends at a stop, the end token, max_tokens (checked before a decode)
                 if cancel.is_set():
                     stopped = "cancelled"

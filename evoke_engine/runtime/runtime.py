@@ -2,7 +2,7 @@
 
 Invariants: every method runs on the thread that constructed the Runtime (asserted, so a
 call from the GUI thread fails loudly); a decode never mixes sequences unless asked. Sequences:
-one per slot, the prefixes, one scratch. The slot layout (`slot_layout`) says where they live:
+one per slot, the prefixes, one scratch, one for a raw completion. The slot layout (`slot_layout`) says where they live:
 `streams` (the default where the direct KV path runs): one context whose cache keeps a KV stream per
 slot, so a reply attends over its own conversation only and the replies' tokens share one decode;
 `contexts`: a context per slot, replies take turns; with either, the prefixes and the scratch live in
@@ -102,10 +102,11 @@ class Runtime:
         path = Path(settings.model_path) if settings.model_path else default_model_path()
         check_model_file(path)
         self.model_path = path
-        # Sequences: one per slot, PREFIX_SEQS shared prefixes, then one scratch sequence.
+        # Sequences: one per slot, PREFIX_SEQS shared prefixes, one scratch sequence, then the raw completion's
         self.prefix_seqs = list(range(settings.slots, settings.slots + PREFIX_SEQS))
         self.scratch_seq = settings.slots + PREFIX_SEQS
-        self.n_seq_max = self.scratch_seq + 1
+        self.completion_seq = self.scratch_seq + 1
+        self.n_seq_max = self.completion_seq + 1
 
         quiet_llama_logs()
         self.device = device.detect()
@@ -231,6 +232,10 @@ class Runtime:
         if self.context_of(a) != self.context_of(b):
             return False
         return self.layout != "streams" or a == b or min(a, b) >= self.settings.slots
+
+    def streams_in(self, seq: int) -> bool:
+        """Whether `seq` is a stream's own (a slot's reply, a raw completion): its long decodes split into steps."""
+        return seq < self.settings.slots or seq == self.completion_seq
 
     def has_scratch(self, context: int) -> bool:
         """Whether the scratch sequence can serve `context` (every context but the streams' one: there a sequence
@@ -408,13 +413,13 @@ class Runtime:
         if self.before_decode is not None:
             self.before_decode(seq)
         done = 0
-        own_slot = seq < self.settings.slots           # not a shared prefix nor the scratch: only its turn reads it
+        own_stream = self.streams_in(seq)              # not a shared prefix nor the scratch: only its stream reads it
         while done < total:
-            if done and own_slot:
+            if done and own_stream:
                 self.step_boundary()                   # a long prefill lets the other replies take their steps
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
-            step = self.step_tokens() if own_slot and not logits_all else 0
+            step = self.step_tokens() if own_stream and not logits_all else 0
             n = min(self._batch_capacity, total - done, step or total)
             for i in range(n):
                 batch.token[i] = tokens[done + i]
@@ -436,11 +441,12 @@ class Runtime:
 
     def _decode_next_token(self, token: int, seq: int, pos: int, cancel: threading.Event | None) -> None:
         """A streaming reply's next token, its step point: other replies and jobs run before it; where a shared
-        step will run (one context for every slot, other replies decoding), the token joins it and the reply's
-        sampler samples its row there, else it is decoded alone."""
+        step will run (the slots' context, other replies decoding), the token joins it and the reply's sampler
+        samples its row there, else (a context a slot, a raw completion in the prefixes' context) it is decoded
+        alone."""
         if cancel is not None and cancel.is_set():
             raise Cancelled()
-        if self.steps_shared and self.joins_step():
+        if self.steps_shared and self.context_of(seq) == 0 and self.joins_step():
             entry = StepToken(seq, token, pos)
             self.step_batch.add(entry)
             self.await_step()

@@ -64,6 +64,7 @@ class SimRuntime(FakeRuntime):
         self.settings = settings
         self.prefix_seqs = list(range(settings.slots, settings.slots + PREFIX_SEQS))
         self.scratch_seq = settings.slots + PREFIX_SEQS            # slots, the prefixes, then the scratch (as Runtime)
+        self.completion_seq = self.scratch_seq + 1                  # and a raw completion's
         self.n_ctx = self.n_ctx_per_context = settings.n_ctx
         self.model_path = backend.model_path
         self.closed = False

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from evoke_engine.worker import FOREGROUND, NORMAL, Command, EngineThread
+from evoke_engine.worker import FOREGROUND, LATENCY, NORMAL, Command, EngineThread
 
 
 class StepClock:
@@ -172,6 +172,33 @@ def test_the_window_reply_is_admitted_before_earlier_endpoint_replies():
         gate.set()
         endpoint.result(10), window.result(10)
         assert [n for n, _ in log] == ["window", "window", "endpoint", "endpoint"]
+    finally:
+        engine.stop()
+
+
+def test_a_raw_completion_streams_past_the_reply_limit_one_at_a_time():
+    """Completions are short and latency-bound: one streams beside replies that fill `stream_limit` (its steps take
+    turns with theirs), a second waits for the first, and a queued completion starts before queued endpoint
+    replies."""
+    engine = EngineThread("completion-test", stream_limit=lambda: 1)
+    try:
+        log, holders = [], []
+        gate = hold(engine)
+        reply = engine.submit(Reply(engine, log, holders, "reply", 6), priority=NORMAL, command=Command.TURN,
+                              about="r")
+        later = engine.submit(Reply(engine, log, holders, "later", 1), priority=NORMAL, command=Command.TURN,
+                              about="l")
+        first = engine.submit(Reply(engine, log, holders, "fim1", 2), priority=LATENCY, command=Command.COMPLETE)
+        second = engine.submit(Reply(engine, log, holders, "fim2", 2), priority=LATENCY, command=Command.COMPLETE)
+        assert engine.queue_position(first.job.id) == 1 and engine.queue_position(later.job.id) == 4
+        gate.set()
+        for future in (reply, later, first, second):
+            future.result(10)
+        names = [n for n, _ in log]
+        assert names.index("fim1") < names.index("reply")                      # admitted first, past the limit
+        assert names.index("fim2") > max(i for i, n in enumerate(names) if n == "fim1")    # one at a time
+        last_reply = max(i for i, n in enumerate(names) if n == "reply")
+        assert names.index("fim2") < last_reply and names.index("later") > last_reply
     finally:
         engine.stop()
 
