@@ -11,7 +11,9 @@ reply's next token parks (`await_step`) and the parked replies' tokens run in on
 taken its step of the round; nothing else runs between that decode and their samples. A job about a
 conversation whose reply is streaming waits until that reply ends (nothing edits, opens or releases a conversation
 mid-reply); LOAD, SWEEP and DRAIN jobs wait until no reply streams; at most `stream_limit()` replies stream at once, the
-rest wait in order. Lower priority value first, FIFO within a priority; a job submitted after `stop` fails its
+rest wait in order, except the window's: where the limit is reached it suspends the newest endpoint reply (no step
+until no window reply streams; its cells stay) and starts at once; a raw completion streams past the limit, one at a
+time. Lower priority value first, FIFO within a priority; a job submitted after `stop` fails its
 future instead of being lost silently. Every job is a `Job` (an id that only grows, its `Command`, the conversation
 it is about, its priority), which its future carries as `future.job`; `jobs()` lists those running and queued, and
 each job's start and end are logged at DEBUG with its id and how long it waited and ran, so a request can be
@@ -105,6 +107,7 @@ class _Stream:
         self.used_s = 0.0                             # engine time taken, divided by its weight (fair share)
         self.weight = FOREGROUND_WEIGHT if entry.priority <= LATENCY else 1.0
         self.parked = False                           # its next token waits for the shared step
+        self.suspended = False                        # preempted for the window's reply: takes no step until it ends
         self.stepped_in = -1                          # the shared-step round it last took a step in
         self.step_failure: BaseException | None = None    # the shared step it waited for failed with this
         self._go = threading.Semaphore(0)
@@ -340,14 +343,33 @@ class EngineThread:
             if job.command in SOLO_STREAMS:
                 if any(s.job.command is job.command for s in self._streams):
                     continue
-            elif job.command in STREAM_COMMANDS and self._replies() >= max(1, self.stream_limit()):
+            elif (job.command in STREAM_COMMANDS and self._replies() >= max(1, self.stream_limit())
+                  and (entry.priority > FOREGROUND or not self._preempt_for(job))):
                 continue
             return entry
         return None
 
+    def _preempt_for(self, job: Job) -> bool:
+        """Suspend the newest endpoint reply so the window's reply `job` streams now instead of waiting for one to
+        end: the suspended reply keeps its slot, its cells and its place (a pause its client sees, never an error)
+        and takes steps again once no window reply streams. False when every stream is the window's."""
+        victims = [s for s in self._streams
+                   if not s.suspended and s.entry.priority > FOREGROUND and s.job.command not in SOLO_STREAMS]
+        if not victims:
+            return False
+        victim = max(reversed(victims), key=lambda s: s.entry.priority)
+        victim.suspended = True
+        log.debug("%s suspended for %s", victim.job.describe(), job.describe())
+        return True
+
+    def suspended(self) -> list[Job]:
+        """The replies preempted for the window's reply (they resume when it ends)."""
+        return [s.job for s in list(self._streams) if s.suspended]
+
     def _replies(self) -> int:
-        """Streams that count against `stream_limit` (a raw completion does not: one at a time, past the limit)."""
-        return sum(1 for s in self._streams if s.job.command not in SOLO_STREAMS)
+        """Streams that count against `stream_limit` (a raw completion does not: one at a time, past the limit; nor
+        does a reply suspended for the window's)."""
+        return sum(1 for s in self._streams if s.job.command not in SOLO_STREAMS and not s.suspended)
 
     def _start(self, entry: _Entry) -> bool:
         """Run a plain job to its end, or start a stream and run its first step (True)."""
@@ -383,12 +405,20 @@ class EngineThread:
         prefill chunk, a reply's set-up), then the step runs: a round is one step of each."""
         if not self._streams:
             return
+        if any(s.suspended for s in self._streams) and not any(
+                s.entry.priority <= FOREGROUND for s in self._streams if not s.suspended):
+            going = [s.used_s for s in self._streams if not s.suspended]
+            for stream in self._streams:                 # no window reply streams: the preempted go on, with no
+                if stream.suspended:                     # credit for the pause (it would hold the others back)
+                    stream.suspended = False
+                    stream.used_s = max(stream.used_s, min(going, default=stream.used_s))
         newest_first = list(reversed(self._streams))
         parked = [s for s in newest_first if s.parked]
+        stepping = [s for s in newest_first if not s.suspended]
         if not parked:
-            self._advance(min(newest_first, key=lambda s: s.used_s))
+            self._advance(min(stepping, key=lambda s: s.used_s))
             return
-        due = [s for s in newest_first if not s.parked and s.stepped_in < self._round]
+        due = [s for s in stepping if not s.parked and s.stepped_in < self._round]
         if due:
             self._advance(min(due, key=lambda s: s.used_s))
         else:

@@ -180,25 +180,53 @@ def test_a_raw_completion_streams_past_the_reply_limit_one_at_a_time():
     """Completions are short and latency-bound: one streams beside replies that fill `stream_limit` (its steps take
     turns with theirs), a second waits for the first, and a queued completion starts before queued endpoint
     replies."""
-    engine = EngineThread("completion-test", stream_limit=lambda: 1)
+    clock = StepClock()
+    engine = EngineThread("completion-test", stream_limit=lambda: 1, clock=clock)
     try:
         log, holders = [], []
+
+        def step(name: str, steps: int) -> Reply:
+            return Reply(engine, log, holders, name, steps, cost=1.0, clock=clock)
         gate = hold(engine)
-        reply = engine.submit(Reply(engine, log, holders, "reply", 6), priority=NORMAL, command=Command.TURN,
-                              about="r")
-        later = engine.submit(Reply(engine, log, holders, "later", 1), priority=NORMAL, command=Command.TURN,
-                              about="l")
-        first = engine.submit(Reply(engine, log, holders, "fim1", 2), priority=LATENCY, command=Command.COMPLETE)
-        second = engine.submit(Reply(engine, log, holders, "fim2", 2), priority=LATENCY, command=Command.COMPLETE)
+        reply = engine.submit(step("reply", 6), priority=NORMAL, command=Command.TURN, about="r")
+        later = engine.submit(step("later", 1), priority=NORMAL, command=Command.TURN, about="l")
+        first = engine.submit(step("fim1", 2), priority=LATENCY, command=Command.COMPLETE)
+        second = engine.submit(step("fim2", 2), priority=LATENCY, command=Command.COMPLETE)
         assert engine.queue_position(first.job.id) == 1 and engine.queue_position(later.job.id) == 4
         gate.set()
         for future in (reply, later, first, second):
             future.result(10)
         names = [n for n, _ in log]
-        assert names.index("fim1") < names.index("reply")                      # admitted first, past the limit
-        assert names.index("fim2") > max(i for i, n in enumerate(names) if n == "fim1")    # one at a time
         last_reply = max(i for i, n in enumerate(names) if n == "reply")
+        assert max(i for i, n in enumerate(names) if n == "fim1") < last_reply  # beside the reply, past the limit
+        assert names.index("fim2") > max(i for i, n in enumerate(names) if n == "fim1")    # one at a time
         assert names.index("fim2") < last_reply and names.index("later") > last_reply
+    finally:
+        engine.stop()
+
+
+def test_the_window_reply_preempts_an_endpoint_reply_past_the_limit():
+    """At the reply limit, the window's reply does not wait for an endpoint reply to end: the newest endpoint reply is
+    suspended (no step while the window's streams), then goes on where it stopped, and the others keep theirs."""
+    engine = EngineThread("preempt-test", stream_limit=lambda: 2)
+    try:
+        log, holders = [], []
+        gate = hold(engine)
+        old = engine.submit(Reply(engine, log, holders, "old", 12), priority=NORMAL, command=Command.TURN, about="o")
+        new = engine.submit(Reply(engine, log, holders, "new", 12), priority=NORMAL, command=Command.TURN, about="n")
+        gate.set()
+        while len(log) < 4:
+            time.sleep(0.001)
+        window = engine.submit(Reply(engine, log, holders, "window", 4), priority=FOREGROUND,
+                               command=Command.TURN, about="w")
+        assert window.result(10) == "window done"
+        assert old.result(10) == "old done" and new.result(10) == "new done"
+        names = [n for n, _ in log]
+        first, last = names.index("window"), len(names) - 1 - names[::-1].index("window")
+        during = names[first:last + 1]
+        assert "new" not in during                                      # the newest endpoint reply paused
+        assert [s for n, s in log if n == "new"] == list(range(12))     # and went on where it stopped
+        assert engine.suspended() == []
     finally:
         engine.stop()
 
