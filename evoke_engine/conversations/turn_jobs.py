@@ -19,12 +19,21 @@ from ..events import EngineEvent, EventKind
 from ..runtime.runtime import Cancelled
 from ..runtime.sampling import SamplingParams
 from ..store.history import DELETED
-from . import editing
+from . import editing, rerender
 from .gloss_writer import GlossWriter, writes_glosses
 from .lifecycle import ConversationLifecycle, ConversationState
 from .live_stats import StatsTicker
 from .reply_row import StreamedReply, reply_metrics
-from .turn import Attachment, Reply, continue_reply, prepare_ahead, regenerate_reply, resumable_reply, run_turn
+from .turn import (
+    Attachment,
+    Reply,
+    continue_reply,
+    input_message,
+    prepare_ahead,
+    regenerate_reply,
+    resumable_reply,
+    run_turn,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +70,9 @@ class TurnJobs:
             if attachments is None:
                 attachments = replaced.attachments
         attachments = list(attachments or [])
+        # a template that rewrites earlier messages once this one arrives (Qwen3's dropped thinking): the KV follows
+        # the whole render first (nothing for a stable template)
+        rerender.settle(self.conversations, state, input_message(text, attachments, state.memory.turn + 1, role, extra))
         n_before = len(state.history)
         user_row = self.history.add_message(state.id, role, text, attachments, extra=extra,
                                             previous_id=replaced.id if replaced else None)
