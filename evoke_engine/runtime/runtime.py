@@ -474,7 +474,8 @@ class Runtime:
         if self.before_decode is not None:
             for entry in self.step_batch.waiting:
                 self.before_decode(entry.seq)
-        self.step_batch.run(self.ctx(0), self.n_ctx_per_context)
+        streams = self.memory(0) if self.layout == "streams" else None
+        self.step_batch.run(self.ctx(0), self.n_ctx_per_context, streams_memory=streams)
 
     def logits(self, index: int = -1) -> np.ndarray:
         """Copy of the logits row of the last decoded token (or batch row `index`)."""

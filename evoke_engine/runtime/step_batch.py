@@ -34,44 +34,62 @@ class StepBatch:
         self._batch = ll.llama_batch_init(capacity, 0, n_seq_max)
         self.steps = 0                                  # shared decodes run (diagnostics, tests)
         self.tokens = 0                                 # tokens they decoded
+        self.filled = 0                                 # filler tokens that joined runs of KV streams
+        self.last_rc = 0
 
     def add(self, entry: StepToken) -> None:
         if len(self.waiting) >= self.capacity:
             raise RuntimeError("more replies wait for a step than the batch holds (n_batch)")
         self.waiting.append(entry)
 
-    def run(self, ctx, n_ctx: int) -> None:
+    def run(self, ctx, n_ctx: int, *, streams_memory=None) -> None:
         """Decode every waiting token in one call, then have each reply's sampler sample its row. Where llama.cpp
-        refuses the batch (no room for all), each token is tried alone so only the one without room fails."""
+        refuses the batch (no room for all), each token is tried alone so only the one without room fails.
+
+        `streams_memory` (a cache with a KV stream per sequence): llama.cpp puts streams in one ubatch only as a run
+        of consecutive seq ids, so a sequence between two waiting ones that has no token here gets a filler token
+        past its end, removed again right after the decode (one pass over the weights, not one per run)."""
         waiting, self.waiting = sorted(self.waiting, key=lambda entry: entry.seq), []
-        if not waiting:          # (in seq order: llama.cpp puts KV streams in one ubatch only as a run of seq ids)
+        if not waiting:
             return
-        rc = self._decode(ctx, waiting)
-        if rc == 0:
-            for row, entry in enumerate(waiting):
+        fillers = _fillers(waiting, streams_memory) if streams_memory is not None else []
+        try:
+            rows = self._decode(ctx, waiting, fillers)
+        finally:
+            for filler in fillers:
+                ll.llama_memory_seq_rm(streams_memory, filler.seq, filler.pos, -1)
+        if rows is not None:
+            for entry, row in zip(waiting, rows, strict=True):
                 self._presample(entry, row)
             return
         for entry in waiting:
-            rc = self._decode(ctx, [entry])
-            if rc != 0:
-                entry.failure = DecodeError(rc, n_ctx)
+            if self._decode(ctx, [entry]) is None:
+                entry.failure = DecodeError(self.last_rc, n_ctx)
             else:
                 self._presample(entry, 0)
 
-    def _decode(self, ctx, entries: list[StepToken]) -> int:
+    def _decode(self, ctx, entries: list[StepToken], fillers: list[StepToken] = ()) -> list[int] | None:
+        """One decode of `entries` (and `fillers`, without logits) in seq order: each entry's batch row, or None
+        when llama.cpp refused it (`last_rc`)."""
         batch = self._batch
-        for i, entry in enumerate(entries):
+        ordered = sorted([*((e, True) for e in entries), *((f, False) for f in fillers)], key=lambda x: x[0].seq)
+        rows: dict[int, int] = {}
+        for i, (entry, wanted) in enumerate(ordered):
             batch.token[i] = entry.token
             batch.pos[i] = entry.pos
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = entry.seq
-            batch.logits[i] = 1
-        batch.n_tokens = len(entries)
-        rc = ll.llama_decode(ctx, batch)
-        if rc == 0:
-            self.steps += 1
-            self.tokens += len(entries)
-        return rc
+            batch.logits[i] = int(wanted)
+            if wanted:
+                rows[id(entry)] = i
+        batch.n_tokens = len(ordered)
+        self.last_rc = ll.llama_decode(ctx, batch)
+        if self.last_rc != 0:
+            return None
+        self.steps += 1
+        self.tokens += len(entries)
+        self.filled += len(fillers)
+        return [rows[id(entry)] for entry in entries]
 
     def _presample(self, entry: StepToken, row: int) -> None:
         sampler = self.samplers.get(entry.seq)
@@ -82,3 +100,11 @@ class StepBatch:
         if self._batch is not None:
             ll.llama_batch_free(self._batch)
             self._batch = None
+
+
+def _fillers(waiting: list[StepToken], memory) -> list[StepToken]:
+    """A token past the end of each sequence between the first and the last waiting one that has none waiting."""
+    have = {entry.seq for entry in waiting}
+    token = waiting[0].token
+    return [StepToken(seq, token, ll.llama_memory_seq_pos_max(memory, seq) + 1)
+            for seq in range(waiting[0].seq, waiting[-1].seq) if seq not in have]
