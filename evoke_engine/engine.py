@@ -571,6 +571,10 @@ class Engine:
         """(replies being written now, replies waiting for their turn to start); any thread."""
         return self.thread.reply_counts()
 
+    def suspended_replies(self) -> list[Job]:
+        """Endpoint replies paused while the window's reply streams (at the reply limit); any thread."""
+        return self.thread.suspended()
+
     def generating(self) -> set[str]:
         """The conversations whose reply is being written now (the window's and the endpoint's); any thread."""
         return self.thread.streaming_conversations()

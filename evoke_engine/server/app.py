@@ -121,7 +121,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
                                            float(pool.spill_bytes if pool is not None else 0)),
                       "replies_streaming": ("replies being written now, taking turns a step at a time",
                                             float(streaming)),
-                      "replies_waiting": ("replies waiting for a place among those written at once", float(waiting))}
+                      "replies_waiting": ("replies waiting for a place among those written at once", float(waiting)),
+                      "replies_suspended": ("replies paused while the window's reply is written (at the limit)",
+                                            float(len(engine.suspended_replies())))}
             return metrics.render(gauges, kvfiles.kv_root if kvfiles is not None else None)
         return PlainTextResponse(await to_thread.run_sync(scrape), media_type="text/plain; version=0.0.4")
 

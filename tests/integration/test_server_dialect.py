@@ -222,6 +222,7 @@ def test_metrics_in_prometheus_text(served):
     assert values["evoke_model_loaded"] == 1 and "evoke_kv_disk_bytes" in values
     assert values["evoke_pool_ram_bytes"] >= 0 and values["evoke_restores_total"] >= 0
     assert values["evoke_replies_streaming"] == values["evoke_replies_waiting"] == 0     # nothing in flight now
+    assert values["evoke_replies_suspended"] == 0
 
 
 def test_sse_pings_while_waiting(served, monkeypatch):
