@@ -316,6 +316,9 @@ class Settings:
     # Window
     theme: str = _setting("auto", "Window colours: auto follows the desktop's light or dark scheme (and its "
                           "changes); dark or light keeps one.", group="Window", choices=THEMES)
+    text_size: int = _setting(100, "Text size of the chat in percent: messages, code, the message box and the "
+                              "conversation list (Ctrl+Plus, Ctrl+Minus, Ctrl+0 in the window).", group="Window",
+                              low=50, high=300)
 
     home: str | None = field(default=None, metadata={
         "description": "Root for data, cache and config (tests); empty uses platformdirs.",
