@@ -5,7 +5,8 @@ the file, why) and a saved budget below the smallest that works, in the banner (
 change them.
 
 Invariants: a reload that fails leaves the previous model and settings in place (and says so);
-settings reach disk only once they took effect; settings are frozen values the window and the engine share; every
+settings reach disk only once they took effect; settings are frozen values the window and the engine share (a
+setting only the window reads, `apply_window_setting`, reaches the engine with the next settings applied); every
 outcome is signalled: `settingsApplied` (then `errorResolved("settings")`) or `settingsFailed` with a readable reason.
 """
 
@@ -63,6 +64,22 @@ class SettingsFlow:
                 self._applied(new)
             self.refresh_stats()
         self.bridge.call(work, on_done=done, on_error=self._settings_failed)
+
+    def apply_window_setting(self, name: str, value: Any) -> bool:
+        """A setting only the window reads (group Window: the text size, the theme) takes effect at once, even while
+        a reply streams or a model loads: adopted, saved and announced (`settingsApplied`) with no engine call.
+        False, with `settingsFailed`, when the value is refused."""
+        if name not in {spec.name for spec in field_specs(type(self.settings)) if spec.group == "Window"}:
+            raise ValueError(f"{name} is not a setting of the window alone")
+        try:
+            new = self.settings.replace(**{name: value})
+        except ValueError as exc:
+            self._settings_failed(f"Not applied: {exc}")
+            return False
+        self.settings = self.bridge.settings = new
+        self._save(new)
+        self.settingsApplied.emit(new)
+        return True
 
     def reload(self, new: Any, old: Any) -> None:
         self._set_model_state("loading", "Reloading model…")

@@ -29,7 +29,7 @@ LABELS = {
     "server_enabled": "Serve the API endpoint", "server_host": "Endpoint address", "server_port": "Endpoint port",
     "api_key": "Endpoint API key", "server_max_request_bytes": "Largest request (bytes)",
     "rpc_servers": "Remote devices (RPC)", "rpc_layer_split": "Layer share per device",
-    "rpc_skip_unreachable": "Load without unreachable remote devices",
+    "rpc_skip_unreachable": "Load without unreachable remote devices", "text_size": "Text size",
 }
 MIB = 1 << 20
 _REBUILT = "saved KV caches were made for the old {what}: each conversation re-reads its history once when opened"
@@ -65,6 +65,8 @@ class FieldSpec:
             return "s"
         if self.name in ("budget_tokens", "block_tokens", "n_ctx", "max_tokens"):
             return "tokens"
+        if self.name == "text_size":
+            return "%"
         return ""
 
     @property

@@ -1,5 +1,5 @@
 """The window's later parts, installed on a built MainWindow: the undo bar and Ctrl+Z, message versions,
-the Help menu (keyboard shortcuts, About) and the theme that follows the setting and the desktop.
+the Help menu (keyboard shortcuts, About), the theme that follows the setting and the desktop, and the text size.
 
 Invariant: like the window, this only wires controller signals to widgets and user actions to controller
 methods; dialogs open through `window.show_dialog` (replaced in tests) and are kept as `window.help_dialog`.
@@ -17,6 +17,7 @@ from .model_download_flow import install_models
 from .theme import ThemeFollower
 from .widgets.undo_bar import UndoBar
 from .window_exchange import install_exchange
+from .window_text_size import install_text_size
 
 if TYPE_CHECKING:
     from .window import MainWindow
@@ -54,6 +55,7 @@ def install_extras(window: MainWindow) -> None:
 
     window.theme = ThemeFollower(getattr(c.settings, "theme", "auto"), window)
     c.settingsApplied.connect(lambda s: window.theme.set_mode(getattr(s, "theme", "auto")))
+    install_text_size(window)            # View's Bigger text, Smaller text, Actual text size (app/window_text_size.py)
 
 
 def all_actions(window: MainWindow) -> list[QAction]:

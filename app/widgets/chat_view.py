@@ -6,16 +6,17 @@ Invariants: only the last bubble is re-rendered while a reply streams (its parts
 place, not rebuilt); a reply's text and its code blocks are separate widgets, so a long code line
 scrolls inside its block and never widens the message; every part wraps to the chat's width (the hover
 actions fold into a "⋯" menu where their row does not fit), so the chat never scrolls sideways; the view
-follows the bottom unless the user scrolled up; actions are emitted with the bubble's position (the
-controller maps it to the engine's message), and only copy acts here.
+follows the bottom unless the user scrolled up, and keeps its place when the text changes size (`keep_place`);
+actions are emitted with the bubble's position (the controller maps it to the engine's message), and only copy
+acts here. Ctrl+wheel anywhere over the chat asks for another text size (`zoomRequested`): no part zooms itself.
 """
 
 from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QEvent, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QWheelEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -29,7 +30,7 @@ from PySide6.QtWidgets import (
 
 from ..messages import ChatMessage, Versions, end_note, stamp_text
 from ..render import Part, render_parts, render_plain
-from .code_block import CodeBlockView
+from .code_block import CodeBlockView, pass_zoom_wheel
 from .message_actions import MessageActions
 from .reply_end import ReplyEnd
 from .version_switch import VersionSwitch
@@ -64,6 +65,10 @@ class AutoHeightBrowser(QTextBrowser):
         super().resizeEvent(event)
         self.document().setTextWidth(self.viewport().width())
         self._fit()
+
+    def wheelEvent(self, event: QWheelEvent) -> None:  # noqa: N802
+        if not pass_zoom_wheel(event):
+            super().wheelEvent(event)
 
 
 COPIED_MS = 1500          # how long the copy button says "Copied ✓"
@@ -234,6 +239,7 @@ class ChatView(QScrollArea):
     forkRequested = Signal(int)
     deleteRequested = Signal(int)
     messageCopied = Signal(int)
+    zoomRequested = Signal(int)          # Ctrl+wheel over the chat: +1 bigger text, -1 smaller
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -260,10 +266,13 @@ class ChatView(QScrollArea):
         self.column.insertWidget(0, self.first_start)
         self.bubbles: list[MessageBubble] = []
         self._revealed: MessageBubble | None = None      # a search hit's bubble, kept in view until the next change
+        self._anchor: tuple[MessageBubble, float] | None = None   # the bubble at the top and how far into it
+        self._wheel_zoom = 0                             # Ctrl+wheel's angle not yet turned into a step
         self.busy = False
         self._follow = True
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
         self.verticalScrollBar().valueChanged.connect(self._scrolled)
+        self.verticalScrollBar().actionTriggered.connect(self._user_scrolled)   # wheel, keys, the bar: not ours
 
     def show_first_start(self, state: str, first_use: bool, _message: str = "") -> None:
         """On the first start (the recall model exported for its first use), say what is happening above the
@@ -307,10 +316,10 @@ class ChatView(QScrollArea):
         self.placeholder.setVisible(not messages)
         self._place_actions()
         self._follow = True
-        self._revealed = None
+        self._revealed = self._anchor = None
 
     def add(self, message: ChatMessage) -> MessageBubble:
-        self._revealed = None
+        self._revealed = self._anchor = None
         bubble = MessageBubble(message)
         bubble.actionTriggered.connect(lambda name, bubble=bubble: self._action(bubble, name))
         bubble.versions.chosen.connect(lambda row_id, bubble=bubble: bubble in self.bubbles and
@@ -325,7 +334,7 @@ class ChatView(QScrollArea):
         """Scroll to bubble `position` (a search hit) and keep it in view while the column lays out."""
         if not 0 <= position < len(self.bubbles):
             return
-        self._revealed = self.bubbles[position]
+        self._revealed, self._anchor = self.bubbles[position], None
         self._follow = False
         self.ensureWidgetVisible(self._revealed, 0, 40)
 
@@ -378,6 +387,32 @@ class ChatView(QScrollArea):
     def last_text(self) -> str:
         return self.bubbles[-1].text() if self.bubbles else ""
 
+    def keep_place(self) -> None:
+        """The text is about to change size: the bubble at the top of the view stays there (as far into it, in
+        share of its height) while the column lays out again, until the user scrolls or the messages change. At
+        the bottom the view stays at the bottom; a search hit shown stays in view."""
+        self._anchor = None
+        if self._follow or self._revealed is not None:
+            return
+        top = self.verticalScrollBar().value()
+        bubble = next((b for b in self.bubbles if b.geometry().bottom() >= top), None)
+        if bubble is not None:
+            self._anchor = (bubble, (top - bubble.y()) / max(1, bubble.height()))
+
+    def wheelEvent(self, event: QWheelEvent) -> None:  # noqa: N802
+        if not event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+            super().wheelEvent(event)
+            return
+        self._wheel_zoom += event.angleDelta().y()          # a touchpad sends small deltas: a step per notch
+        while abs(self._wheel_zoom) >= 120:
+            direction = 1 if self._wheel_zoom > 0 else -1
+            self._wheel_zoom -= 120 * direction
+            self.zoomRequested.emit(direction)
+        event.accept()
+
+    def _user_scrolled(self, _action: int) -> None:
+        self._anchor = None
+
     def _scrolled(self, value: int) -> None:
         bar = self.verticalScrollBar()
         self._follow = value >= bar.maximum() - 8
@@ -385,5 +420,8 @@ class ChatView(QScrollArea):
     def _range_changed(self, _low: int, high: int) -> None:
         if self._revealed is not None and self._revealed in self.bubbles:
             self.ensureWidgetVisible(self._revealed, 0, 40)
+        elif self._anchor is not None and self._anchor[0] in self.bubbles:
+            bubble, share = self._anchor
+            self.verticalScrollBar().setValue(bubble.y() + round(share * bubble.height()))
         elif self._follow:
             self.verticalScrollBar().setValue(high)

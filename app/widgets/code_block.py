@@ -9,10 +9,19 @@ is as tall as its code plus the horizontal scroll bar when one shows.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QGuiApplication, QWheelEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget
 
 from ..render import CODE_BG, CODE_HEADER_BG
+
+
+def pass_zoom_wheel(event: QWheelEvent) -> bool:
+    """Ctrl+wheel over a part of a message goes on to the chat (one text size for all, not this part's own
+    zoom): True when it was passed on."""
+    if event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+        event.ignore()
+        return True
+    return False
 
 
 class CodeText(QTextBrowser):
@@ -42,6 +51,10 @@ class CodeText(QTextBrowser):
     def resizeEvent(self, event) -> None:  # noqa: N802
         super().resizeEvent(event)
         self.fit()
+
+    def wheelEvent(self, event: QWheelEvent) -> None:  # noqa: N802
+        if not pass_zoom_wheel(event):
+            super().wheelEvent(event)
 
 
 class CodeBlockView(QFrame):

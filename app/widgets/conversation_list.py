@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import QModelIndex, QPoint, QRect, QRegularExpression, QSize, QSortFilterProxyModel, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QKeySequence, QPainter, QPen, QShortcut
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QKeySequence, QPainter, QPen, QShortcut
 from PySide6.QtWidgets import (
     QLineEdit,
     QListView,
@@ -58,11 +58,19 @@ def relative_time(ts: float, now: float | None = None) -> str:
 WRITING = "✎ writing…   "          # the mark of a conversation whose reply is being written now
 
 
+def badge_font(font: QFont) -> QFont:
+    small = QFont(font)
+    small.setPointSizeF(font.pointSizeF() * 0.8)
+    return small
+
+
 class ConversationDelegate(QStyledItemDelegate):
-    """Title, time of last use, a pin mark and a coloured badge for where the memory is; forks indented."""
+    """Title, time of last use, a pin mark and a coloured badge for where the memory is; forks indented. A row is
+    as tall as its two lines in the list's font (the text size), 50 px at 10 pt."""
 
     def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:  # noqa: N802
-        return QSize(0, 50)          # as wide as the list (a row never asks for width: the list narrows without a bar)
+        # as wide as the list (a row never asks for width: the list narrows without a bar)
+        return QSize(0, 2 * QFontMetrics(option.font).height() + 20)
 
     def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
         painter.save()
@@ -78,11 +86,10 @@ class ConversationDelegate(QStyledItemDelegate):
             painter.drawRoundedRect(rect, 6, 6)
         memory = index.data(MemoryRole) or "none"
         badge = MEMORY_LABELS.get(memory, memory)
-        font = QFont(option.font)
-        font.setPointSizeF(font.pointSizeF() * 0.8)
-        painter.setFont(font)
+        line_height = QFontMetrics(option.font).height()
+        painter.setFont(badge_font(option.font))
         bw = painter.fontMetrics().horizontalAdvance(badge) + 14
-        brect = QRect(rect.right() - bw - 6, rect.top() + 7, bw, 17)
+        brect = QRect(rect.right() - bw - 6, rect.top() + 7, bw, painter.fontMetrics().height() + 4)
         color = QColor(BADGE_COLORS.get(memory, "#6e7681"))
         painter.setPen(QPen(color, 1))
         fill = QColor(color)
@@ -95,7 +102,7 @@ class ConversationDelegate(QStyledItemDelegate):
         pinned = bool(index.data(PinnedRole))
         api = index.data(SourceRole) == "api"
         group = index.data(GroupRole)           # one-shot API conversations: listed last, labelled by their group
-        line = rect.adjusted(12, 26, -8, 0)
+        line = rect.adjusted(12, 11 + line_height, -8, 0)
         if index.data(GeneratingRole):          # a reply is being written in it: said first, in the accent colour
             painter.save()
             painter.setPen(QColor(tone("#58a6ff", "#0969da")))

@@ -6,7 +6,7 @@ attachClicked, stopClicked); the window and the controller decide what follows.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QMimeData, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QMimeData, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -26,7 +26,13 @@ def _local_files(mime: QMimeData) -> list[str]:
     return [u.toLocalFile() for u in mime.urls() if u.isLocalFile()] if mime.hasUrls() else []
 
 
+BOX_LINES = 3.6          # lines of text the message box shows: 84 px at 10.5 pt
+BOX_CHROME_PX = 26       # its padding, border (resources/style.qss #prompt) and document margins, around the lines
+
+
 class PromptEdit(QPlainTextEdit):
+    """The message box; as tall as `BOX_LINES` lines in its font, so it grows and shrinks with the text size."""
+
     submitted = Signal()
     filesDropped = Signal(list)
     largePaste = Signal(str)
@@ -36,6 +42,15 @@ class PromptEdit(QPlainTextEdit):
         self.setObjectName("prompt")
         self.setPlaceholderText("Message the model…   (Enter sends, Shift+Enter for a new line)")
         self.setTabChangesFocus(True)
+        self.fit_height()
+
+    def fit_height(self) -> None:
+        self.setFixedHeight(BOX_CHROME_PX + round(BOX_LINES * self.fontMetrics().lineSpacing()))
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:
+            self.fit_height()
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
@@ -113,7 +128,6 @@ class InputBar(QWidget):
         self.attach_button.setToolTip("Attach text files (they become file:<name>#i blocks)")
         self.attach_button.clicked.connect(self.attachClicked)
         self.prompt = PromptEdit(self)
-        self.prompt.setFixedHeight(84)
         self.prompt.submitted.connect(self._submit)
         self._settle = QTimer(self, singleShot=True, interval=DRAFT_PAUSE_MS)
         self._settle.timeout.connect(lambda: self.draftSettled.emit(self.prompt.toPlainText()))
