@@ -19,7 +19,8 @@ from .messages import model_name
 
 # keys handled inside widgets (no QAction carries them)
 WIDGET_KEYS = (("Enter", "Send the message"), ("Shift+Enter", "A new line in the message"),
-               ("F2", "Rename the selected conversation (list)"), ("Del", "Delete the selected conversation (list)"))
+               ("F2", "Rename the selected conversation (list)"), ("Del", "Delete the selected conversation (list)"),
+               ("Ctrl+Wheel", "Bigger or smaller text (over the chat)"))
 
 
 def app_version() -> str:

@@ -1,16 +1,16 @@
 """Issue 58 item 17's text size on the real window (offscreen, the app's style sheet): Ctrl+Plus (and Ctrl+=),
-Ctrl+Minus and Ctrl+0 change the chat's text (bubbles, code, the message box, the conversation list) in steps within
-the setting's bounds, re-lay out what is shown in place (the same bubbles, the draft, the place in the chat), save the
-setting, and a new window on the same home starts at the saved size; the Settings dialog shows and changes it."""
+Ctrl+Minus, Ctrl+0 and Ctrl+wheel change the chat's text (bubbles, code, the message box, the conversation list) in
+steps within the setting's bounds, re-lay out what is shown in place (the same bubbles, the draft, the place in the
+chat), save the setting, and a new window on the same home starts at the saved size; the Settings dialog changes it."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QFontInfo
-from PySide6.QtWidgets import QDialogButtonBox
+from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtGui import QFontInfo, QWheelEvent
+from PySide6.QtWidgets import QApplication, QDialogButtonBox
 
 from app.theme import apply_scheme, sheet_colours
 from evoke_engine import Settings
@@ -75,6 +75,11 @@ def press(desk, qtbot, key, percent: int) -> None:
                      .size().height())
 
 
+def ctrl_wheel(angle: int) -> QWheelEvent:
+    return QWheelEvent(QPointF(10, 10), QPointF(10, 10), QPoint(0, 0), QPoint(0, angle), Qt.MouseButton.NoButton,
+                       CTRL, Qt.ScrollPhase.NoScrollPhase, False)
+
+
 def saved_text_size(home) -> int:
     return json.loads((home / "config" / "settings.json").read_text())["text_size"]
 
@@ -124,6 +129,15 @@ def test_the_keys_change_the_chat_text_in_steps_within_bounds_and_save_it(home, 
         assert w.text_size.percent == 300 and not w.text_size.bigger_action.isEnabled()
         assert saved_text_size(home) == 300
         w.text_size.reset_action.trigger()
+        for part in (w.chat.bubbles[-1].body, w.chat.bubbles[-1].code_views()[0].text):
+            wheel, size = ctrl_wheel(120), part.font().pointSizeF()   # Ctrl+wheel over a part of a message: passed
+            QApplication.sendEvent(part.viewport(), wheel)                  # on to the chat, no zoom of its own
+            assert not wheel.isAccepted() and part.font().pointSizeF() == size and w.text_size.percent == 100
+        QApplication.sendEvent(w.chat.viewport(), ctrl_wheel(120))           # where the chat takes it: a step
+        assert w.text_size.percent == 110
+        for _ in range(3):                                                    # a touchpad's small deltas add up
+            QApplication.sendEvent(w.chat.viewport(), ctrl_wheel(-40))
+        assert w.text_size.percent == 100
 
         view = next(a.menu() for a in w.menuBar().actions() if a.text() == "&View")
         keys = {a.text(): a.shortcut().toString() for a in view.actions() if not a.isSeparator()}
