@@ -1,14 +1,15 @@
 """Recovery signals that see facts, not block averages: line-level dense max-similarity, BM25 over lines (SQLite
 FTS5, or the code-aware `lexical` module), their reciprocal-rank fusion, and the margin rule for user messages;
 with `skip_questions`, a user's earlier question that asks for a value (`asks_for_value`) is no line of either;
-with `value_lines`, only lines that hold a value set a block's dense score (`value_lines.py`).
+with `value_lines`, only lines that hold a value set a block's dense score (`value_lines.py`); with `glosses`, the
+loaded model's gloss of a value line is one more line of its block in both signals (`glosses.py`).
 
 Invariants: pure ranking over plain blocks and one embedder (no llama.cpp); line vectors are cached per embedder
-by block content hash, file name where it is a line, whether questions are skipped and the version of the spelled-out
-text of structured lines where that is on (an embedder switch never mixes vectors, nor a KV file's vectors of
-another text), seeded from a KV file on a reopen (`seed_lines`) and exported into it (`export_lines`); the
-engine's decisions never embed lines (`embed_lines=False`); mode "block" reproduces the one-vector-per-block
-cosine exactly; every score a decision used is returned by `explain`.
+by block content hash, file name where it is a line, whether questions are skipped, the versions of the spelled-out
+text and the words where those are on and the block's glosses' digest (an embedder switch never mixes vectors, nor
+a KV file's vectors of another text), seeded from a KV file on a reopen (`seed_lines`) and exported into it
+(`export_lines`); the engine's decisions never embed lines (`embed_lines=False`); mode "block" reproduces the
+one-vector-per-block cosine exactly; every score a decision used is returned by `explain`.
 """
 
 from __future__ import annotations
