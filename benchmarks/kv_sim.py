@@ -199,6 +199,10 @@ class FakeRuntime:
     def step_boundary(self) -> None:
         """Where a reply lets others run (`Runtime.step_boundary`); the engine installs its own."""
 
+    def token_boundary(self) -> None:
+        """The step boundary before a reply's next token (`Runtime.token_boundary`); the engine installs its own."""
+        self.step_boundary()
+
     def decode(self, tokens: list[int], seq: int, start_pos: int, *, logits_last: bool = True,
                cancel: threading.Event | None = None, on_chunk=None, context: int | None = None) -> None:
         if cancel is not None and cancel.is_set():

@@ -127,6 +127,7 @@ class Engine:
         model = self.model = LoadedModel.load(self.settings_hub, self.emit, self.clock, self.backend)
         model.rt.holds_engine = self.thread.on_engine     # a reply's stream thread touches llama.cpp in its steps
         model.rt.step_boundary = self.thread.step_boundary
+        model.rt.token_boundary = self.thread.token_boundary
         model.rt.step_tokens = lambda: self.settings.prefill_step_tokens if self.thread.contended() else 0
         if hasattr(model.rt, "run_step"):              # llama.cpp's runtime: replies in one context share steps
             model.rt.joins_step, model.rt.await_step = self.thread.joins_step, self.thread.await_step

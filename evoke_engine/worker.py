@@ -79,6 +79,9 @@ ARRIVAL_GRACE_S = 1.0
 EXCLUSIVE_COMMANDS = frozenset({Command.LOAD, Command.SWEEP, Command.DRAIN})   # run only while no reply streams
 _STOP = 10**9                                                   # the stop marker's priority: after every job
 FOREGROUND_WEIGHT = 2.0        # the window's reply (and a raw completion) gets twice an endpoint reply's engine time
+START_CREDIT_S = 0.3           # engine time a new stream takes uncharged until its first token (its set-up and a short
+                               # prompt's prefill), a step in turn with the others: its first token does not wait for
+                               # their fair share, nor do they wait for its set-up
 
 
 @dataclass(order=True)
@@ -108,6 +111,8 @@ class _Stream:
         self.weight = FOREGROUND_WEIGHT if entry.priority <= LATENCY else 1.0
         self.parked = False                           # its next token waits for the shared step
         self.suspended = False                        # preempted for the window's reply: takes no step until it ends
+        self.credit_s = START_CREDIT_S                # uncharged engine time left before its first token
+        self.first_token = False                      # it has reached its first reply token
         self.stepped_in = -1                          # the shared-step round it last took a step in
         self.step_failure: BaseException | None = None    # the shared step it waited for failed with this
         self._go = threading.Semaphore(0)
@@ -115,6 +120,11 @@ class _Stream:
         self._local = local
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
         self.thread.start()
+
+    @property
+    def starting(self) -> bool:
+        """Its start credit applies: no first token yet, credit left."""
+        return not self.first_token and self.credit_s > 0
 
     @property
     def job(self) -> Job:
@@ -140,7 +150,12 @@ class _Stream:
         started = self._clock()
         self._go.release()
         self._back.acquire()
-        self.used_s += (self._clock() - started) / self.weight
+        took = self._clock() - started
+        if not self.first_token and self.credit_s > 0:    # a new reply's set-up and short prefill: not charged
+            free = min(took, self.credit_s)
+            self.credit_s -= free
+            took -= free
+        self.used_s += took / self.weight
 
     def pause(self) -> None:
         """Stream side, at a step boundary: hand the engine back and wait for the next turn."""
@@ -171,6 +186,7 @@ class EngineThread:
         # engine with the model; None: every reply decodes alone
         self.shared_step: Callable[[], None] | None = None
         self._round = 0                              # shared steps run: each reply takes one step a round
+        self._last_advanced: _Stream | None = None   # the stream that took the last step
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -214,6 +230,14 @@ class EngineThread:
             return
         stream.pause()
 
+    def token_boundary(self) -> None:
+        """Called by a reply before decoding its next token (the one it just sampled): its first token is out, so
+        its start credit ends; then a step boundary."""
+        stream = getattr(self._local, "stream", None)
+        if stream is not None:
+            stream.first_token = True
+        self.step_boundary()
+
     def joins_step(self) -> bool:
         """Called by a reply about to decode its next token: True when the token should wait for the step other
         replies share (another reply streams and the engine can run one), then `await_step`."""
@@ -226,6 +250,7 @@ class EngineThread:
         replies take their steps meanwhile. Raises what the shared step failed with."""
         stream = self._local.stream
         stream.parked = True
+        stream.first_token = True
         stream.pause()
         failure, stream.step_failure = stream.step_failure, None
         if failure is not None:
@@ -416,6 +441,9 @@ class EngineThread:
         parked = [s for s in newest_first if s.parked]
         stepping = [s for s in newest_first if not s.suspended]
         if not parked:
+            last = self._last_advanced
+            if last is not None and last.starting and len(stepping) > 1:     # a starting stream steps in turn
+                stepping = [s for s in stepping if s is not last]
             self._advance(min(stepping, key=lambda s: s.used_s))
             return
         due = [s for s in stepping if not s.parked and s.stepped_in < self._round]
@@ -442,6 +470,7 @@ class EngineThread:
 
     def _advance(self, stream: _Stream) -> None:
         stream.stepped_in = self._round
+        self._last_advanced = stream
         stream.resume()
         if stream.done:
             self._streams.remove(stream)

@@ -91,6 +91,8 @@ class Runtime:
         # decode and the sample that reads its logits: another context's work may decode in this one (context 0
         # holds the prefixes and the scratch sequence), and a context has one logits buffer
         self.step_boundary: Callable[[], None] = lambda: None
+        # the step boundary before a reply's next token (`EngineThread.token_boundary`: its first token is out)
+        self.token_boundary: Callable[[], None] = lambda: self.step_boundary()
         # while other work waits: the most tokens a slot sequence's decode runs before a step boundary (0: no split)
         self.step_tokens: Callable[[], int] = lambda: 0
         # a reply's next token joins the step other replies share (`StepBatch`) when `joins_step()` says one will
@@ -453,7 +455,7 @@ class Runtime:
             if entry.failure is not None:
                 raise entry.failure
             return
-        self.step_boundary()
+        self.token_boundary()
         context = self.context_of(seq)
         self._last_context = context
         if self.before_decode is not None:

@@ -83,7 +83,7 @@ class SimRuntime(FakeRuntime):
         """As `Runtime.decode`: a sampling reply's next token is its step point (the simulator has no shared step:
         replies take turns, as with a context a slot)."""
         if len(tokens) == 1 and logits_last and context is None and on_chunk is None and seq in self.reply_seqs:
-            self.step_boundary()
+            self.token_boundary()
         super().decode(tokens, seq, start_pos, logits_last=logits_last, cancel=cancel, on_chunk=on_chunk,
                        context=context)
 

@@ -24,12 +24,14 @@ class StepClock:
 
 
 class Reply:
-    """A stand-in reply: `steps` steps, each recorded as (name, step) with a step boundary before it; it checks
-    that no other thread holds the engine while it runs."""
+    """A stand-in reply: `steps` steps, each recorded as (name, step) with a step boundary before it (a token's, or
+    with `prefill` a prefill chunk's: no first token yet, so its start credit applies); it checks that no other
+    thread holds the engine while it runs."""
 
     def __init__(self, engine: EngineThread, log: list, holders: list, name: str, steps: int,
                  cancel: threading.Event | None = None, step_s: float = 0.0, cost: float = 0.0,
-                 clock: StepClock | None = None) -> None:
+                 clock: StepClock | None = None, prefill: bool = False) -> None:
+        self.boundary = engine.step_boundary if prefill else engine.token_boundary
         self.engine, self.log, self.holders, self.name, self.steps = engine, log, holders, name, steps
         self.cancel = cancel or threading.Event()
         self.step_s = step_s                            # how long a step holds the engine (a decode's stand-in)
@@ -37,7 +39,7 @@ class Reply:
 
     def __call__(self) -> str:
         for step in range(self.steps):
-            self.engine.step_boundary()
+            self.boundary()
             if self.cancel.is_set():
                 return f"{self.name} stopped at {step}"
             self.holders.append(self.name)
@@ -93,15 +95,17 @@ def test_a_decoding_reply_is_not_starved_by_a_long_prefills_steps(timed):
     engine, clock = timed
     log, holders = [], []
     gate = hold(engine)
-    prefill = engine.submit(Reply(engine, log, holders, "p", 4, cost=0.08, clock=clock), command=Command.TURN,
-                            about="p")
-    decode = engine.submit(Reply(engine, log, holders, "d", 60, cost=0.004, clock=clock), command=Command.TURN,
+    prefill = engine.submit(Reply(engine, log, holders, "p", 8, cost=0.08, clock=clock, prefill=True),
+                            command=Command.TURN, about="p")
+    decode = engine.submit(Reply(engine, log, holders, "d", 200, cost=0.004, clock=clock), command=Command.TURN,
                            about="d")
     gate.set()
     prefill.result(20), decode.result(20)
     names = "".join(n for n, _ in log)
-    between = [len(run) for run in names.strip("d").split("p") if run]      # decode steps between prefill steps
-    assert between and all(19 <= n <= 21 for n in between)                  # one prefill step's time each
+    between = [len(run) for run in names.strip("d").split("p")[1:-1]]      # decode steps between prefill steps
+    credit = sum(1 for n in between if n == 1)                             # its start credit (0.3 s): a step in
+    assert credit == 3 and between[:credit] == [1] * credit                 # turn, then the part-charged step
+    assert between[credit + 1:] and all(19 <= n <= 21 for n in between[credit + 1:])   # one prefill step's time each
 
 
 def test_a_job_about_a_streaming_conversation_waits_for_its_reply(engine):
