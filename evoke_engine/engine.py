@@ -25,6 +25,7 @@ from .conversation import Conversation
 from .conversations import branches, editing
 from .conversations.completion import Completion, complete
 from .conversations.exchange import parse_conversation, store_imported, to_json, to_markdown, write_all
+from .conversations.gloss_writer import GlossWriter
 from .conversations.history_view import ConversationInfo
 from .conversations.lifecycle import ConversationLifecycle, ConversationState
 from .conversations.loaded_model import LoadedModel, follow_ttl_settings
@@ -82,7 +83,8 @@ class Engine:
                                                ensure_model=self.ensure_model)
         self.turns = TurnJobs(self.lifecycle, emit=self.emit, clock=clock, on_activity=self._stamp_activity,
                               on_idle=lambda work: self.thread.submit(work, priority=BACKGROUND,
-                                                                          command=Command.EMBED))
+                                                                          command=Command.EMBED),
+                              glosses=GlossWriter(lambda: self.thread.pending() > 0 or bool(self.thread.streaming())))
         self.lifecycle.streaming = self.thread.streaming_conversations     # they keep their slots
         self.settings_hub.subscribe(self.lifecycle.adopt_settings)        # open conversations' memories
         self.settings_hub.subscribe(self._embedder_changed, fields=("embedder",))

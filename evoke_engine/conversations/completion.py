@@ -33,9 +33,12 @@ class Completion:
 
 
 def complete(model: LoadedModel, tokens: list[int], params: SamplingParams,
-             on_token: Callable[[str], None] | None, cancel: threading.Event) -> Completion:
-    """Decode `tokens` (a whole prompt, BOS included where wanted) and sample up to `params.max_tokens`."""
-    rt, kv, seq = model.rt, model.kv, model.rt.completion_seq
+             on_token: Callable[[str], None] | None, cancel: threading.Event, *, seq: int | None = None) -> Completion:
+    """Decode `tokens` (a whole prompt, BOS included where wanted) and sample up to `params.max_tokens`, in the
+    completion's sequence (or `seq`: the scratch, for work that runs as one plain job between other streams' steps,
+    while a completion stream may hold its own)."""
+    rt, kv = model.rt, model.kv
+    seq = rt.completion_seq if seq is None else seq
     context = rt.context_of(seq)
     started = time.perf_counter()
     reply = ReplyText(rt.token_bytes, params.stop)

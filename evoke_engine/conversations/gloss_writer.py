@@ -93,8 +93,9 @@ class GlossWriter:
 
     def __init__(self, busy: Callable[[], bool], *, blocks_per_run: int = BLOCKS_PER_RUN,
                  clock: Callable[[], float] = time.perf_counter,
-                 generate: Callable[..., Completion] = complete) -> None:
-        self.busy, self.blocks_per_run, self.clock, self.generate = busy, blocks_per_run, clock, generate
+                 generate: Callable[..., Completion] | None = None) -> None:
+        self.busy, self.blocks_per_run, self.clock = busy, blocks_per_run, clock
+        self.generate = generate or _in_scratch
         self.total = GlossCost()
 
     def write(self, model: LoadedModel | None, memory) -> GlossCost:
@@ -141,3 +142,9 @@ class GlossWriter:
         cost.lines += len(lines)
         cost.glossed_lines += len(glosses)
         return glosses
+
+
+def _in_scratch(model: LoadedModel, tokens: list[int], params, on_token, cancel) -> Completion:
+    """`complete` in the scratch sequence: the writer runs as one plain job between other streams' steps, and a
+    raw completion's stream may hold the completion's own sequence meanwhile."""
+    return complete(model, tokens, params, on_token, cancel, seq=model.rt.scratch_seq)
