@@ -187,6 +187,7 @@ class EngineThread:
         self.shared_step: Callable[[], None] | None = None
         self._round = 0                              # shared steps run: each reply takes one step a round
         self._last_advanced: _Stream | None = None   # the stream that took the last step
+        self._last_step_s = 0.0                      # how long the last shared step took
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -446,7 +447,10 @@ class EngineThread:
                 stepping = [s for s in stepping if s is not last]
             self._advance(min(stepping, key=lambda s: s.used_s))
             return
-        due = [s for s in stepping if not s.parked and s.stepped_in < self._round]
+        # a stream that is not parked takes one step a round while it is not ahead of the parked replies' engine time
+        # by more than a shared step (a long prefill's costly chunks do not each buy the parked replies one token)
+        ahead = max(s.used_s for s in parked) + max(self._last_step_s, 0.01)
+        due = [s for s in stepping if not s.parked and s.stepped_in < self._round and s.used_s <= ahead]
         if due:
             self._advance(min(due, key=lambda s: s.used_s))
         else:
@@ -462,7 +466,8 @@ class EngineThread:
         except BaseException as exc:  # noqa: BLE001 - each waiting reply raises it in its own thread
             for stream in parked:
                 stream.step_failure = exc
-        share = (self.clock() - started) / len(parked)
+        self._last_step_s = self.clock() - started
+        share = self._last_step_s / len(parked)
         self._round += 1
         for stream in parked:
             stream.parked = False

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from evoke_engine.worker import Command, EngineThread
-from unit.test_worker_streams import hold
+from unit.test_worker_streams import StepClock, hold
 
 
 class SharedStep:
@@ -91,6 +91,43 @@ def test_a_prefilling_reply_takes_one_chunk_a_round_beside_the_shared_steps(shar
     first, last = events.index("chunk"), len(events) - 1 - events[::-1].index("chunk")
     between = "".join("s" if kind == "step" else "c" for kind in events[first:last + 1]).split("c")[1:-1]
     assert between and all(run == "s" for run in between)        # one shared step between two chunks: no stall
+
+
+def test_a_costly_prefill_chunk_buys_the_parked_replies_their_share_of_steps():
+    """A long paste's chunks cost several of a streaming reply's tokens: once the paste's start credit is spent, it
+    takes a chunk only when the parked replies have had as much engine time each (a 0.04 s step shared by two: ten
+    steps a 0.2 s chunk here), not one chunk a token."""
+    clock = StepClock()
+    engine = EngineThread("share-test", stream_limit=lambda: 4, clock=clock)
+    step = SharedStep()
+
+    def shared_step() -> None:
+        clock.now += 0.04
+        step()
+    engine.shared_step = shared_step
+    log: list = []
+
+    def costly_prefill() -> str:
+        for chunk in range(12):
+            if chunk:
+                engine.step_boundary()
+            clock.now += 0.2
+            log.append(("chunk", "p"))
+        return "p"
+    step.log = log
+    try:
+        gate = hold(engine)
+        streamer = engine.submit(decoder(engine, step, log, "a", 200), command=Command.TURN, about="a")
+        other = engine.submit(decoder(engine, step, log, "b", 200), command=Command.TURN, about="b")
+        paste = engine.submit(costly_prefill, command=Command.TURN, about="p")
+        gate.set()
+        paste.result(10), streamer.result(10), other.result(10)
+    finally:
+        engine.stop()
+    events = "".join("s" if kind == "step" else "c" for kind, _ in log if kind in ("step", "chunk"))
+    runs = [len(run) for run in events[events.index("c"):events.rindex("c") + 1].split("c")[1:-1]]
+    assert runs[0] == 1                                                   # in its start credit: a step in turn
+    assert runs[-4:] and all(9 <= n <= 11 for n in runs[-4:])             # then their share: 0.2 s each a chunk
 
 
 def test_a_failed_shared_step_reaches_every_reply_that_waited(shared):
