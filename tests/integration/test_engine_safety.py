@@ -114,7 +114,7 @@ NEW_VALUES = {
     "recovery_keep_used": False, "recovery_width_tokens": 2048, "recovery_file_neighbours": True,
     "recovery_questions_last": False, "recovery_signal_tops": 3,
     "recall_file_name_line": False, "recall_skip_questions": True, "recall_line_context": True,
-    "recall_value_lines": False,
+    "recall_value_lines": False, "recall_glosses": "auto",
     "chunk_reuse": False, "chunk_reuse_across_owners": True, "chunk_reuse_approximate": True,
     "chunk_reuse_repair_tokens": 8,
     "recall_signal": "lines+lexical", "recall_user_margin": 0.2, "ram_budget_bytes": 1 << 20, "embedder": "off",
@@ -126,7 +126,7 @@ NEW_VALUES = {
     "min_p": 0.1, "repeat_penalty": 1.2, "max_tokens": 77, "seed": 7, "ttl_short_s": 111, "ttl_long_s": 222,
     "ttl_extended_s": 333, "disk_budget_bytes": 1 << 25, "keepalive_interval_s": 77, "eviction_interval_s": 88,
     "model_idle_unload_s": 99, "server_enabled": True, "server_host": "localhost", "server_port": 8799,
-    "api_key": "k-123", "server_max_request_bytes": 1 << 20, "theme": "light",
+    "api_key": "k-123", "server_max_request_bytes": 1 << 20, "theme": "light", "text_size": 125,
 }
 
 

@@ -18,7 +18,9 @@ NEEDLE_DOC = ("<|im_start|>user\n" + " ".join(f"Line {i}: the pump in room {i} r
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
-    rt = Runtime(Settings(n_ctx=4096, slots=2, home=str(tmp_path_factory.mktemp("kvd"))))
+    # a context a slot: these compare the direct path with llama.cpp's serialised one, which moves a block through
+    # the scratch sequence in the slot's own context (a KV stream per slot moves blocks by the direct path only)
+    rt = Runtime(Settings(n_ctx=4096, slots=2, slot_layout="contexts", home=str(tmp_path_factory.mktemp("kvd"))))
     kv = KVCache(rt)
     yield rt, kv
     rt.close()
@@ -30,6 +32,8 @@ def clean(rig):
     kv_direct.set_test_row_offset(0)
     for seq in range(rt.n_seq_max):
         kv.drop(seq)
+    for context in range(rt.n_contexts):             # the scratch, where a test used it in a slot's own context
+        kv._seq_rm(kv.scratch, -1, -1, context)
     kv.shift_pending = False
     kv.use_direct = True
     yield rt, kv

@@ -52,7 +52,7 @@ from evoke_engine.runtime.kv import KVCache
 from evoke_engine.runtime.runtime import Runtime
 from evoke_engine.settings import Settings
 
-rt = Runtime(Settings(n_ctx=1024, slots=1, home=sys.argv[1]))
+rt = Runtime(Settings(n_ctx=1024, slots=1, slot_layout="contexts", home=sys.argv[1]))   # the serialised path too
 kv = KVCache(rt)
 rt.decode(rt.tokenize("Line one: the pump in room 4 runs quietly. " * 8), 0, 0, logits_last=False)
 before = kv.direct_saves
