@@ -217,8 +217,10 @@ def run(sizes: tuple[int, ...] = SIZES, trials: int = 5, n_ctx: int = 4096, mode
     largest = max(sizes)                # a context holds the document, a 16-token gap and the block again
     per_context = max(context_tokens, largest + 64) + 16 + largest + 64
     n_ctx = max(n_ctx, -(-2 * per_context // 256) * 256)
+    # a context a slot: the serialised path is measured beside the direct one, and it moves a block through the
+    # scratch sequence in the slot's own context (a KV stream per slot moves blocks by the direct path only)
     settings = Settings(model_path=model_path, n_ctx=n_ctx, slots=2, n_gpu_layers=n_gpu_layers,
-                        flash_attention=flash_attention)
+                        flash_attention=flash_attention, slot_layout="contexts")
     if overrides:
         settings = settings.replace(**overrides)
     result = _run_one(settings, sizes, trials, context_tokens)
