@@ -151,7 +151,7 @@ class _Stream:
         self._go.release()
         self._back.acquire()
         took = self._clock() - started
-        if not self.first_token and self.credit_s > 0:    # a new reply's set-up and short prefill: not charged
+        if self.starting:                                 # a new reply's set-up and short prefill: not charged
             free = min(took, self.credit_s)
             self.credit_s -= free
             took -= free

@@ -194,7 +194,7 @@ class Runtime:
         asked = settings.slot_layout
         if asked != "streams":
             return asked, ""
-        why = ""
+        why, cache_note = "", self._detect_cache_kind()
         if not settings.kv_direct:
             why = "the direct KV path is off (kv_direct)"
         elif not kv_direct.available():
@@ -203,8 +203,8 @@ class Runtime:
             why = "the attention capture reads one stream"
         elif settings.rpc_servers:
             why = "the model is split over RPC workers"
-        elif self._detect_cache_kind():
-            why = self._detect_cache_kind()
+        elif cache_note:
+            why = cache_note
         if why:
             log.info("a context per slot instead of a KV stream per slot: %s", why)
             return "contexts", f"a context per slot: {why}"
