@@ -43,7 +43,8 @@ def document(tag: str, n_tokens_hint: int) -> str:
 def comparator_llama(**kwargs):
     """llama-cpp-python's `Llama` on the embedded model, loaded with the engine's AMX guard
     (`runtime.safe_model_params`): without it the comparator crashes where the engine does not. On a GPU every
-    layer goes there, as the engine's do (`Llama` keeps them on the CPU unless told)."""
+    layer goes there, as the engine's do (`Llama` keeps them on the CPU unless told). Its decodes run on the
+    engine's compute thread (`_decode_on_compute_thread`)."""
     from llama_cpp import Llama, llama_cpp
 
     from evoke_engine.runtime import device
@@ -53,9 +54,28 @@ def comparator_llama(**kwargs):
     original = llama_cpp.llama_model_default_params
     llama_cpp.llama_model_default_params = safe_model_params
     try:
-        return Llama(model_path=str(default_model_path()), verbose=False, **kwargs)
+        llm = Llama(model_path=str(default_model_path()), verbose=False, **kwargs)
     finally:
         llama_cpp.llama_model_default_params = original
+    _decode_on_compute_thread(llm)
+    return llm
+
+
+def _decode_on_compute_thread(llm) -> None:
+    """The comparator's decodes run on the process's compute thread, as the engine's do (`runtime.compute_thread`):
+    in a process where the engine's thread owns an OpenMP team, a second calling thread's team would make libgomp
+    stop spinning for both (each barrier a futex sleep: 3-4x slower tokens on two cores), so in one process both
+    systems compute in one team, as each would in a process of its own."""
+    from evoke_engine.runtime import compute_thread
+
+    context = llm._ctx
+
+    def decode(batch) -> None:
+        rc = compute_thread.llama_decode(context.ctx, batch.batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
+    context.decode = decode
 
 
 def first_token_s(conv, text: str) -> float:

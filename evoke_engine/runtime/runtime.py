@@ -1,7 +1,8 @@
 """The one llama.cpp model and its contexts: load, tokenize, decode in chunks, sample.
 
 Invariants: every method runs on the thread that constructed the Runtime (asserted, so a
-call from the GUI thread fails loudly); a decode never mixes sequences unless asked. Sequences:
+call from the GUI thread fails loudly), and every `llama_decode` on the process's one compute
+thread (`compute_thread`: one OpenMP team keeps spinning); a decode never mixes sequences unless asked. Sequences:
 one per slot, the prefixes, one scratch, one for a raw completion. The slot layout (`slot_layout`) says where they live:
 `streams` (the default where the direct KV path runs): one context whose cache keeps a KV stream per
 slot, so a reply attends over its own conversation only and the replies' tokens share one decode;
@@ -24,7 +25,7 @@ import numpy as np
 
 from ..errors import Cancelled, DecodeError, ModelLoadError
 from ..settings import Settings
-from . import device, fit, kv_direct, rpc, rpc_placement
+from . import compute_thread, device, fit, kv_direct, rpc, rpc_placement
 from .model_file import (  # noqa: F401 - re-exported: callers import these from runtime
     GGUF_MAGIC,
     check_model_file,
@@ -432,7 +433,7 @@ class Runtime:
             if logits_last and done + n == total:
                 batch.logits[n - 1] = 1
             batch.n_tokens = n
-            rc = ll.llama_decode(ctx, batch)
+            rc = compute_thread.llama_decode(ctx, batch)
             if rc != 0:
                 raise DecodeError(rc, self.n_ctx_per_context)
             done += n
@@ -464,7 +465,7 @@ class Runtime:
         batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.logits[0] = token, pos, 1, 1
         batch.seq_id[0][0] = seq
         batch.n_tokens = 1
-        rc = ll.llama_decode(self.ctx(context), batch)
+        rc = compute_thread.llama_decode(self.ctx(context), batch)
         if rc != 0:
             raise DecodeError(rc, self.n_ctx_per_context)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import llama_cpp as ll
 
 from ..errors import DecodeError
+from . import compute_thread
 
 
 @dataclass
@@ -83,7 +84,7 @@ class StepBatch:
             if wanted:
                 rows[id(entry)] = i
         batch.n_tokens = len(ordered)
-        self.last_rc = ll.llama_decode(ctx, batch)
+        self.last_rc = compute_thread.llama_decode(ctx, batch)
         if self.last_rc != 0:
             return None
         self.steps += 1
