@@ -165,6 +165,7 @@ class Runtime:
         self._batch_capacity = settings.n_batch
         self._batch = ll.llama_batch_init(self._batch_capacity, 0, self.n_seq_max)
         self.step_batch = StepBatch(self._batch_capacity, self.n_seq_max)
+        self.step_batch.fill_gaps = self.device.on_gpu and self.gpu_layers() > 0
         self.eviction_note = self._detect_cache_kind()
         self.eviction_supported = self.eviction_note == ""
         self._token_piece_cache: dict[int, bytes] = {}

@@ -36,6 +36,12 @@ class StepBatch:
         self.steps = 0                                  # shared decodes run (diagnostics, tests)
         self.tokens = 0                                 # tokens they decoded
         self.filled = 0                                 # filler tokens that joined runs of KV streams
+        # fill a gap between waiting KV streams with a filler token (one ubatch) rather than let llama.cpp decode
+        # each run of consecutive seq ids as a ubatch of its own: where a token in a ubatch is nearly free and each
+        # ubatch passes over every weight (a GPU, a large model). Off on the embedded model on two CPU cores, where
+        # a token costs 6.5-8 ms more in a ubatch and a ubatch 3-4 ms (measured: 1-4 streams 10.8/17.2/23.5/31.8 ms;
+        # four waiting streams around a gap 41.7 ms with a filler, about 35 ms as two ubatches)
+        self.fill_gaps = False
         self.last_rc = 0
 
     def add(self, entry: StepToken) -> None:
@@ -48,12 +54,13 @@ class StepBatch:
         refuses the batch (no room for all), each token is tried alone so only the one without room fails.
 
         `streams_memory` (a cache with a KV stream per sequence): llama.cpp puts streams in one ubatch only as a run
-        of consecutive seq ids, so a sequence between two waiting ones that has no token here gets a filler token
-        past its end, removed again right after the decode (one pass over the weights, not one per run)."""
+        of consecutive seq ids; with `fill_gaps`, a sequence between two waiting ones that has no token here gets a
+        filler token past its end, removed again right after the decode (one pass over the weights, not one per
+        run)."""
         waiting, self.waiting = sorted(self.waiting, key=lambda entry: entry.seq), []
         if not waiting:
             return
-        fillers = _fillers(waiting, streams_memory) if streams_memory is not None else []
+        fillers = _fillers(waiting, streams_memory) if streams_memory is not None and self.fill_gaps else []
         try:
             rows = self._decode(ctx, waiting, fillers)
         finally:

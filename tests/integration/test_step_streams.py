@@ -37,8 +37,10 @@ class Rows:
         self.row = self.rt.logits(row)
 
 
-def test_slots_around_one_without_a_token_share_one_decode_and_get_their_own_logits(rig):
+@pytest.mark.parametrize("fill_gaps", [True, False], ids=["a filler in the gap", "a ubatch a run"])
+def test_slots_around_one_without_a_token_share_one_decode_and_get_their_own_logits(rig, fill_gaps):
     rt, kv = rig
+    rt.step_batch.fill_gaps = fill_gaps
     prompts = [rt.tokenize(text) for text in TEXTS]
     alone = []
     for seq in (0, 2):
@@ -62,6 +64,6 @@ def test_slots_around_one_without_a_token_share_one_decode_and_get_their_own_log
     finally:
         for seq in samplers:
             batch.samplers.pop(seq, None)
-    assert batch.steps == steps + 1 and batch.filled == filled + 1     # one decode, the gap filled
+    assert batch.steps == steps + 1 and batch.filled == filled + int(fill_gaps)   # one decode, the gap filled or not
     assert kv.pos_max(1) == middle_end                                 # and the filler gone again
     assert np.array_equal(samplers[0].row, alone[0]) and np.array_equal(samplers[2].row, alone[1])
