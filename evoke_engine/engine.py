@@ -130,7 +130,11 @@ class Engine:
         model.rt.holds_engine = self.thread.on_engine     # a reply's stream thread touches llama.cpp in its steps
         model.rt.step_boundary = self.thread.step_boundary
         model.rt.token_boundary = self.thread.token_boundary
-        model.rt.step_tokens = lambda: self.settings.prefill_step_tokens if self.thread.contended() else 0
+        rt = model.rt
+        rt.boundary_if_spent = lambda: self.thread.boundary_if_spent(rt.pace.token_step_s)
+        rt.step_tokens = lambda: (self.thread.prefill_tokens_per_step(rt.pace.prompt_token_s, rt.pace.token_step_s,
+                                                                      self.settings.prefill_step_tokens)
+                                  if self.thread.contended() else 0)
         if hasattr(model.rt, "run_step"):              # llama.cpp's runtime: replies in one context share steps
             model.rt.joins_step, model.rt.await_step = self.thread.joins_step, self.thread.await_step
             self.thread.shared_step = model.rt.run_step

@@ -89,9 +89,11 @@ class Settings:
                                      "for all slots their tokens share each decode; with a context a slot they "
                                      "take turns a step at a time.",
                                      group="Model", low=1, high=63)
-    prefill_step_tokens: int = _setting(32, "While other replies stream, a message's prefill runs this many tokens a "
-                                        "step between their tokens (smaller: smoother streams, slower prefill; a GPU "
-                                        "wants hundreds).", group="Model", low=8, high=8192)
+    prefill_step_tokens: int = _setting(32, "While other replies stream, a message's prefill runs at most this many "
+                                        "tokens a step between their tokens, fewer where a step would take more than "
+                                        "about two of their token steps (measured as they run). Smaller: smoother "
+                                        "streams, slower prefill; a GPU wants hundreds.",
+                                        group="Model", low=1, high=8192)
     slot_layout: str = _setting("streams", "Where the slots' K/V live. streams: one llama.cpp context with a KV "
                                 "stream per slot: each reply attends over its own conversation only, and the "
                                 "replies' next tokens share one decode (needs the direct KV path; else contexts). "

@@ -82,6 +82,11 @@ FOREGROUND_WEIGHT = 2.0        # the window's reply (and a raw completion) gets 
 START_CREDIT_S = 0.3           # engine time a new stream takes uncharged until its first token (its set-up and a short
                                # prompt's prefill), a step in turn with the others: its first token does not wait for
                                # their fair share, nor do they wait for its set-up
+PREFILL_COST = 2.0             # past its start credit, a stream's engine time before its first token (a long prompt's
+                               # prefill) counts this many times: the replies decoding beside a long paste keep about
+                               # two thirds of the engine, not half (a decoding reply before a waiting prompt)
+PREFILL_STEP_SHARE = 2.0       # a prefill step beside decoding replies takes about this many of their token steps
+                               # (`prefill_tokens_per_step`): a decoding reply's gap stays under three token steps
 
 
 @dataclass(order=True)
@@ -114,6 +119,7 @@ class _Stream:
         self.credit_s = START_CREDIT_S                # uncharged engine time left before its first token
         self.first_token = False                      # it has reached its first reply token
         self.stepped_in = -1                          # the shared-step round it last took a step in
+        self.resumed_at: float | None = None          # when its running step began (None between steps)
         self.step_failure: BaseException | None = None    # the shared step it waited for failed with this
         self._go = threading.Semaphore(0)
         self._back = threading.Semaphore(0)
@@ -147,7 +153,7 @@ class _Stream:
     def resume(self) -> None:
         """Scheduler side: let the stream run one step (or to its end) and wait until it hands the engine back."""
         self.steps += 1
-        started = self._clock()
+        started = self.resumed_at = self._clock()
         self._go.release()
         self._back.acquire()
         took = self._clock() - started
@@ -155,6 +161,9 @@ class _Stream:
             free = min(took, self.credit_s)
             self.credit_s -= free
             took -= free
+        if not self.first_token:
+            took *= PREFILL_COST
+        self.resumed_at = None
         self.used_s += took / self.weight
 
     def pause(self) -> None:
@@ -236,8 +245,37 @@ class EngineThread:
         its start credit ends; then a step boundary."""
         stream = getattr(self._local, "stream", None)
         if stream is not None:
-            stream.first_token = True
+            self._reached_first_token(stream)
         self.step_boundary()
+
+    def _reached_first_token(self, stream: _Stream) -> None:
+        """A stream's first token is out: from here it shares the engine as a decoding reply. Engine time its start
+        credit left uncharged is no claim on the others' steps: it goes on level with the least-served of them (else
+        the reply it cut in beside would wait until the newcomer's charged time caught up with its own)."""
+        if stream.first_token:
+            return
+        stream.first_token = True
+        others = [s.used_s for s in self._streams if s is not stream and not s.suspended]
+        if others:
+            stream.used_s = max(stream.used_s, min(others))
+
+    def boundary_if_spent(self, token_step_s: float | None) -> None:
+        """A step boundary only where the running step has taken a token step's time already (`token_step_s`, the
+        runtime's measure; None: always): a reply's quick set-up goes on into its first prefill chunk."""
+        stream = getattr(self._local, "stream", None)
+        if stream is None or stream.resumed_at is None:
+            return
+        if token_step_s is None or self.clock() - stream.resumed_at >= token_step_s:
+            self.step_boundary()
+
+    @staticmethod
+    def prefill_tokens_per_step(prompt_token_s: float | None, token_step_s: float | None, cap: int) -> int:
+        """How many prompt tokens a prefill step beside decoding replies takes: `PREFILL_STEP_SHARE` token steps'
+        worth (`token_step_s`) at `prompt_token_s` a token (the runtime's measures), at least 1 and at most `cap`;
+        `cap` until both are measured."""
+        if not prompt_token_s or not token_step_s:
+            return cap
+        return max(1, min(cap, int(PREFILL_STEP_SHARE * token_step_s / prompt_token_s)))
 
     def joins_step(self) -> bool:
         """Called by a reply about to decode its next token: True when the token should wait for the step other
@@ -251,7 +289,7 @@ class EngineThread:
         replies take their steps meanwhile. Raises what the shared step failed with."""
         stream = self._local.stream
         stream.parked = True
-        stream.first_token = True
+        self._reached_first_token(stream)
         stream.pause()
         failure, stream.step_failure = stream.step_failure, None
         if failure is not None:

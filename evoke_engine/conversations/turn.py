@@ -234,7 +234,8 @@ def run_turn(memory: ConversationMemory, rt: Runtime, template: ChatTemplate, hi
     clock.add("restore", memory.last_restore_s)
     reused = {b.hash for b in recovered if b.role == "file"}
     message_tokens = prepared.message_tokens
-    rt.step_boundary()            # the turn's set-up (its rows, input, recovery) is one step, its prefill the next
+    rt.boundary_if_spent()        # the turn's set-up (its rows, input, recovery) and its prefill: a step apart once
+                                  # the set-up has taken a token step's time
 
     # Decode the message in blocks, evicting between them when the budget needs it.
     done, total = 0, message_tokens

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ import numpy as np
 from ..errors import Cancelled, DecodeError, ModelLoadError
 from ..settings import Settings
 from . import compute_thread, device, fit, kv_direct, rpc, rpc_placement
+from .decode_pace import DecodePace
 from .model_file import (  # noqa: F401 - re-exported: callers import these from runtime
     GGUF_MAGIC,
     check_model_file,
@@ -94,6 +96,9 @@ class Runtime:
         self.step_boundary: Callable[[], None] = lambda: None
         # the step boundary before a reply's next token (`EngineThread.token_boundary`: its first token is out)
         self.token_boundary: Callable[[], None] = lambda: self.step_boundary()
+        # a step boundary only where the running step has taken a token step's time (`EngineThread.boundary_if_spent`)
+        self.boundary_if_spent: Callable[[], None] = lambda: self.step_boundary()
+        self.pace = DecodePace()                # how long a reply's token step and a prompt token take here
         # while other work waits: the most tokens a slot sequence's decode runs before a step boundary (0: no split)
         self.step_tokens: Callable[[], int] = lambda: 0
         # a reply's next token joins the step other replies share (`StepBatch`) when `joins_step()` says one will
@@ -434,9 +439,12 @@ class Runtime:
             if logits_last and done + n == total:
                 batch.logits[n - 1] = 1
             batch.n_tokens = n
+            began = time.perf_counter()
             rc = compute_thread.llama_decode(ctx, batch)
             if rc != 0:
                 raise DecodeError(rc, self.n_ctx_per_context)
+            if own_stream:
+                self.pace.prompt_chunk(n, time.perf_counter() - began)
             done += n
             if self.remote_watch is not None and done < total:
                 self.remote_watch.check()
@@ -466,9 +474,11 @@ class Runtime:
         batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.logits[0] = token, pos, 1, 1
         batch.seq_id[0][0] = seq
         batch.n_tokens = 1
+        began = time.perf_counter()
         rc = compute_thread.llama_decode(self.ctx(context), batch)
         if rc != 0:
             raise DecodeError(rc, self.n_ctx_per_context)
+        self.pace.token_step(time.perf_counter() - began)
 
     def run_step(self) -> None:
         """The shared step: every waiting reply's token in one decode, each sampled from its own row (called by the
@@ -479,7 +489,9 @@ class Runtime:
             for entry in self.step_batch.waiting:
                 self.before_decode(entry.seq)
         streams = self.memory(0) if self.layout == "streams" else None
+        began = time.perf_counter()
         self.step_batch.run(self.ctx(0), self.n_ctx_per_context, streams_memory=streams)
+        self.pace.token_step(time.perf_counter() - began)
 
     def logits(self, index: int = -1) -> np.ndarray:
         """Copy of the logits row of the last decoded token (or batch row `index`)."""

@@ -5,9 +5,12 @@ test_engine_streams runs it on the model)."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
-from evoke_engine.worker import Command, EngineThread
+from evoke_engine.worker import PREFILL_COST, Command, EngineThread
 from unit.test_worker_streams import StepClock, hold
 
 
@@ -95,8 +98,9 @@ def test_a_prefilling_reply_takes_one_chunk_a_round_beside_the_shared_steps(shar
 
 def test_a_costly_prefill_chunk_buys_the_parked_replies_their_share_of_steps():
     """A long paste's chunks cost several of a streaming reply's tokens: once the paste's start credit is spent, it
-    takes a chunk only when the parked replies have had as much engine time each (a 0.04 s step shared by two: ten
-    steps a 0.2 s chunk here), not one chunk a token."""
+    takes a chunk only when the parked replies have had as much engine time each as the chunk counts against it (a
+    0.04 s step shared by two, a 0.2 s chunk counted `PREFILL_COST` times: twenty steps a chunk), not one chunk a
+    token."""
     clock = StepClock()
     engine = EngineThread("share-test", stream_limit=lambda: 4, clock=clock)
     step = SharedStep()
@@ -127,7 +131,53 @@ def test_a_costly_prefill_chunk_buys_the_parked_replies_their_share_of_steps():
     events = "".join("s" if kind == "step" else "c" for kind, _ in log if kind in ("step", "chunk"))
     runs = [len(run) for run in events[events.index("c"):events.rindex("c") + 1].split("c")[1:-1]]
     assert runs[0] == 1                                                   # in its start credit: a step in turn
-    assert runs[-4:] and all(9 <= n <= 11 for n in runs[-4:])             # then their share: 0.2 s each a chunk
+    share = round(0.2 * PREFILL_COST / 0.02)                             # then their share of each chunk's time
+    assert runs[-4:] and all(share - 1 <= n <= share + 1 for n in runs[-4:])
+
+
+def test_a_newcomers_uncharged_start_is_no_claim_on_the_reply_it_cut_in_beside():
+    """A reply arriving beside a decoding one prefills in turn with the shared steps, uncharged (its start credit);
+    once its first token is out both ride every shared step: the older is not left out while the newcomer's
+    charged engine time catches up with the steps the older was charged meanwhile."""
+    clock = StepClock()
+    engine = EngineThread("newcomer-test", stream_limit=lambda: 4, clock=clock)
+    step = SharedStep()
+
+    def shared_step() -> None:
+        clock.now += 0.013
+        step()
+    engine.shared_step = shared_step
+    log: list = []
+
+    def newcomer() -> str:
+        for chunk in range(8):                       # its prompt, a chunk a step: 0.16 s, inside its start credit
+            if chunk:
+                engine.step_boundary()
+            clock.now += 0.02
+        return decoder(engine, step, log, "b", 20)()
+    newcomer_done = threading.Event()
+
+    def older() -> str:                              # decodes until the newcomer has ended
+        while not newcomer_done.is_set():
+            if engine.joins_step():
+                step.waiting.append("a")
+                engine.await_step()
+            else:
+                engine.token_boundary()
+                clock.now += 0.013
+                time.sleep(0.001)
+        return "a"
+    try:
+        a = engine.submit(older, command=Command.TURN, about="a")
+        time.sleep(0.05)
+        b = engine.submit(newcomer, command=Command.TURN, about="b")
+        assert b.result(10) == "b"
+        newcomer_done.set()
+        assert a.result(10) == "a"
+    finally:
+        engine.stop()
+    with_b = [batch for batch in step.steps if "b" in batch]
+    assert len(with_b) >= 19 and all(batch == ["a", "b"] for batch in with_b[:-1])   # a in every step b is in
 
 
 def test_a_failed_shared_step_reaches_every_reply_that_waited(shared):
