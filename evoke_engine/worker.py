@@ -85,7 +85,7 @@ START_CREDIT_S = 0.3           # engine time a new stream takes uncharged until 
 PREFILL_COST = 2.0             # past its start credit, a stream's engine time before its first token (a long prompt's
                                # prefill) counts this many times: the replies decoding beside a long paste keep about
                                # two thirds of the engine, not half (a decoding reply before a waiting prompt)
-PREFILL_STEP_SHARE = 2.0       # a prefill step beside decoding replies takes about this many of their token steps
+PREFILL_STEP_SHARE = 1.5       # a prefill step beside decoding replies takes about this many of their token steps
                                # (`prefill_tokens_per_step`): a decoding reply's gap stays under three token steps
 
 
@@ -268,11 +268,15 @@ class EngineThread:
         if token_step_s is None or self.clock() - stream.resumed_at >= token_step_s:
             self.step_boundary()
 
-    @staticmethod
-    def prefill_tokens_per_step(prompt_token_s: float | None, token_step_s: float | None, cap: int) -> int:
-        """How many prompt tokens a prefill step beside decoding replies takes: `PREFILL_STEP_SHARE` token steps'
-        worth (`token_step_s`) at `prompt_token_s` a token (the runtime's measures), at least 1 and at most `cap`;
-        `cap` until both are measured."""
+    def prefill_tokens_per_step(self, prompt_token_s: float | None, token_step_s: float | None, cap: int) -> int:
+        """How many prompt tokens the calling stream's prefill step beside decoding replies takes: `PREFILL_STEP_SHARE`
+        token steps' worth (`token_step_s`) at `prompt_token_s` a token (the runtime's measures), at least 1 and at
+        most `cap`; `cap` until both are measured, and for a stream that goes before every other streaming one (the
+        window's turn beside endpoint replies, a raw completion beside chats): their smoothness does not slow it."""
+        stream = getattr(self._local, "stream", None)
+        if stream is not None and all(stream.entry.priority < other.entry.priority
+                                      for other in self._streams if other is not stream and not other.suspended):
+            return cap
         if not prompt_token_s or not token_step_s:
             return cap
         return max(1, min(cap, int(PREFILL_STEP_SHARE * token_step_s / prompt_token_s)))
