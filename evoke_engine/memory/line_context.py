@@ -93,6 +93,8 @@ def read_as_words(line: str) -> str:
             spelled = _expand(unit, last=True, in_name=False, after_number=True)
             return f"{match.group('num')} {spelled}" if spelled != unit else match.group(0)
         token = match.group(0)
+        if token.isalpha() and token.islower() and token not in ABBREVIATIONS and token != "min":
+            return token                                     # a plain word (most of a line): as written, at once
         parts = identifier_words(token).split()
         in_name = len(parts) > 1
         if not parts:
