@@ -16,9 +16,10 @@ import uuid
 from collections import OrderedDict
 
 from .toolcall_formats import HERMES, ParsedCall, ToolCallFormat, canonical_arguments, partial_marker_end
+from .toolcall_stream import CallReader
 
 __all__ = ["TAG_CLOSE", "TAG_OPEN", "ParsedCall", "RawTextMap", "StreamSplitter", "canonical_arguments",
-           "drop_unfinished_call", "new_call_id", "parse_tool_calls", "render_calls"]
+           "drop_unfinished_call", "new_call_id", "parse_tool_calls", "read_reply", "render_calls"]
 
 TAG_OPEN, TAG_CLOSE = HERMES.open_tag, HERMES.close_tag
 
@@ -39,14 +40,22 @@ def drop_unfinished_call(text: str, fmt: ToolCallFormat = HERMES,
     return text[:at].rstrip(), True
 
 
+def read_reply(text: str, tool_names: set[str], fmt: ToolCallFormat = HERMES, *, forced: bool = False) -> CallReader:
+    """A finished reply read whole, as a stream reads it piece by piece (`CallReader`): the same calls and content."""
+    reader = CallReader(fmt, tool_names, forced=forced)
+    reader.feed(text)
+    reader.close()
+    return reader
+
+
 def parse_tool_calls(text: str, tool_names: set[str], fmt: ToolCallFormat = HERMES, *,
                      forced: bool = False) -> tuple[str | None, list[ParsedCall]]:
     """(content left, calls) of a finished reply; ([text], []) when it holds no valid call. An unfinished call at
     its end is dropped from the content (`drop_unfinished_call`, `forced` as there)."""
     if not tool_names:
         return text, []
-    text, _ = drop_unfinished_call(text, fmt, tool_names, forced=forced)
-    return fmt.parse(text, tool_names)
+    reader = read_reply(text, tool_names, fmt, forced=forced)
+    return reader.content, [ParsedCall(c.name, c.arguments) for c in reader.finished_calls()]
 
 
 def render_calls(calls: list[ParsedCall], fmt: ToolCallFormat = HERMES) -> str:
@@ -110,7 +119,8 @@ class RawTextMap:
 
     @staticmethod
     def _calls_key(content: str | None, calls: list[ParsedCall]) -> str:
-        return json.dumps([(content or "").strip(), [(c.name, c.arguments) for c in calls]])
+        return json.dumps([(content or "").strip(), [(c.name, canonical_arguments(c.arguments) or c.arguments)
+                                                     for c in calls]])
 
     def remember(self, raw: str, content: str | None, calls: list[ParsedCall], ids: list[str]) -> None:
         with self._lock:

@@ -180,10 +180,17 @@ def test_prose_stays_text(name, text):
 
 def test_a_malformed_call_keeps_the_reply_as_text():
     cases = [("llama3", '<|python_tag|>{"name": "get_weather", "parameters": "Paris"}'),
-             ("mistral", '[TOOL_CALLS][{"name": "nope", "arguments": {}}]'),
-             ("mistral_args", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"} and more words')]
+             ("mistral", '[TOOL_CALLS][{"name": "nope", "arguments": {}}]')]
     for name, text in cases:
         assert parse_tool_calls(text, TOOL_NAMES, format_named(name)) == (text, [])
+
+
+def test_text_after_a_finished_call_is_content_not_a_reason_to_undo_it():
+    """A call once read has been streamed: words after it are content beside it (they made the whole reply text
+    before calls streamed)."""
+    text = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"} and more words'
+    assert parse_tool_calls(text, TOOL_NAMES, format_named("mistral_args")) == (
+        "and more words", [ParsedCall("get_weather", '{"city": "Paris"}')])
 
 
 def streamed(reply: str, fmt, rng: random.Random) -> tuple[str, str | None, list[ParsedCall]]:
