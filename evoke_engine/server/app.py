@@ -48,7 +48,7 @@ from .responses_api import add_responses_routes
 from .security import GuardMiddleware, ServerConfig
 from .service import STATELESS, ChatService, Outcome, Prepared, cancel_on_disconnect
 from .toolcall_formats import loaded_format
-from .toolcalls import StreamSplitter
+from .toolcall_stream import CallReader, Delta
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +306,17 @@ def _completion(model_id: str, outcome: Outcome, logprobs: list[dict] | None = N
             "usage": usage, "evoke": figures}
 
 
+def openai_delta(delta: Delta) -> dict:
+    """A chat chunk's `delta` for one piece of the reply: content, a call opened with its id and name (arguments
+    ""), or a piece of a call's arguments, as OpenAI streams them."""
+    if delta.kind == "content":
+        return {"content": delta.text}
+    if delta.kind == "opened":
+        return {"tool_calls": [{"index": delta.index, "id": delta.call_id, "type": "function",
+                                "function": {"name": delta.text, "arguments": ""}}]}
+    return {"tool_calls": [{"index": delta.index, "function": {"arguments": delta.text}}]}
+
+
 def _sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
@@ -354,8 +365,11 @@ async def _stream(service: ChatService, prepared: Prepared, pieces: asyncio.Queu
         return _sse({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
 
-    splitter = StreamSplitter(enabled=bool(prepared.tool_names), fmt=prepared.call_format,
-                              tool_names=prepared.tool_names, forced=prepared.call_forced)
+    reader = CallReader(prepared.call_format, prepared.tool_names if prepared.tool_names else frozenset(),
+                        forced=prepared.call_forced)
+
+    def deltas(found: list[Delta]) -> list[str]:
+        return [chunk(openai_delta(delta)) for delta in found]
     future = prepared.future
     position = service.engine.queue_position(future.job.id)
     try:
@@ -369,9 +383,8 @@ async def _stream(service: ChatService, prepared: Prepared, pieces: asyncio.Queu
                 continue
             if piece is TURN_ENDED:
                 break
-            out = splitter.feed(piece)
-            if out:
-                yield chunk({"content": out})
+            for line in deltas(reader.feed(piece)):
+                yield line
         try:
             reply = future.result()
         except GrammarError as exc:
@@ -386,15 +399,10 @@ async def _stream(service: ChatService, prepared: Prepared, pieces: asyncio.Queu
             yield _sse({"error": {"message": message, "type": "server_error", "code": code, "param": None}})
             yield _sse("[DONE]")
             return
-        outcome = await to_thread.run_sync(service.finish, prepared, reply)
+        for line in deltas(reader.close()):
+            yield line
+        outcome = await to_thread.run_sync(service.finish, prepared, reply, reader)
         metrics.observe(*split_usage(outcome.usage))
-        if outcome.tool_calls:
-            if outcome.content and splitter.sent == 0:
-                yield chunk({"content": outcome.content})
-            for index, call in enumerate(outcome.tool_calls):
-                yield chunk({"tool_calls": [{"index": index, **call}]})
-        elif splitter.unsent():
-            yield chunk({"content": splitter.unsent()})
         yield chunk({}, outcome.finish_reason)
         if include_usage:
             usage, figures = split_usage(outcome.usage)

@@ -69,7 +69,8 @@ from .sessions import (
     plan,
 )
 from .toolcall_formats import HERMES, ToolCallFormat, loaded_format
-from .toolcalls import RawTextMap, drop_unfinished_call, new_call_id, parse_tool_calls
+from .toolcall_stream import CallReader
+from .toolcalls import ParsedCall, RawTextMap, read_reply
 
 log = logging.getLogger(__name__)
 MIN_SHARED_TOKENS = 64
@@ -570,11 +571,16 @@ class ChatService:
             log.warning("endpoint: could not remove what a failed request left in %s: %s", conv_id, exc)
         self._views.pop(conv_id, None)
 
-    def finish(self, prepared: Prepared, reply) -> Outcome:
-        """Tool calls, raw-text map, `evoke_*` marks and usage, once the reply is done (worker thread)."""
-        content, calls = parse_tool_calls(reply.text, prepared.tool_names, prepared.call_format,
-                                          forced=prepared.call_forced)
-        ids = [new_call_id() for _ in calls]
+    def finish(self, prepared: Prepared, reply, streamed: CallReader | None = None) -> Outcome:
+        """Tool calls, raw-text map, `evoke_*` marks and usage, once the reply is done (worker thread); `streamed`:
+        the reader that streamed the reply, whose calls and ids the client has already been sent."""
+        reader = streamed or read_reply(reply.text, prepared.tool_names, prepared.call_format,
+                                        forced=prepared.call_forced)
+        reader.close()
+        finished = reader.finished_calls() if prepared.tool_names else []
+        calls = [ParsedCall(c.name, c.arguments) for c in finished]
+        ids = [c.call_id for c in finished]
+        content = reader.content if prepared.tool_names else reply.text
         if calls:
             self.raw_map.remember(reply.text, content, calls, ids)
             self.sessions.save()
@@ -582,9 +588,7 @@ class ChatService:
         if prepared.session is not None:         # a stateless conversation is never continued after a restart
             self._persist_if_due(prepared.conv.id)
         after = prepared.conv.stats()
-        unfinished = bool(prepared.tool_names) and drop_unfinished_call(reply.text, prepared.call_format,
-                                                                        prepared.tool_names,
-                                                                        forced=prepared.call_forced)[1]
+        unfinished = bool(prepared.tool_names) and reader.unfinished
         finish = finish_reason(reply.stopped, bool(calls), unfinished)
         return Outcome(content=content, tool_calls=[c.as_openai(i) for c, i in zip(calls, ids, strict=True)],
                        finish_reason=finish, usage=self._usage(prepared, reply, after))

@@ -19,6 +19,7 @@ _CALL_KEYS = {"name", "arguments", "parameters", "id", "type"}
 _ARGUMENT_KEYS = ("arguments", "parameters")
 _WORD = re.compile(r"[A-Za-z0-9_.\-]*")
 _CALL_ID = re.compile(r"\[CALL_ID\]\s*[A-Za-z0-9_\-]*")
+_JSON_CHARS = set('{}[]:,"0123456789-+.eEtruefalsn')    # outside strings: brackets, numbers, true, false, null
 _SEPARATORS = ("```json", "```", "[", "]", ",", ";")     # what may stand between calls outside Hermes tags
 
 
@@ -83,6 +84,9 @@ class ObjectReader:
                     self._value_ends(i + 1)
             return
         if ch.isspace():
+            return
+        if ch not in _JSON_CHARS:                             # no JSON value holds it outside a string
+            self.broken = True
             return
         if self.expect == "open":
             if ch != "{":
@@ -203,6 +207,9 @@ class CallReader:
             return out
         if self.call is not None or self.named is not None:
             self.unfinished = True                           # cut short after it was opened: not a call
+            return out
+        if self.forced and not self.calls:                   # the grammar allowed nothing but the call: all of
+            self.unfinished = bool(self.text.strip())        # it was the call, cut short
             return out
         held = self.text[self.hold_from:]
         if self.region is not None and self.calls and any(s.startswith(held.strip()) for s in _SEPARATORS):
