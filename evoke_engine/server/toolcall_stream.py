@@ -10,6 +10,7 @@ are the object's text as the model wrote it; a call cut short at the reply's end
 from __future__ import annotations
 
 import re
+import uuid
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -21,6 +22,26 @@ _WORD = re.compile(r"[A-Za-z0-9_.\-]*")
 _CALL_ID = re.compile(r"\[CALL_ID\]\s*[A-Za-z0-9_\-]*")
 _JSON_CHARS = set('{}[]:,"0123456789-+.eEtruefalsn')    # outside strings: brackets, numbers, true, false, null
 _SEPARATORS = ("```json", "```", "[", "]", ",", ";")     # what may stand between calls outside Hermes tags
+
+
+def drop_unfinished_call(text: str, fmt: ToolCallFormat = HERMES,
+                         tool_names: set[str] | frozenset[str] = frozenset(), *,
+                         forced: bool = False) -> tuple[str, bool]:
+    """(`text` without the unfinished tool call it ends with, whether there was one): a `<tool_call>` never closed
+    (or the start of that tag), a marker whose call is cut short, or a bare call (`{"name": ...`) whose JSON does
+    not parse. `tool_names` lets a format whose bare call starts with the tool's name (Mistral's `name[ARGS]{`)
+    find one cut short. `forced` (tool_choice forced a call: the grammar allowed nothing else): a reply that holds
+    no whole call is all of it the call cut short, even a lone `<`."""
+    if forced and text.strip() and not fmt.parse(text, set(tool_names))[1]:
+        return "", True
+    at = fmt.unfinished_at(text, set(tool_names))
+    if at is None:
+        return text, False
+    return text[:at].rstrip(), True
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
 
 
 class Delta(NamedTuple):
@@ -156,7 +177,6 @@ class CallReader:
 
     def __init__(self, fmt: ToolCallFormat = HERMES, tool_names: set[str] | frozenset[str] = frozenset(), *,
                  forced: bool = False, new_id=None) -> None:
-        from .toolcalls import new_call_id
         self.fmt, self.tool_names, self.forced = fmt, set(tool_names), forced
         self.new_id = new_id or new_call_id
         self.text = ""
@@ -205,6 +225,9 @@ class CallReader:
         self.closed = True
         if not self.tool_names:
             return out
+        if self.after_call:                                  # its `</tool_call>` never came: cut short
+            self.calls[-1].finished, self.unfinished = False, True
+            return out
         if self.call is not None or self.named is not None:
             self.unfinished = True                           # cut short after it was opened: not a call
             return out
@@ -214,7 +237,6 @@ class CallReader:
         held = self.text[self.hold_from:]
         if self.region is not None and self.calls and any(s.startswith(held.strip()) for s in _SEPARATORS):
             return out                                       # a closing fence begun after the calls
-        from .toolcalls import drop_unfinished_call
         kept, self.unfinished = drop_unfinished_call(held, self.fmt, self.tool_names,
                                                      forced=self.forced and not self.calls)
         if kept and not self.forced:

@@ -12,32 +12,15 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 from collections import OrderedDict
 
 from .toolcall_formats import HERMES, ParsedCall, ToolCallFormat, canonical_arguments, partial_marker_end
-from .toolcall_stream import CallReader
+from .toolcall_stream import CallReader, drop_unfinished_call, new_call_id
 
 __all__ = ["TAG_CLOSE", "TAG_OPEN", "ParsedCall", "RawTextMap", "StreamSplitter", "canonical_arguments",
            "drop_unfinished_call", "new_call_id", "parse_tool_calls", "read_reply", "render_calls"]
 
 TAG_OPEN, TAG_CLOSE = HERMES.open_tag, HERMES.close_tag
-
-
-def drop_unfinished_call(text: str, fmt: ToolCallFormat = HERMES,
-                         tool_names: set[str] | frozenset[str] = frozenset(), *,
-                         forced: bool = False) -> tuple[str, bool]:
-    """(`text` without the unfinished tool call it ends with, whether there was one): a `<tool_call>` never closed
-    (or the start of that tag), a marker whose call is cut short, or a bare call (`{"name": ...`) whose JSON does
-    not parse. `tool_names` lets a format whose bare call starts with the tool's name (Mistral's `name[ARGS]{`)
-    find one cut short. `forced` (tool_choice forced a call: the grammar allowed nothing else): a reply that holds
-    no whole call is all of it the call cut short, even a lone `<`."""
-    if forced and text.strip() and not fmt.parse(text, set(tool_names))[1]:
-        return "", True
-    at = fmt.unfinished_at(text, set(tool_names))
-    if at is None:
-        return text, False
-    return text[:at].rstrip(), True
 
 
 def read_reply(text: str, tool_names: set[str], fmt: ToolCallFormat = HERMES, *, forced: bool = False) -> CallReader:
@@ -101,10 +84,6 @@ class StreamSplitter:
             return self.text[self.sent:]
         kept, _ = drop_unfinished_call(self.text, self.fmt, self.tool_names, forced=self.forced)
         return kept[self.sent:]
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
 
 
 class RawTextMap:
