@@ -166,6 +166,21 @@ def whole_call(served):
     return ask, done.usage.completion_tokens
 
 
+def test_openai_a_streamed_call_is_the_whole_replys_call(served, whole_call):
+    """A forced call streamed (id and name first, then arguments pieces) and accumulated by openai-python's stream
+    helper is the call of the same greedy request answered whole."""
+    _, _, client = served
+    ask, tokens = whole_call
+    whole = client.chat.completions.create(**ask, max_tokens=64).choices[0].message.tool_calls
+    with client.chat.completions.stream(**ask, max_tokens=64) as stream:
+        argument_pieces = [event for event in stream if event.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls" and len(argument_pieces) > 1
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == [
+        (c.function.name, c.function.arguments) for c in whole]
+    assert all(c.id.startswith("call_") for c in final.message.tool_calls)
+
+
 @pytest.mark.parametrize("cut", [
     "after its first token", "halfway", "before its last token"])
 def test_openai_a_tool_call_cut_by_max_tokens_is_length_with_no_markup(served, whole_call, cut):
