@@ -315,12 +315,12 @@ class CallReader:
                 return True
         if any(token.startswith(rest) for token in tokens):
             return False                                     # a marker still being written
+        if any(token.startswith(rest) and token != rest for token in _SEPARATORS):
+            return False                                     # a fence still being written ("```" of "```json")
         for token in _SEPARATORS:
             if rest.startswith(token):
                 self._consumed(at + len(token))
                 return True
-        if any(token.startswith(rest) for token in _SEPARATORS):
-            return False                                     # a fence still being written
         if isinstance(self.fmt, Mistral):
             word = _WORD.match(rest).group(0)
             if word == rest and any(name.startswith(word) for name in self.tool_names):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from evoke_engine.server.service import finish_reason
-from evoke_engine.server.toolcalls import StreamSplitter, drop_unfinished_call, parse_tool_calls
+from evoke_engine.server.toolcall_stream import CallReader
+from evoke_engine.server.toolcalls import drop_unfinished_call, parse_tool_calls
 
 TOOLS = {"get_weather"}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -21,9 +22,11 @@ def test_a_cut_call_leaves_no_markup(text, before):
     content, calls = parse_tool_calls(text, TOOLS)
     assert calls == [] and content == before
     assert drop_unfinished_call(text) == (before, True)
-    splitter = StreamSplitter(enabled=True)
-    streamed = "".join(splitter.feed(ch) for ch in text) + splitter.unsent()
+    reader = CallReader(tool_names=TOOLS)
+    deltas = [d for ch in text for d in reader.feed(ch)] + reader.close()
+    streamed = "".join(d.text for d in deltas if d.kind == "content")
     assert streamed.rstrip() == before          # the newline before the call may have gone out already
+    assert not any(d.kind == "opened" for d in deltas)
 
 
 def test_a_finished_call_then_a_cut_one_keeps_the_finished_call():
