@@ -38,9 +38,10 @@ from .clients import CLIENT_HEADER, Client, identify
 from .constraints import grammar_for
 from .metrics import Metrics
 from .request_bodies import ChatRequest, Loose, check_body
+from .response_items import OutputItems
 from .service import ChatService, Outcome, Prepared, cancel_on_disconnect
 from .toolcall_formats import loaded_format
-from .toolcalls import StreamSplitter
+from .toolcall_stream import CallReader
 
 PING_S = 5.0                 # an SSE comment this often while no token comes
 QUEUED_PING_S = 1.0          # while the reply waits for its turn
@@ -336,7 +337,11 @@ def add_responses_routes(app: FastAPI, engine: Engine, service: ChatService, met
             future = service.submit(prepared)
             watcher = asyncio.create_task(cancel_on_disconnect(http, prepared.future, prepared.conv.cancel))
             reply = await asyncio.wrap_future(future)
-            outcome = await to_thread.run_sync(service.finish, prepared, reply)
+            reader, items = run.items(prepared)           # read whole as a stream reads it: the same items
+            items.add(reader.feed(reply.text))
+            items.add(reader.close())
+            outcome = await to_thread.run_sync(service.finish, prepared, reply, reader)
+            items.end(reply_status(outcome))
             metrics.observe(*split_usage(outcome.usage))
         except asyncio.CancelledError:
             prepared.conv.cancel()
@@ -348,7 +353,7 @@ def add_responses_routes(app: FastAPI, engine: Engine, service: ChatService, met
                 watcher.cancel()
             service.release(prepared, loop)
         keep(outcome)
-        return JSONResponse(run.body(outcome), headers=headers)
+        return JSONResponse(run.finished(outcome, items.output), headers=headers)
 
 
 def _renamed(exc: ApiError) -> ApiError:
@@ -356,6 +361,11 @@ def _renamed(exc: ApiError) -> ApiError:
     if exc.param != "response_format":
         return exc
     return ApiError(exc.status, exc.message.replace("response_format", "text.format"), exc.code, "text.format")
+
+
+def reply_status(outcome: Outcome) -> str:
+    """The status of a reply's last item: `incomplete` when max_output_tokens (or the context) cut it short."""
+    return "incomplete" if outcome.finish_reason == "length" else "completed"
 
 
 def split_usage(usage: dict) -> tuple[dict, dict]:
@@ -457,25 +467,18 @@ class ResponseRun:
                 "tools": r.tools or [], "truncation": "disabled", "usage": usage, "user": r.user,
                 "metadata": r.metadata or {}, **extra}
 
-    def message(self, text: str, status: str) -> dict:
-        return {"id": self.message_id, "type": "message", "role": "assistant", "status": status,
-                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
-
-    @staticmethod
-    def call_item(call: dict, status: str = "completed") -> dict:
-        return {"id": "fc_" + call["id"].removeprefix("call_"), "type": "function_call", "status": status,
-                "call_id": call["id"], "name": call["function"]["name"], "arguments": call["function"]["arguments"]}
+    def items(self, prepared: Prepared) -> tuple[CallReader, OutputItems]:
+        """The reader of this reply (the one `service.finish` is given, so its calls and ids are what is stored)
+        and the output items built from its deltas."""
+        reader = CallReader(prepared.call_format, prepared.tool_names if prepared.tool_names else frozenset(),
+                            forced=prepared.call_forced)
+        return reader, OutputItems(reader, self.message_id)
 
     def finished(self, outcome: Outcome, output: list[dict]) -> dict:
-        cut = outcome.finish_reason == "length"
+        cut = reply_status(outcome) == "incomplete"
         return self.snapshot("incomplete" if cut else "completed", output, responses_usage(outcome.usage),
                              incomplete_details={"reason": "max_output_tokens"} if cut else None,
                              evoke=split_usage(outcome.usage)[1])
-
-    def body(self, outcome: Outcome) -> dict:
-        status = "incomplete" if outcome.finish_reason == "length" else "completed"
-        output = [self.message(outcome.content or "", status)] if outcome.content or not outcome.tool_calls else []
-        return self.finished(outcome, output + [self.call_item(c) for c in outcome.tool_calls])
 
     def event(self, kind: str, **fields) -> str:
         payload = {"type": kind, "sequence_number": next(self.sequence), **fields}
@@ -483,18 +486,9 @@ class ResponseRun:
 
     async def stream(self, service: ChatService, prepared: Prepared, pieces: asyncio.Queue,
                      loop: asyncio.AbstractEventLoop, metrics: Metrics, keep) -> AsyncIterator[str]:
-        splitter = StreamSplitter(enabled=bool(prepared.tool_names), fmt=prepared.call_format,
-                                  tool_names=prepared.tool_names, forced=prepared.call_forced)
+        reader, items = self.items(prepared)
         future = prepared.future
         position = service.engine.queue_position(future.job.id)
-        text, opened = "", False
-        part = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
-
-        def opening() -> list[str]:
-            return [self.event("response.output_item.added", output_index=0, item={**self.message("", "in_progress"),
-                                                                                  "content": []}),
-                    self.event("response.content_part.added", **part,
-                               part={"type": "output_text", "text": "", "annotations": []})]
         try:
             yield self.event("response.created", response=self.snapshot("in_progress", []))
             yield self.event("response.in_progress", response=self.snapshot("in_progress", []))
@@ -507,52 +501,21 @@ class ResponseRun:
                     continue
                 if piece is None:
                     break
-                out = splitter.feed(piece)
-                if out:
-                    if not opened:
-                        for line in opening():
-                            yield line
-                        opened = True
-                    text += out
-                    yield self.event("response.output_text.delta", **part, delta=out, logprobs=[])
+                for kind, fields in items.add(reader.feed(piece)):
+                    yield self.event(kind, **fields)
             try:
                 reply = future.result()
             except (EvokeError, GrammarError) as exc:
                 yield self.event("response.failed", response=self.snapshot("failed", [], error=stream_failure(exc)))
                 return
-            outcome = await to_thread.run_sync(service.finish, prepared, reply)
+            for kind, fields in items.add(reader.close()):
+                yield self.event(kind, **fields)
+            outcome = await to_thread.run_sync(service.finish, prepared, reply, reader)
             metrics.observe(*split_usage(outcome.usage))
-            if outcome.tool_calls:
-                tail = outcome.content if outcome.content and splitter.sent == 0 else ""
-            else:
-                tail = splitter.unsent()
-            status = "incomplete" if outcome.finish_reason == "length" else "completed"
-            if (tail or not outcome.tool_calls) and not opened:
-                for line in opening():
-                    yield line
-                opened = True
-            if tail:
-                text += tail
-                yield self.event("response.output_text.delta", **part, delta=tail, logprobs=[])
-            output = []
-            if opened:
-                done_part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-                yield self.event("response.output_text.done", **part, text=text, logprobs=[])
-                yield self.event("response.content_part.done", **part, part=done_part)
-                output.append(self.message(text, status))
-                yield self.event("response.output_item.done", output_index=0, item=output[-1])
-            for call in outcome.tool_calls:
-                item, index = self.call_item(call), len(output)
-                yield self.event("response.output_item.added", output_index=index,
-                                 item={**item, "arguments": "", "status": "in_progress"})
-                yield self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                                 delta=item["arguments"])
-                yield self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                                 name=item["name"], arguments=item["arguments"])
-                output.append(item)
-                yield self.event("response.output_item.done", output_index=index, item=item)
+            for kind, fields in items.end(reply_status(outcome)):
+                yield self.event(kind, **fields)
             keep(outcome)                      # stored before the client hears it is done: it may continue at once
-            final = self.finished(outcome, output)
+            final = self.finished(outcome, items.output)
             yield self.event("response.incomplete" if final["status"] == "incomplete" else "response.completed",
                              response=final)
         finally:

@@ -4,7 +4,7 @@ Llama 3.x JSON, Mistral `[TOOL_CALLS]`; Hermes unless told otherwise) and a bare
 Invariants: a call is recognised only when its JSON parses and names a declared tool with object arguments; a closed
 call that does not is text, an unfinished one at the reply's end (a `<tool_call>` never closed, a marker with its
 JSON cut short, a bare call's JSON cut short: `max_tokens` ended it) is dropped, so no tool markup reaches `content`
-(`drop_unfinished_call`). `StreamSplitter` never streams text that may still turn out to be a call, and
+(`drop_unfinished_call`); a reply is read, whole or streamed, by `toolcall_stream.CallReader`, and
 `RawTextMap` remembers the raw model text behind every call it returned (ids and content).
 """
 
@@ -14,10 +14,10 @@ import json
 import threading
 from collections import OrderedDict
 
-from .toolcall_formats import HERMES, ParsedCall, ToolCallFormat, canonical_arguments, partial_marker_end
+from .toolcall_formats import HERMES, ParsedCall, ToolCallFormat, canonical_arguments
 from .toolcall_stream import CallReader, drop_unfinished_call, new_call_id
 
-__all__ = ["TAG_CLOSE", "TAG_OPEN", "ParsedCall", "RawTextMap", "StreamSplitter", "canonical_arguments",
+__all__ = ["TAG_CLOSE", "TAG_OPEN", "ParsedCall", "RawTextMap", "canonical_arguments",
            "drop_unfinished_call", "new_call_id", "parse_tool_calls", "read_reply", "render_calls"]
 
 TAG_OPEN, TAG_CLOSE = HERMES.open_tag, HERMES.close_tag
@@ -44,46 +44,6 @@ def parse_tool_calls(text: str, tool_names: set[str], fmt: ToolCallFormat = HERM
 def render_calls(calls: list[ParsedCall], fmt: ToolCallFormat = HERMES) -> str:
     """The text of calls the model did not write itself (a client-made assistant message), in `fmt`'s markup."""
     return fmt.render(calls)
-
-
-class StreamSplitter:
-    """Decides, piece by piece, which reply text can be streamed as content now and which must wait
-    until the reply ends because it may be a tool call (in `fmt`'s markup, or bare at the reply's start)."""
-
-    def __init__(self, enabled: bool, fmt: ToolCallFormat = HERMES,
-                 tool_names: set[str] | frozenset[str] = frozenset(), *, forced: bool = False) -> None:
-        self.enabled = enabled
-        self.fmt = fmt
-        self.tool_names = set(tool_names)
-        self.forced = forced            # a forced call: nothing is content until the reply ends
-        self.text = ""
-        self.sent = 0
-
-    def feed(self, piece: str) -> str:
-        self.text += piece
-        if not self.enabled:
-            out, self.sent = self.text[self.sent:], len(self.text)
-            return out
-        safe = self._safe_end()
-        out = self.text[self.sent:safe] if safe > self.sent else ""
-        self.sent = max(self.sent, safe)
-        return out
-
-    def _safe_end(self) -> int:
-        head = self.text.lstrip()
-        if self.forced or self.sent == 0 and (not head or self.fmt.holds(head, self.tool_names)):
-            return 0                        # may be a bare JSON call: hold all of it
-        at = min((i for i in (self.text.find(m) for m in self.fmt.markers) if i >= 0), default=-1)
-        if at >= 0:
-            return at
-        return partial_marker_end(self.text, self.fmt.markers)
-
-    def unsent(self) -> str:
-        """The text held back, once the reply has ended: all of it but an unfinished call at its end."""
-        if not self.enabled:
-            return self.text[self.sent:]
-        kept, _ = drop_unfinished_call(self.text, self.fmt, self.tool_names, forced=self.forced)
-        return kept[self.sent:]
 
 
 class RawTextMap:

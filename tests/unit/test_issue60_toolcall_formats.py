@@ -24,7 +24,8 @@ from evoke_engine.server.toolcall_formats import (
     json_cut_short,
     loaded_format,
 )
-from evoke_engine.server.toolcalls import RawTextMap, StreamSplitter, drop_unfinished_call, parse_tool_calls
+from evoke_engine.server.toolcall_stream import CallReader
+from evoke_engine.server.toolcalls import RawTextMap, drop_unfinished_call, parse_tool_calls
 
 pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
@@ -193,23 +194,24 @@ def test_text_after_a_finished_call_is_content_not_a_reason_to_undo_it():
         "and more words", [ParsedCall("get_weather", '{"city": "Paris"}')])
 
 
+def streamed_content(reader: CallReader, text: str) -> str:
+    """The content a stream sends for `text` fed a character at a time, its end's included."""
+    deltas = [d for ch in text for d in reader.feed(ch)] + reader.close()
+    return "".join(d.text for d in deltas if d.kind == "content")
+
+
 def streamed(reply: str, fmt, rng: random.Random) -> tuple[str, str | None, list[ParsedCall]]:
-    """(content as the endpoint streams it: the splitter's pieces, then what `_stream` adds at the end; the
-    finished parse) for `reply` fed in random small pieces."""
-    splitter = StreamSplitter(enabled=True, fmt=fmt, tool_names=TOOL_NAMES)
-    out, at = [], 0
+    """(content as the endpoint streams it: the reader's content deltas, its end's included; the finished parse)
+    for `reply` fed in random small pieces."""
+    reader = CallReader(fmt, TOOL_NAMES)
+    deltas, at = [], 0
     while at < len(reply):
         step = rng.randint(1, 4)
-        out.append(splitter.feed(reply[at:at + step]))
+        deltas += reader.feed(reply[at:at + step])
         at += step
+    deltas += reader.close()
     content, calls = parse_tool_calls(reply, TOOL_NAMES, fmt)
-    text = "".join(out)
-    if calls:
-        if content and splitter.sent == 0:
-            text += content
-    else:
-        text += splitter.unsent()
-    return text, content, calls
+    return "".join(d.text for d in deltas if d.kind == "content"), content, calls
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
@@ -243,9 +245,7 @@ def test_a_cut_call_leaves_no_markup(name, text, before):
     fmt = format_named(name)
     assert drop_unfinished_call(text, fmt, TOOL_NAMES) == (before, True)
     assert parse_tool_calls(text, TOOL_NAMES, fmt) == (before, [])
-    splitter = StreamSplitter(enabled=True, fmt=fmt, tool_names=TOOL_NAMES)
-    out = "".join(splitter.feed(ch) for ch in text) + splitter.unsent()
-    assert out.rstrip() == before
+    assert streamed_content(CallReader(fmt, TOOL_NAMES), text).rstrip() == before
 
 
 def test_a_finished_call_then_a_cut_one_keeps_the_finished_one():

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from evoke_engine.server.request_bodies import ChatRequest
 from evoke_engine.server.security import ServerConfig, key_matches
 from evoke_engine.server.sessions import Msg, canonicalize, plan
-from evoke_engine.server.toolcalls import RawTextMap, StreamSplitter, parse_tool_calls
+from evoke_engine.server.toolcall_stream import CallReader, Delta
+from evoke_engine.server.toolcalls import RawTextMap, parse_tool_calls, read_reply
 
 pytestmark = pytest.mark.unit      # the unit tier: no model loaded (make test-fast)
 
@@ -53,22 +54,21 @@ def test_parser_never_raises_and_keeps_plain_text(text):
 
 
 @given(st.lists(st.text(min_size=1, max_size=8), max_size=30))
-def test_splitter_streams_a_prefix_of_the_text(pieces):
-    splitter = StreamSplitter(enabled=True)
-    streamed = "".join(splitter.feed(p) for p in pieces)
-    whole = "".join(pieces)
-    assert whole.startswith(streamed)
-    assert "<tool_call>" not in streamed
-    assert streamed + splitter.unsent() == whole
+def test_a_reply_streamed_in_any_pieces_reads_as_the_whole_text(pieces):
+    reader = CallReader(tool_names=TOOLS)
+    deltas = [d for p in pieces for d in reader.feed(p)] + reader.close()
+    whole = read_reply("".join(pieces), TOOLS)
+    assert "".join(d.text for d in deltas if d.kind == "content") == "".join(whole.content_parts)
+    assert [(c.name, c.arguments, c.finished) for c in reader.calls] == [
+        (c.name, c.arguments, c.finished) for c in whole.calls]
 
 
-def test_splitter_holds_a_possible_call_and_streams_prose():
-    splitter = StreamSplitter(enabled=True)
-    assert splitter.feed("Sure, ") == "Sure, "
-    assert splitter.feed("<tool_") == ""
-    assert splitter.feed("call>{") == ""
-    held = StreamSplitter(enabled=True)
-    assert held.feed('{"name"') == ""
+def test_the_reader_holds_a_possible_call_and_streams_prose():
+    reader = CallReader(tool_names=TOOLS)
+    assert reader.feed("Sure, ") == [Delta("content", "Sure, ")]
+    assert reader.feed("<tool_") == []
+    assert reader.feed("call>{") == []
+    assert CallReader(tool_names=TOOLS).feed('{"name"') == []
 
 
 def test_raw_text_map_returns_the_model_text_for_resent_calls():
