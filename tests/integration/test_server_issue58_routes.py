@@ -94,19 +94,34 @@ def test_a_forced_function_call_round_trip_continues_the_conversation(served):
 
 
 def test_a_streamed_function_call_has_its_argument_events(served):
+    """A forced call streams as OpenAI's Responses API does (the item with its call_id and name, its arguments in
+    pieces as written, then done), equals the same greedy request answered whole, and its call_id maps back."""
     _, _, client = served
-    events = list(client.responses.create(model="evoke", input="Weather in Oslo?", tools=WEATHER, tool_choice=FORCED,
-                                          max_output_tokens=64, temperature=0, stream=True))
+    ask = dict(model="evoke", input="Weather in Oslo?", tools=WEATHER, tool_choice=FORCED, max_output_tokens=64,
+               temperature=0)
+    whole = client.responses.create(**ask)
+    events = list(client.responses.create(**ask, stream=True))
     kinds = [e.type for e in events]
     assert kinds[-1] == "response.completed"
-    arguments = [k for k in kinds if k.startswith("response.function_call_arguments")]
-    assert arguments == ["response.function_call_arguments.delta", "response.function_call_arguments.done"]
     added = next(e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call")
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
     done = next(e for e in events if e.type == "response.function_call_arguments.done")
-    delta = next(e for e in events if e.type == "response.function_call_arguments.delta")
-    assert added.item.name == "get_weather" and delta.delta == done.arguments
+    item_done = next(e for e in events if e.type == "response.output_item.done" and e.item.type == "function_call")
+    assert kinds.index(added.type) < events.index(deltas[0]) < events.index(done) < events.index(item_done)
+    assert added.item.name == "get_weather" and added.item.arguments == "" and added.item.call_id
+    assert len(deltas) > 1 and "".join(d.delta for d in deltas) == done.arguments == item_done.item.arguments
+    assert {d.item_id for d in deltas} == {added.item.id, done.item_id}
     final = events[-1].response.output[-1]
-    assert final.type == "function_call" and final.arguments == done.arguments and final.call_id
+    assert (final.type, final.id, final.call_id) == ("function_call", added.item.id, added.item.call_id)
+    assert final.arguments == done.arguments and final.status == "completed"
+    assert [(i.type, i.name, i.arguments) for i in whole.output] == [("function_call", final.name, final.arguments)]
+    streamed_conversation = events[-1].response.model_extra["evoke"]["conversation_id"]
+    again = client.responses.create(model="evoke", tools=WEATHER, max_output_tokens=8, temperature=0, input=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": final.call_id, "name": final.name, "arguments": final.arguments},
+        {"type": "function_call_output", "call_id": final.call_id, "output": '{"sky": "clear"}'}])
+    assert evoke(again)["route"] == "continue"       # the call re-sent is the model's own text: nothing re-decoded
+    assert evoke(again)["conversation_id"] in (streamed_conversation, evoke(whole)["conversation_id"])
 
 
 def test_previous_response_id_continues_and_store_false_is_not_kept(served):
