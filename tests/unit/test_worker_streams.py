@@ -319,3 +319,27 @@ def test_work_about_another_conversation_splits_a_lone_reply_for_a_moment(timed)
     at("later")
     stream.result(10)
     assert seen == [("own", False), ("read", False), ("embed", False), ("other", True), ("later", False)]
+
+
+def test_a_prefill_step_beside_decoding_replies_takes_about_one_and_a_half_of_their_token_steps(engine):
+    """Sized from the runtime's measures (a 10 ms token step, 5 ms a prompt token: 3 tokens), the cap until both are
+    measured; a stream that goes before every other streaming one (the window's turn beside an endpoint reply)
+    prefills at the cap."""
+    assert engine.prefill_tokens_per_step(None, 0.01, 32) == 32
+    assert engine.prefill_tokens_per_step(0.005, None, 32) == 32
+    assert engine.prefill_tokens_per_step(0.005, 0.01, 32) == 3
+    assert engine.prefill_tokens_per_step(0.05, 0.01, 32) == 1 and engine.prefill_tokens_per_step(1e-5, 0.01, 32) == 32
+    seen: dict[str, int] = {}
+
+    def reply(name: str) -> str:
+        for _ in range(3):                               # by then both stream
+            engine.step_boundary()
+        seen[name] = engine.prefill_tokens_per_step(0.005, 0.01, 32)
+        engine.step_boundary()
+        return name
+    gate = hold(engine)
+    endpoint = engine.submit(reply, "endpoint", command=Command.TURN, about="api")
+    window = engine.submit(reply, "window", priority=FOREGROUND, command=Command.TURN, about="window")
+    gate.set()
+    assert endpoint.result(10) == "endpoint" and window.result(10) == "window"
+    assert seen == {"window": 32, "endpoint": 3}
