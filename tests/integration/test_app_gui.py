@@ -444,9 +444,11 @@ def test_llama_cpp_never_runs_on_the_gui_thread(desk, qtbot, llama_threads):
     send_and_wait(desk, qtbot, "Count to three.")
     assert sum(llama_threads.values()) > before                        # the recorder saw this turn
     assert threading.main_thread().name not in llama_threads, dict(llama_threads)
-    engine_threads = {"evoke-engine", *(name for name in llama_threads if name.startswith("evoke-engine-stream-"))}
-    assert set(llama_threads) == engine_threads, dict(llama_threads)   # the engine's thread and its replies' streams,
-    assert "evoke-engine" in llama_threads                             # never the app's call threads
+    engine_threads = {"evoke-engine", "evoke-compute",
+                      *(name for name in llama_threads if name.startswith("evoke-engine-stream-"))}
+    assert set(llama_threads) == engine_threads, dict(llama_threads)   # the engine's thread, its replies' streams and
+    assert "evoke-engine" in llama_threads                             # the compute thread that runs every decode,
+                                                                       # never the app's call threads
 
 
 def test_the_engine_scheduler_runs_in_the_qt_event_loop(desk):
