@@ -271,11 +271,15 @@ class EngineThread:
     def prefill_tokens_per_step(self, prompt_token_s: float | None, token_step_s: float | None, cap: int) -> int:
         """How many prompt tokens the calling stream's prefill step beside decoding replies takes: `PREFILL_STEP_SHARE`
         token steps' worth (`token_step_s`) at `prompt_token_s` a token (the runtime's measures), at least 1 and at
-        most `cap`; `cap` until both are measured, and for a stream that goes before every other streaming one (the
-        window's turn beside endpoint replies, a raw completion beside chats): their smoothness does not slow it."""
+        most `cap`; `cap` until both are measured, where no other reply is decoding (other work waiting, or other
+        prompts prefilling, is served a step at a time by the boundaries alone), and for a stream that goes before every
+        other streaming one (the window's turn beside endpoint replies, a raw completion beside chats): their
+        smoothness does not slow it."""
         stream = getattr(self._local, "stream", None)
-        if stream is not None and all(stream.entry.priority < other.entry.priority
-                                      for other in self._streams if other is not stream and not other.suspended):
+        others = [other for other in self._streams if other is not stream and not other.suspended]
+        if not any(other.first_token for other in others):
+            return cap
+        if stream is not None and all(stream.entry.priority < other.entry.priority for other in others):
             return cap
         if not prompt_token_s or not token_step_s:
             return cap

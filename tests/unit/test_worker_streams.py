@@ -322,19 +322,29 @@ def test_work_about_another_conversation_splits_a_lone_reply_for_a_moment(timed)
 
 
 def test_a_prefill_step_beside_decoding_replies_takes_about_one_and_a_half_of_their_token_steps(engine):
-    """Sized from the runtime's measures (a 10 ms token step, 5 ms a prompt token: 3 tokens), the cap until both are
-    measured; a stream that goes before every other streaming one (the window's turn beside an endpoint reply)
-    prefills at the cap."""
-    assert engine.prefill_tokens_per_step(None, 0.01, 32) == 32
-    assert engine.prefill_tokens_per_step(0.005, None, 32) == 32
-    assert engine.prefill_tokens_per_step(0.005, 0.01, 32) == 3
-    assert engine.prefill_tokens_per_step(0.05, 0.01, 32) == 1 and engine.prefill_tokens_per_step(1e-5, 0.01, 32) == 32
+    """Sized from the runtime's measures (a 10 ms token step, 5 ms a prompt token: 3 tokens) while another reply
+    decodes; the cap until both are measured, where no other reply decodes, and for a stream that goes before every
+    other streaming one (the window's turn beside an endpoint reply)."""
+    assert engine.prefill_tokens_per_step(0.005, 0.01, 32) == 32                 # nothing else streams
     seen: dict[str, int] = {}
+    decoding: set[str] = set()
 
     def reply(name: str) -> str:
         for _ in range(3):                               # by then both stream
             engine.step_boundary()
+        seen[f"{name} beside a prefill"] = engine.prefill_tokens_per_step(0.005, 0.01, 32)
+        while len(seen) < 2:                             # until both have read it
+            engine.step_boundary()
+        engine.token_boundary()                          # its first token: it decodes from here
+        decoding.add(name)
+        while len(decoding) < 2:
+            engine.step_boundary()
         seen[name] = engine.prefill_tokens_per_step(0.005, 0.01, 32)
+        if name == "endpoint":
+            seen["measures"] = (engine.prefill_tokens_per_step(None, 0.01, 32),
+                                engine.prefill_tokens_per_step(0.005, None, 32),
+                                engine.prefill_tokens_per_step(0.05, 0.01, 32),
+                                engine.prefill_tokens_per_step(1e-5, 0.01, 32))
         engine.step_boundary()
         return name
     gate = hold(engine)
@@ -342,4 +352,5 @@ def test_a_prefill_step_beside_decoding_replies_takes_about_one_and_a_half_of_th
     window = engine.submit(reply, "window", priority=FOREGROUND, command=Command.TURN, about="window")
     gate.set()
     assert endpoint.result(10) == "endpoint" and window.result(10) == "window"
-    assert seen == {"window": 32, "endpoint": 3}
+    assert seen == {"window beside a prefill": 32, "endpoint beside a prefill": 32, "window": 32, "endpoint": 3,
+                    "measures": (32, 32, 1, 32)}
