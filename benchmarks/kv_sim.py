@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from evoke_engine.errors import Cancelled, DecodeError, RestoreError
+from evoke_engine.runtime.decode_pace import DecodePace
 from evoke_engine.runtime.held_ahead import HeldAhead
 from evoke_engine.runtime.saved_kv import SavedKV
 
@@ -177,6 +178,7 @@ class FakeRuntime:
         self.scratch_seq = slots + 1              # slots, one prefix sequence, then the scratch
         self.completion_seq = slots + 2           # and a raw completion's
         self.decoded: list[tuple[int, int, int]] = []    # (seq, start position, tokens) of every decode
+        self.pace = DecodePace()                  # no decode is timed here: prefill steps stay at their cap
 
     @property
     def n_vocab(self) -> int:
@@ -201,6 +203,11 @@ class FakeRuntime:
 
     def token_boundary(self) -> None:
         """The step boundary before a reply's next token (`Runtime.token_boundary`); the engine installs its own."""
+        self.step_boundary()
+
+    def boundary_if_spent(self) -> None:
+        """The step boundary once a step has taken a token step's time (`Runtime.boundary_if_spent`); the engine
+        installs its own."""
         self.step_boundary()
 
     def decode(self, tokens: list[int], seq: int, start_pos: int, *, logits_last: bool = True,

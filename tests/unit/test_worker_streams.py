@@ -328,6 +328,7 @@ def test_a_prefill_step_beside_decoding_replies_takes_about_one_and_a_half_of_th
     assert engine.prefill_tokens_per_step(0.005, 0.01, 32) == 32                 # nothing else streams
     seen: dict[str, int] = {}
     decoding: set[str] = set()
+    finished: set[str] = set()
 
     def reply(name: str) -> str:
         for _ in range(3):                               # by then both stream
@@ -345,7 +346,9 @@ def test_a_prefill_step_beside_decoding_replies_takes_about_one_and_a_half_of_th
                                 engine.prefill_tokens_per_step(0.005, None, 32),
                                 engine.prefill_tokens_per_step(0.05, 0.01, 32),
                                 engine.prefill_tokens_per_step(1e-5, 0.01, 32))
-        engine.step_boundary()
+        finished.add(name)
+        while len(finished) < 2:                         # neither ends before the other has read
+            engine.step_boundary()
         return name
     gate = hold(engine)
     endpoint = engine.submit(reply, "endpoint", command=Command.TURN, about="api")
