@@ -1,8 +1,9 @@
 """How long this model's decodes take here, as they run: a reply's token step (one token of each decoding reply, in
 one decode) and a prompt token in a prefill chunk; the scheduler sizes prefill steps beside decoding replies from them.
 
-Invariants: moving averages of measured decodes only (no guess until the first one); a step's or chunk's time is what
-`llama_decode` took, not the Python around it.
+Invariants: moving averages of measured decodes only (no guess until the first one); a chunk's time is what its
+`llama_decode` took, a token step's what the decode and its replies' sampling took (the shared step samples each row
+at once), not the Python of the replies around it.
 """
 
 from __future__ import annotations
