@@ -57,6 +57,19 @@ def prefill(engine: EngineThread, log: list, name: str, chunks: int):
     return run
 
 
+def on_step_clock(name: str, step_s: float) -> tuple[EngineThread, SharedStep, StepClock]:
+    """An engine whose time is a `StepClock`'s and whose shared step (a recorder) costs `step_s` on it."""
+    clock = StepClock()
+    engine = EngineThread(name, stream_limit=lambda: 4, clock=clock)
+    step = SharedStep()
+
+    def shared_step() -> None:
+        clock.now += step_s
+        step()
+    engine.shared_step = shared_step
+    return engine, step, clock
+
+
 @pytest.fixture
 def shared():
     engine = EngineThread("shared-step-test", stream_limit=lambda: 4)
@@ -101,14 +114,7 @@ def test_a_costly_prefill_chunk_buys_the_parked_replies_their_share_of_steps():
     takes a chunk only when the parked replies have had as much engine time each as the chunk counts against it (a
     0.04 s step shared by two, a 0.2 s chunk counted `PREFILL_COST` times: twenty steps a chunk), not one chunk a
     token."""
-    clock = StepClock()
-    engine = EngineThread("share-test", stream_limit=lambda: 4, clock=clock)
-    step = SharedStep()
-
-    def shared_step() -> None:
-        clock.now += 0.04
-        step()
-    engine.shared_step = shared_step
+    engine, step, clock = on_step_clock("share-test", step_s=0.04)
     log: list = []
 
     def costly_prefill() -> str:
@@ -139,14 +145,7 @@ def test_a_newcomers_uncharged_start_is_no_claim_on_the_reply_it_cut_in_beside()
     """A reply arriving beside a decoding one prefills in turn with the shared steps, uncharged (its start credit);
     once its first token is out both ride every shared step: the older is not left out while the newcomer's
     charged engine time catches up with the steps the older was charged meanwhile."""
-    clock = StepClock()
-    engine = EngineThread("newcomer-test", stream_limit=lambda: 4, clock=clock)
-    step = SharedStep()
-
-    def shared_step() -> None:
-        clock.now += 0.013
-        step()
-    engine.shared_step = shared_step
+    engine, step, clock = on_step_clock("newcomer-test", step_s=0.013)
     log: list = []
 
     def newcomer() -> str:
