@@ -6,7 +6,7 @@ stops spinning at its barriers (each of a graph's hundreds of barriers becomes a
 the threads of every team it manages outnumber the cores: with the engine thread and a reply's stream thread each
 owning a team of two on two cores, a token took 35 ms instead of 9 (measured: `python -m benchmarks decode`,
 docs/benchmarks.md). One calling thread keeps one team, so the spinning stays. A caller waits for its own decode;
-callers are served one at a time, in the order they ask; a decode on this thread itself runs inline.
+callers are served one at a time; a decode on this thread itself runs inline.
 """
 
 from __future__ import annotations
