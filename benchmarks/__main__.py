@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=_ints, default=(2, 4), help="client counts, comma-separated")
     p.add_argument("--paste-tokens", type=int, default=7000, help="the long prompt's size in tokens (about; "
                    "llama-server caps a slot at the model's training context, 8192 for SmolLM2)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each short scenario (behind, clients, fim) on "
+                   "one server: each figure is their median, every run's kept under `samples`")
     p.add_argument("--systems", default="evoke,evoke_contexts,evoke_serial,llama_server",
                    help="comma-separated: evoke (streams), evoke_contexts, evoke_unified, evoke_serial, llama_server")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -324,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         from .recall_suite import parse_overrides
 
         result = run(server=check_binary(args.server), threads=args.threads, reply_tokens=args.reply_tokens,
-                     counts=args.clients, paste_tokens=args.paste_tokens, systems=tuple(args.systems.split(",")),
+                     counts=args.clients, paste_tokens=args.paste_tokens, repeats=args.repeats,
+                     systems=tuple(args.systems.split(",")),
                      overrides=parse_overrides(args.set))
     elif args.name == "attention":
         from .attention import run

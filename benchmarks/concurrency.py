@@ -13,6 +13,9 @@ cache for all slots), Evoke with one reply at a time (`evoke_serial`,
            one client while another streams: the streamer's longest gap and
            tokens/s against it streaming alone.
 
+With `repeats` above 1 the short scenarios (behind, clients, fim) run that many times in a row on the same server
+and each figure is their median (`samples` keeps every run's); the paste runs once (a minute a system).
+
 Invariants: every request is streamed, greedy, and sent by its own thread over its own connection; times are the
 client's (from the request's send); prompts differ per client (no shared prefix routes two clients to one
 conversation); servers bind to 127.0.0.1 and are always stopped.
@@ -244,13 +247,31 @@ class EvokeServer:
         self.proc = None
 
 
-def run_system(base: str, *, reply_tokens: int, counts: tuple[int, ...], paste_tokens: int) -> dict:
+def median_of(samples: list) -> object:
+    """One figure from a scenario's runs: numbers by their median, flags true only if true in every run, dicts key by
+    key; anything else (a list of times) as the runs gave it."""
+    first = samples[0]
+    if isinstance(first, bool):
+        return all(samples)
+    if isinstance(first, (int, float)) and not any(s is None for s in samples):
+        return round(statistics.median(samples), 4)
+    if isinstance(first, dict):
+        return {key: median_of([s[key] for s in samples]) for key in first}
+    return samples
+
+
+def repeated(scenario, repeats: int) -> dict:
+    samples = [scenario() for _ in range(repeats)]
+    return samples[0] if repeats == 1 else {**median_of(samples), "samples": samples}
+
+
+def run_system(base: str, *, reply_tokens: int, counts: tuple[int, ...], paste_tokens: int, repeats: int = 1) -> dict:
     client = Client(base)
     warm = Streamed()
     client.chat("Say hi.", 4, warm, time.perf_counter())                     # first-request costs out of the way
-    return {"behind": scenario_behind(client, reply_tokens),
-            "clients": scenario_clients(client, counts, 64),
-            "fim": scenario_fim(client, reply_tokens),
+    return {"behind": repeated(lambda: scenario_behind(client, reply_tokens), repeats),
+            "clients": repeated(lambda: scenario_clients(client, counts, 64), repeats),
+            "fim": repeated(lambda: scenario_fim(client, reply_tokens), repeats),
             "paste": scenario_paste(client, paste_tokens, reply_tokens)}
 
 
@@ -263,15 +284,15 @@ def measured(system: str, measure) -> dict | str:
 
 
 def run(*, server: str | None, threads: int, reply_tokens: int = 200, counts: tuple[int, ...] = (2, 4),
-        paste_tokens: int = 7000,
+        paste_tokens: int = 7000, repeats: int = 1,
         systems: tuple[str, ...] = ("evoke", "evoke_contexts", "evoke_serial", "llama_server"),
         overrides: dict | None = None) -> dict:
     threads = threads or os.cpu_count() or 1
     slots = max(counts) + 1                     # a reply in each, and one slot for opening (parallel_replies)
     n_ctx = 16384 * slots                       # each slot's own stream or context holds the paste
     results: dict = {"reply_tokens": reply_tokens, "paste_tokens": paste_tokens, "threads": threads,
-                     "overrides": overrides or {}}
-    figures = dict(reply_tokens=reply_tokens, counts=counts, paste_tokens=paste_tokens)
+                     "repeats": repeats, "overrides": overrides or {}}
+    figures = dict(reply_tokens=reply_tokens, counts=counts, paste_tokens=paste_tokens, repeats=repeats)
     common = {"n_threads": threads, "slots": slots, "budget_tokens": 12288, **(overrides or {})}
 
     def evoke(parallel: int, **shape) -> dict:
