@@ -4,8 +4,9 @@ value lines of an open conversation's blocks (`memory.glosses`): evicted blocks 
 Invariants: runs on the engine thread as a BACKGROUND job (`TurnJobs.on_idle`, after a turn's vectors); it stops
 before its next decode once `busy()` says other work waits or a reply streams, so a turn that arrives while a gloss
 is written starts after at most one decode step (a prompt chunk or one token); a block whose reply was cut short
-gets nothing (it is asked again at the next idle time); each block's reply is capped at `GLOSS_TOKENS_PER_BLOCK`; the
-scratch sequence is empty again after each block (`completion.complete`); glossed blocks' lines are embedded at once.
+gets nothing (it is asked again at the next idle time: `resume_after`); each block's reply is capped at
+`GLOSS_TOKENS_PER_BLOCK`; the scratch sequence is empty again after each block (`completion.complete`); glossed blocks'
+lines are embedded at once; `total` sums every run's cost (its share of idle time: `wall_s` over the idle seconds).
 """
 
 from __future__ import annotations
@@ -60,8 +61,11 @@ def blocks_to_gloss(blocks: list[Block], score: Callable[[Block], float] | None 
 
 @dataclass
 class GlossCost:
-    """What writing glosses took: blocks and lines asked and glossed, tokens decoded and sampled, seconds of the
-    model (prompt and reply) and of embedding the glossed lines, and runs stopped because other work arrived."""
+    """What writing glosses took: idle jobs run and their seconds on the engine thread, blocks and lines asked and
+    glossed, tokens decoded and sampled, seconds of the model (prompt and reply) and of embedding the glossed lines,
+    and runs stopped because other work arrived."""
+    runs: int = 0
+    wall_s: float = 0.0
     blocks: int = 0
     lines: int = 0
     glossed_lines: int = 0
@@ -104,6 +108,7 @@ class GlossWriter:
         cost = GlossCost()
         if model is None or model.closed or not writes_glosses(model.settings):
             return cost
+        began = self.clock()
         for block in blocks_to_gloss(list(memory.table.blocks), memory.score)[:self.blocks_per_run]:
             if self.busy():
                 cost.interrupted += 1
@@ -115,8 +120,18 @@ class GlossWriter:
             started = self.clock()
             memory.embed_glossed([block])
             cost.embed_s += self.clock() - started
+        cost.runs, cost.wall_s = 1, self.clock() - began
         self.total.add(cost)
+        log.debug("glosses: %d blocks, %d of %d lines, %d+%d tokens, %.2f s%s", cost.blocks, cost.glossed_lines,
+                  cost.lines, cost.prompt_tokens, cost.reply_tokens, cost.wall_s,
+                  " (stopped: other work arrived)" if cost.interrupted else "")
         return cost
+
+    def resume_after(self, cost: GlossCost) -> bool:
+        """Whether another idle job should go on after a run that cost `cost`: it decoded something and stopped for
+        work that arrived (which runs first) or at `blocks_per_run`. A run stopped before its first decode (a reply
+        streams: its turn's end queues the next) or by a full context is not resumed, so resuming never spins."""
+        return cost.prompt_tokens > 0 and (cost.interrupted > 0 or cost.blocks >= self.blocks_per_run)
 
     def gloss_block(self, model: LoadedModel, block: Block, cost: GlossCost) -> dict[str, str] | None:
         """One block's glosses (line -> gloss, maybe none), or None when other work arrived or the context had no

@@ -144,10 +144,13 @@ class TurnJobs:
 
     def write_glosses(self, conversation_id: str) -> None:
         """On idle time (after the turn's vectors): the model glosses the value lines of the conversation's blocks
-        (`GlossWriter`, where `recall_glosses` has it write), stopping at once when other work arrives."""
+        (`GlossWriter`, where `recall_glosses` has it write), stopping at once when other work arrives; queued again
+        after that work, or while blocks are left past a run's quota (`GlossWriter.resume_after`)."""
         state = self.conversations.get(conversation_id)
         if state is not None and self.glosses is not None:
-            self.glosses.write(self.conversations.model, state.memory)
+            cost = self.glosses.write(self.conversations.model, state.memory)
+            if self.glosses.resume_after(cost):
+                self.on_idle(lambda: self.write_glosses(conversation_id))
 
     def _reply_row(self, conversation_id: str, on_token, previous_id: int | None = None, *,
                    row_id: int | None = None, text: str = "") -> StreamedReply:

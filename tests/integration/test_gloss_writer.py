@@ -1,24 +1,23 @@
-"""The gloss writer on the real embedded model (issue 61): glosses written on the engine thread's idle time through
-llama.cpp (the scratch sequence, the sampler), within the per-block cap, the conversation's turns unharmed after;
-a turn submitted while a gloss is written stops it before its next decode, and the turn then runs. The writer is
-queued here as the engine's hook would queue it (a BACKGROUND job; `TurnJobs(glosses=...)` is not wired in the
-engine yet)."""
+"""The engine's gloss writer on the real embedded model (issue 61), as wired (`recall_glosses=on`: each turn's end
+queues it on idle time): glosses written through llama.cpp in the scratch sequence within the per-block cap, each
+block once, its totals on the writer; a turn submitted while a gloss is decoding starts after at most one more decode,
+and the block cut short is glossed at the next idle time."""
 
 from __future__ import annotations
 
+import queue
 import threading
 
 import pytest
 
 from evoke_engine import Engine, Settings
-from evoke_engine.conversations.completion import complete
-from evoke_engine.conversations.gloss_writer import GlossWriter
+from evoke_engine.conversations.gloss_writer import GlossCost
 from evoke_engine.memory.glosses import BOOK, GLOSS_TOKENS_PER_BLOCK
-from evoke_engine.worker import BACKGROUND, Command
 
 pytestmark = pytest.mark.slow
 CODE = ("// timings of the dashboard and its polling loop\nexport const STATUS_REFRESH_MS = 4500;\n"
         '"autosaveDelayMs": 900,\nexport const MAX_TOAST_STACK = 4;\n')
+WAIT_S = 180
 
 
 @pytest.fixture(scope="module")
@@ -29,62 +28,79 @@ def engine(tmp_path_factory):
         yield eng
 
 
-@pytest.fixture(autouse=True)
-def empty_book():
+@pytest.fixture
+def runs(engine):
+    """Each run of the engine's own writer, its cost put here as it ends (the writer itself runs unchanged)."""
+    writer, ended = engine.turns.glosses, queue.Queue()
+    write = writer.write
+
+    def observed(model, memory) -> GlossCost:
+        cost = write(model, memory)
+        ended.put(cost)
+        return cost
+
+    writer.write = observed
     BOOK.clear()
-    yield
+    yield ended
+    writer.write = write
+    engine.wait_idle()
     BOOK.clear()
 
 
-def _writer(engine: Engine, generate=complete) -> GlossWriter:
-    return GlossWriter(lambda: engine.thread.pending() > 0 or bool(engine.thread.streaming()), generate=generate)
+def _status_block(engine: Engine, conversation_id: str):
+    return next(b for b in engine.lifecycle.get(conversation_id).memory.table.blocks if "STATUS_REFRESH_MS" in b.text)
 
 
-def _write(engine: Engine, writer: GlossWriter, conversation_id: str):
-    state = engine.lifecycle.get(conversation_id)
-    return engine.thread.submit(lambda: writer.write(engine.lifecycle.model, state.memory), priority=BACKGROUND,
-                                command=Command.EMBED)
+def _until_glossed(engine: Engine, runs: queue.Queue, conversation_id: str) -> list[GlossCost]:
+    seen = [runs.get(timeout=WAIT_S)]
+    while not BOOK.written(_status_block(engine, conversation_id).hash):
+        seen.append(runs.get(timeout=WAIT_S))
+    return seen
 
 
-def test_the_model_glosses_a_files_value_lines_on_idle_time(engine):
+def test_a_turns_end_has_the_model_gloss_its_value_lines_on_idle_time(engine, runs):
+    writer = engine.turns.glosses
+    before = GlossCost(**vars(writer.total))
     conv = engine.new_conversation()
     first = conv.submit("Here is the timing file.", [("status.ts", CODE)], max_tokens=8, temperature=0).result()
-    writer = _writer(engine)
-    cost = _write(engine, writer, conv.id).result(120)
-    memory = engine.lifecycle.get(conv.id).memory
-    block = next(b for b in memory.table.blocks if "STATUS_REFRESH_MS" in b.text)
-    assert BOOK.written(block.hash) and cost.blocks >= 1 and cost.interrupted == 0
-    assert 0 < cost.reply_tokens <= cost.blocks * GLOSS_TOKENS_PER_BLOCK and cost.prompt_tokens > 0
-    assert cost.lines >= 2 and cost.glossed_lines <= cost.lines
-    assert _write(engine, writer, conv.id).result(120).blocks == 0           # each block once
+    seen = _until_glossed(engine, runs, conv.id)
+    done = sum(c.blocks for c in seen)
+    assert done >= 1 and 0 < sum(c.reply_tokens for c in seen) <= done * GLOSS_TOKENS_PER_BLOCK
+    assert writer.total.runs - before.runs >= len(seen) and writer.total.model_s > before.model_s
+    assert writer.total.wall_s - before.wall_s >= writer.total.model_s - before.model_s
     again = conv.submit("Thanks.", max_tokens=8, temperature=0).result()   # the scratch sequence is free again
-    assert first.n_tokens > 0 and again.n_tokens > 0
+    after = runs.get(timeout=WAIT_S)                                       # that turn's end: each block once
+    assert first.n_tokens > 0 and again.n_tokens > 0 and after.blocks == 0 and after.prompt_tokens == 0
     conv.check()
 
 
-def test_a_turn_submitted_while_a_gloss_is_written_stops_it_before_its_next_decode(engine):
-    conv = engine.new_conversation()
-    conv.submit("Here is the timing file.", [("status.ts", CODE)], max_tokens=8, temperature=0).result()
-    writing, queued = threading.Event(), threading.Event()
+def test_a_turn_that_arrives_while_a_gloss_decodes_starts_after_at_most_one_more_decode(engine, runs):
+    writer = engine.turns.glosses
+    generate = writer.generate
+    decoding, queued = threading.Event(), threading.Event()
     decodes_after: list[int] = []
 
-    def generate(model, tokens, params, on_token, cancel):
-        class Watch:                         # counts the decodes the writer starts once the turn is queued
+    def watched(model, tokens, params, on_token, cancel):
+        class Watch:                     # the engine's own stop flag, read before each decode of the writer's
             def is_set(self) -> bool:
                 busy = cancel.is_set()
                 if queued.is_set() and not busy:
-                    decodes_after.append(1)
-                writing.set()
+                    decodes_after.append(1)     # a decode begun after the turn was submitted
+                decoding.set()
                 return busy
-        return complete(model, tokens, params, on_token, Watch())
+        return generate(model, tokens, params, on_token, Watch())
 
-    job = _write(engine, _writer(engine, generate), conv.id)
-    assert writing.wait(60)
-    queued.set()
-    turn = conv.submit("Thanks.", max_tokens=8, temperature=0)
-    cost = job.result(120)
-    assert turn.result(120).n_tokens > 0
-    assert cost.interrupted == 1 and len(decodes_after) <= 1                # the one already checked, at most
-    block = next(b for b in engine.lifecycle.get(conv.id).memory.table.blocks if "STATUS_REFRESH_MS" in b.text)
-    assert not BOOK.written(block.hash)                                    # nothing kept of a reply cut short
+    writer.generate = watched
+    try:
+        conv = engine.new_conversation()
+        conv.submit("Here is the timing file.", [("status.ts", CODE)], max_tokens=8, temperature=0).result()
+        assert decoding.wait(WAIT_S)
+        queued.set()
+        turn = conv.submit("Thanks.", max_tokens=8, temperature=0)
+        cut = runs.get(timeout=WAIT_S)
+        assert turn.result(WAIT_S).n_tokens > 0
+        assert cut.interrupted == 1 and len(decodes_after) <= 1          # the one already checked, at most
+        _until_glossed(engine, runs, conv.id)                             # the next idle time writes it
+    finally:
+        writer.generate = generate
     conv.check()

@@ -12,6 +12,7 @@ from helpers.word_embedder import CountingEmbedder
 
 from evoke_engine.conversations.completion import Completion
 from evoke_engine.conversations.gloss_writer import GlossWriter, blocks_to_gloss, embedded_model, writes_glosses
+from evoke_engine.conversations.turn_jobs import TurnJobs
 from evoke_engine.kvcache.blocks import Block, BlockState
 from evoke_engine.memory import lexical
 from evoke_engine.memory.glosses import (
@@ -188,6 +189,38 @@ def test_work_that_arrives_stops_the_writer_and_a_cut_reply_keeps_nothing():
     arrived[0] = False
     writer.generate = lambda *a: Completion("1. how often it reloads", 5, 5, "eos", 0.0)
     assert writer.write(_Model(), _memory(blocks)).blocks == 3 and writer.total.interrupted == 1
+
+
+def test_the_writer_comes_back_after_the_work_that_stopped_it_and_past_its_quota_but_never_spins():
+    """`TurnJobs.write_glosses` queues itself again after a run that decoded something and stopped for a queued job
+    or at its quota; not after one stopped before its first decode (a reply streams) nor one with nothing left."""
+    arrived, asked = [False], [0]
+
+    def generate(model, tokens, params, on_token, cancel):
+        asked[0] += 1
+        if asked[0] == 2:                                   # a turn is queued while the second block is written
+            arrived[0] = True
+            return Completion("", len(tokens), 0, "cancelled", 0.0)
+        return Completion("1. how often it reloads", len(tokens), 5, "eos", 0.0)
+
+    blocks = [_block(turn=t, name=f"{t}.ts") for t in range(5)]
+    state = SimpleNamespace(memory=_memory(blocks))
+    queued: list = []
+    writer = GlossWriter(lambda: arrived[0], generate=generate, blocks_per_run=2)
+    turns = TurnJobs(SimpleNamespace(history=None, get=lambda _: state, model=_Model()), emit=print,
+                     clock=lambda: 0.0, on_activity=print, on_idle=queued.append, glosses=writer)
+    turns.write_glosses("c1")
+    assert len(BOOK) == 1 and writer.total.interrupted == 1 and len(queued) == 1    # after the turn, on idle time
+    queued.pop()()                                         # the turn still waits: stopped before any decode
+    assert len(BOOK) == 1 and queued == [] and writer.total.runs == 2
+    arrived[0] = False
+    turns.write_glosses("c1")                              # the next turn's end: two blocks, the quota, then more
+    assert len(BOOK) == 3 and len(queued) == 1
+    queued.pop()()
+    assert len(BOOK) == 5 and len(queued) == 1
+    queued.pop()()                                         # nothing left: not queued again
+    assert queued == [] and writer.total.blocks == 5 and writer.total.runs == 5
+    assert writer.total.wall_s >= writer.total.model_s + writer.total.embed_s >= 0
 
 
 def test_a_conversations_kv_file_carries_its_glosses_and_their_line_vectors(tmp_path):
