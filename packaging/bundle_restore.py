@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from time_bundle import cpu_model           # this folder's sibling: the same machine line as the bundle's timings
+from time_bundle import cpu_model  # this folder's sibling: the same machine line as the bundle's timings
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ("restore_call_ms", "restore_ms", "save_ms", "llama_shift_restore_ms", "reprefill_ms")

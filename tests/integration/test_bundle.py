@@ -1,8 +1,9 @@
 """Issue 62: the one-folder bundle (dist/evoke-desk/, `make bundle`) runs on a machine it is copied to. From a scrubbed
 environment (only PATH=/usr/bin:/bin, a fresh HOME, a folder outside the checkout: no venv, no cache) the bundled
 `evoke-desk` answers --version, chats a turn on the embedded model headless with the exported ONNX embedder and the
-direct KV path, and its device report names the direct KV path and the native 8/4-bit kernels, on the best variant
-this CPU runs and on the baseline one (EVOKE_NATIVE_VARIANT=baseline: any x86-64). Its llama.cpp core and the
+direct KV path, its device report names the direct KV path and the native 8/4-bit kernels, and its `bench restore`
+moves a block by the direct path, on the best variant this CPU runs and on the baseline one
+(EVOKE_NATIVE_VARIANT=baseline: any x86-64). Its llama.cpp core and the
 baseline libraries use no AVX register (objdump), and it carries no torch.
 
 Slow. Where PyInstaller is importable (CI installs it) the test builds the bundle first (packaging/build_bundle.sh,
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "packaging" / "build_bundle.sh"
-BUNDLE_DIR = Path(os.environ.get("EVOKE_BUNDLE") or ROOT / "dist" / "evoke-desk")
+BUNDLE_DIR = Path(os.environ.get("EVOKE_BUNDLE") or ROOT / "dist" / "evoke-desk").resolve()   # run from elsewhere
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 NO_DIRECT = "KV blocks move through llama.cpp's serialised state"      # kv.py logs it when the direct path is off
 
@@ -146,3 +147,16 @@ def test_no_torch_and_a_portable_llama_cpp(bundle):
         text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(path)], capture_output=True, text=True,
                               check=True).stdout
         assert not re.search(r"%[yz]mm", text), f"{path.name} uses AVX registers"
+
+
+@pytest.mark.parametrize("variant", ["", "baseline"])
+def test_the_bundles_restore_bench_takes_the_direct_path(bundle, tmp_path, variant):
+    """`evoke-desk bench restore` (the lab's code, as `python -m benchmarks restore` runs it;
+    packaging/bundle_restore.py times the two side by side) moves a block by the direct path with the native
+    re-anchor, on this CPU's best variant and on the baseline one. A check, not a figure."""
+    env = scrubbed(tmp_path, **({package_files.VARIANT_ENV: variant} if variant else {}))
+    done = run(bundle, ["bench", "restore", "--json", "--sizes", "32", "--trials", "1"], env, tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["direct_path"] is True and result["native_reanchor"] is True, result
+    assert [row["path"] for row in result["rows"]] == ["direct"], result["rows"]
