@@ -19,7 +19,6 @@ all it is a 503 (`too_many_sessions`), never made by forgetting another client's
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -47,6 +46,7 @@ from .request_bodies import ChatRequest, check_body
 from .responses_api import add_responses_routes
 from .security import GuardMiddleware, ServerConfig
 from .service import STATELESS, ChatService, Outcome, Prepared, cancel_on_disconnect
+from .stored_start import QUEUED_PING_S, start_stored
 from .toolcall_formats import loaded_format
 from .toolcall_stream import CallReader, Delta
 
@@ -163,7 +163,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
             pieces: asyncio.Queue = asyncio.Queue()
             try:
-                await _start_stored(service, prepared, http, pieces, loop)
+                await start_stored(service, prepared, http, pieces, loop, ended=TURN_ENDED)
                 headers[JOB_HEADER] = str(prepared.future.job.id)
                 headers[QUEUE_HEADER] = str(engine.queue_position(prepared.future.job.id) or 0)
             except BaseException as exc:
@@ -199,7 +199,6 @@ def create_app(engine: Engine, config: ServerConfig | None = None, state_dir: Pa
 JOB_HEADER = "X-Evoke-Job"   # the engine thread's job that served the request (its id in the engine's DEBUG log)
 QUEUE_HEADER = "X-Evoke-Queue"   # a stream's place when it began: 0 running, N with N-1 replies to start first
 PING_S = 5.0                 # an SSE comment (": ping") this often while no token comes (a long prefill)
-QUEUED_PING_S = 1.0          # while the reply waits for its turn to start: ": queued N" this often
 
 
 def throwaway(client: Client) -> Client:
@@ -322,39 +321,6 @@ def _sse(payload: dict | str) -> str:
 
 
 TURN_ENDED = object()        # the last item a streamed turn's queue of pieces gets
-
-
-async def _start_stored(service: ChatService, prepared: Prepared, http: Request, pieces: asyncio.Queue,
-                        loop: asyncio.AbstractEventLoop) -> None:
-    """Start a streamed request's turn (its pieces, then TURN_ENDED, go to `pieces`) and return once its message
-    is in SQLite, so the 200 that follows acknowledges a stored message (a failure later keeps it); the turn's
-    error when it ended before that (a full disk: refused before any header). A turn queued behind other replies
-    returns at once: its client is told its place (`X-Evoke-Queue`, `: queued N`) rather than kept without an
-    answer, and a storage failure then comes as the stream's error event. A client that leaves meanwhile cancels
-    it."""
-    stored = asyncio.Event()
-
-    def acknowledge() -> None:
-        prepared.acknowledged = True
-        stored.set()
-    future = service.submit(prepared, on_token=lambda p: loop.call_soon_threadsafe(pieces.put_nowait, p),
-                            on_stored=lambda: loop.call_soon_threadsafe(acknowledge))
-    future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, TURN_ENDED))
-    future.add_done_callback(lambda _: loop.call_soon_threadsafe(stored.set))
-    watcher = asyncio.create_task(cancel_on_disconnect(http, prepared.future, prepared.conv.cancel))
-    try:
-        while not stored.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stored.wait(), QUEUED_PING_S)
-            if not stored.is_set() and service.engine.queue_position(future.job.id):
-                break                                      # queued behind other replies: the response begins now
-    except asyncio.CancelledError:
-        prepared.conv.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if not prepared.acknowledged and future.done() and not future.cancelled() and future.exception() is not None:
-        raise future.exception()
 
 
 async def _stream(service: ChatService, prepared: Prepared, pieces: asyncio.Queue, model_id: str,

@@ -15,7 +15,6 @@ unknown or forgotten id is OpenAI's `previous_response_not_found`; a stream's re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import json
@@ -40,11 +39,11 @@ from .metrics import Metrics
 from .request_bodies import ChatRequest, Loose, check_body
 from .response_items import OutputItems
 from .service import ChatService, Outcome, Prepared, cancel_on_disconnect
+from .stored_start import QUEUED_PING_S, start_stored
 from .toolcall_formats import loaded_format
 from .toolcall_stream import CallReader
 
 PING_S = 5.0                 # an SSE comment this often while no token comes
-QUEUED_PING_S = 1.0          # while the reply waits for its turn
 MAX_STORED = 4096            # responses kept for `previous_response_id`
 MAX_STORED_BYTES = 64 << 20  # and their messages' bytes in all (least recently used forgotten first)
 # Responses fields the chat route does not honour: set to anything but these values, they are a 400 naming them
@@ -324,7 +323,7 @@ def add_responses_routes(app: FastAPI, engine: Engine, service: ChatService, met
         if request.stream:
             pieces: asyncio.Queue = asyncio.Queue()
             try:
-                await start_stored(service, prepared, http, pieces, loop)
+                await start_stored(service, prepared, http, pieces, loop, ended=None)
             except BaseException as exc:
                 service.release(prepared, loop)
                 if isinstance(exc, (EvokeError, GrammarError)):
@@ -414,36 +413,6 @@ def stream_failure(exc: BaseException) -> dict:
     if isinstance(exc, GrammarError):
         return {"code": "invalid_grammar", "message": f"grammar: {exc}"}
     return {"code": "engine_error", "message": f"generation failed: {exc}"}
-
-
-async def start_stored(service: ChatService, prepared: Prepared, http: Request, pieces: asyncio.Queue,
-                       loop: asyncio.AbstractEventLoop) -> None:
-    """Start a streamed turn (pieces, then None, go to `pieces`) and return once its message is in SQLite, or at
-    once when it is queued behind other replies (the chat route's rule: the 200 acknowledges a stored message); the
-    turn's error when it failed before that."""
-    stored = asyncio.Event()
-
-    def acknowledge() -> None:
-        prepared.acknowledged = True
-        stored.set()
-    future = service.submit(prepared, on_token=lambda p: loop.call_soon_threadsafe(pieces.put_nowait, p),
-                            on_stored=lambda: loop.call_soon_threadsafe(acknowledge))
-    future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, None))
-    future.add_done_callback(lambda _: loop.call_soon_threadsafe(stored.set))
-    watcher = asyncio.create_task(cancel_on_disconnect(http, prepared.future, prepared.conv.cancel))
-    try:
-        while not stored.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stored.wait(), QUEUED_PING_S)
-            if not stored.is_set() and service.engine.queue_position(future.job.id):
-                break
-    except asyncio.CancelledError:
-        prepared.conv.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if not prepared.acknowledged and future.done() and not future.cancelled() and future.exception() is not None:
-        raise future.exception()
 
 
 class ResponseRun:
