@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export QT_QPA_PLATFORM ?= offscreen
 
-.PHONY: install run chat test test-fast test-loaded test-soak test-hostile lint bench gpu cpu native-variants bundle clean
+.PHONY: install run chat test test-fast test-loaded test-soak test-hostile lint bench gpu cpu native-variants bundle bundle-cuda clean
 
 $(STAMP): pyproject.toml packaging/install.sh native/build.sh native/rope_reanchor.c native/attention_capture.cpp native/kv_direct.cpp native/kvquant.c \
           native/build_cpu.sh native/llama_wheel.sh native/build_rpc_server.sh native/rpc_server/CMakeLists.txt
@@ -60,6 +60,12 @@ native-variants: install
 # (~25 min on 2 cores the first time, mostly the wheel; then ~5 min). .venv exports the embedder (it has torch).
 bundle: install
 	bash packaging/build_bundle.sh
+
+# the one-folder CUDA bundle dist/cuda/evoke-desk/ (BUNDLE_KIND=cuda): native/build_cuda.sh's wheel (RTX architectures
+# 75, 86, 89, 120 + PTX; hours on 2 cores, ~5 min on 16; shared with `make gpu`), PyPI's CUDA runtime and cuBLAS in
+# build/bundle-cuda/venv, then the same steps; needs nvcc (or installs PyPI's). BUNDLE_DRY_RUN=1 prints the plan.
+bundle-cuda: install
+	BUNDLE_KIND=cuda bash packaging/build_bundle.sh
 
 clean:
 	rm -rf $(VENV) native/build
