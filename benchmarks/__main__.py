@@ -205,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated: evoke (streams), evoke_contexts, evoke_unified, evoke_serial, llama_server")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting of both Evoke servers (repeatable), e.g. prefill_step_tokens=16")
+    p = sub.add_parser("batch-invariance", help="a decoding token's logits alone against beside N prompt rows of "
+                       "another sequence in one ubatch, bit for bit, in the unified and streams layouts (no timing)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     p = sub.add_parser("attention", help="decode tokens/s with the attention capture on one layer against off")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--tokens", type=int, default=64)
@@ -329,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
                      counts=args.clients, paste_tokens=args.paste_tokens, repeats=args.repeats,
                      systems=tuple(args.systems.split(",")),
                      overrides=parse_overrides(args.set))
+    elif args.name == "batch-invariance":
+        from .batch_invariance import run
+
+        result = run(threads=args.threads or os.cpu_count() or 1)
     elif args.name == "attention":
         from .attention import run
 
