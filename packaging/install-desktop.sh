@@ -2,6 +2,7 @@
 # Installs a launcher so Evoke Desk starts by double-click (Linux, freedesktop menus and desktop).
 #   bash packaging/install-desktop.sh              # runs the installed venv: .venv/bin/evoke-desk
 #   bash packaging/install-desktop.sh --bundle     # runs the PyInstaller bundle in dist/evoke-desk/
+#   bash packaging/install-desktop.sh --bundle dist/cuda/evoke-desk    # another bundle folder (the CUDA one)
 #   bash packaging/install-desktop.sh --uninstall
 # Writes only under ~/.local/share (and ~/Desktop when it exists); no root needed.
 set -euo pipefail
@@ -21,7 +22,7 @@ if [ "${1:-}" = "--uninstall" ]; then
 fi
 
 if [ "${1:-}" = "--bundle" ]; then
-  EXEC="$ROOT/dist/$NAME/$NAME"
+  EXEC="$(realpath -m "${2:-$ROOT/dist/$NAME}")/$NAME"
   [ -x "$EXEC" ] || { echo "no bundle at $EXEC: build it with make bundle (packaging/build_bundle.sh)" >&2; exit 1; }
 else
   EXEC="$ROOT/.venv/bin/$NAME"
