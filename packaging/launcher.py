@@ -12,7 +12,11 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["bench"]:
         from benchmarks.__main__ import main as bench_main
 
-        sys.exit(bench_main(sys.argv[2:]))
+        try:
+            sys.exit(bench_main(sys.argv[2:]))
+        except ModuleNotFoundError as missing:      # a bench whose own dependency (httpx, openai, gguf) is left out
+            sys.exit(f"evoke-desk bench: this bench needs {missing.name}, which the bundle does not carry; run it "
+                     "from a checkout: python -m benchmarks " + " ".join(sys.argv[2:3]))
     from app.__main__ import main
 
     sys.exit(main())
