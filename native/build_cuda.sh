@@ -25,9 +25,10 @@ elif [ -z "$NVCC" ]; then
   NVCC=$($PY -c "import nvidia, pathlib; print(next(pathlib.Path(nvidia.__path__[0]).glob('cu13/bin/nvcc')))")
 fi
 if [ -n "$NVCC" ]; then
-  CUDA_MM=$("$NVCC" --version | grep -oE 'release [0-9]+\.[0-9]+' | cut -d' ' -f2)
+  CUDA_MM=$("$NVCC" --version 2>/dev/null | grep -oE 'release [0-9]+\.[0-9]+' | cut -d' ' -f2 || true)
+  [ -n "$CUDA_MM" ] || { echo "$NVCC --version names no CUDA release: set NVCC to a working nvcc" >&2; exit 1; }
   # the toolkit nvcc itself runs from (a wrapper script such as /usr/local/bin/nvcc does not sit in it)
-  TOP=$("$NVCC" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)
+  TOP=$("$NVCC" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1 || true)
   CUDA_ROOT=$(cd "${TOP:-$(dirname "$NVCC")/..}" && pwd)
   [ -x "$CUDA_ROOT/bin/nvcc" ] && NVCC=$CUDA_ROOT/bin/nvcc          # CMake gets the compiler, not the wrapper
 else
