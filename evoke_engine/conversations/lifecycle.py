@@ -233,9 +233,10 @@ class ConversationLifecycle:
         if memory.seq is not None:
             model.slots.touch(state.id)
             return
-        slot = model.slots.free_slot()
+        streaming = self.streaming()
+        slot = model.slots.free_slot(beside={model.slots.slot_of(c) for c in streaming} - {None})
         if slot is None:
-            oldest = model.slots.least_recent(exclude={keep, *self.streaming()})
+            oldest = model.slots.least_recent(exclude={keep, *streaming})
             if oldest is None:
                 raise EngineBusyError("every slot holds a reply being written; this conversation opens when one "
                                       "of them ends")

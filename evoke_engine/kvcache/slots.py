@@ -1,7 +1,8 @@
 """Which conversation holds which llama.cpp sequence (slot).
 
 Invariants: a slot holds at most one conversation; a conversation holds at most one slot;
-`least_recent` is the conversation used longest ago; a free slot that served the fewest goes first.
+`least_recent` is the conversation used longest ago; a free slot beside a streaming reply's goes first (a KV stream
+layout decodes a run of consecutive slots as one ubatch), then the one that served the fewest.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ class SlotRegistry:
         if conversation_id in self._lru:
             self._lru.move_to_end(conversation_id)
 
-    def free_slot(self) -> int | None:
+    def free_slot(self, beside: Collection[int] = ()) -> int | None:
+        """A free slot, next to one of `beside` (the streaming replies' slots) where one is: llama.cpp decodes the
+        KV streams of a step together only as a run of consecutive sequences, each further run a pass of its own."""
         free = [s for s in range(self.n_slots) if s not in self._holder]
-        return min(free, key=lambda s: (self.load[s], s)) if free else None
+        return min(free, key=lambda s: (s - 1 not in beside and s + 1 not in beside, self.load[s], s)) if free else None
 
     def least_recent(self, exclude: Collection[str | None] = ()) -> str | None:
         """The conversation used longest ago but those in `exclude` (the one coming in, replies streaming)."""
