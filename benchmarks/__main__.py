@@ -183,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--glosses", default=None, metavar="write:PATH|read:PATH", help="issue 61: the decisions read "
                    "the model's glosses of value lines: written by the real embedded model after each turn (saved "
                    "to PATH), or read from PATH")
+    p.add_argument("--bare-declarations", choices=("on", "off"), default=None, help="issue 61: the words' reading "
+                   "drops a declaration's syntax (export const, a SQL column's type) (default: the engine's)")
+    p.add_argument("--question-query", choices=("on", "off"), default=None, help="issue 61: a message that asks "
+                   "for a value is embedded as its question alone (default: the engine's)")
     p = sub.add_parser("decode", help="tokens/s of a greedy reply at 2K and 8K context: Evoke against "
                        "llama-cpp-python's Llama (and llama-server with --server), same threads and sampler")
     p.add_argument("--contexts", type=_ints, default=(2048, 8192), help="context lengths, comma-separated")
@@ -317,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
                      overrides=parse_overrides(args.set),
                      identifier_words=None if args.identifier_words is None else args.identifier_words == "on",
                      context_beside=None if args.context_beside is None else args.context_beside == "on",
-                     glosses=args.glosses)
+                     glosses=args.glosses,
+                     bare_declarations=None if args.bare_declarations is None else args.bare_declarations == "on",
+                     question_query=None if args.question_query is None else args.question_query == "on")
     elif args.name == "decode":
         from .decode import run
 

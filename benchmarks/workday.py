@@ -2,7 +2,7 @@
 coding day) goes through the memory manager (the model-free simulator of `bench retrieval`: kv_sim, the GGUF's
 vocabulary, the configured embedder); a probe passes when every block holding its fact is resident as the reply
 starts. Reported with Wilson intervals, pooled, per fact form and per distance (real tokens between the fact and
-its probe), with the deciding cost.
+its probe), with the deciding cost, and the dev and held scripts' missed probes (question and fact line).
 
 Invariants: the `dev` script is the one levers are tried on; `held` and `paraphrase` (issue 61: questions that share
 no content word with the fact's line, in forms of its own) are run for the final check only; a distance
@@ -36,6 +36,7 @@ SCRIPTS = {**SCRIPTS, "paraphrase": PARAPHRASE}     # issue 61: the final check 
 DISTANCES = ((2_000, 5_000), (5_000, 10_000), (10_000, 18_000), (18_000, 40_000))
 BARS = {2048: 0.85, 4096: 0.90}                # issue 46, on the held-back script
 FORM_BAR = 0.70
+FINAL_ONLY = ("paraphrase",)        # its missed questions are not printed: nothing is read off it to tune
 SCRIPT_BARS = {"paraphrase": ({2048: 0.80, 4096: 0.90}, 0.60)}     # issue 61's bars; other scripts: issue 46's
 
 
@@ -82,7 +83,8 @@ def summarize(rows: list[dict], decide_ms: list[float], budget: int, forms: tupl
 
 def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tuple[int, ...] = (2048, 4096),
         overrides: dict | None = None, identifier_words: bool | None = None,
-        context_beside: bool | None = None, glosses: str | None = None) -> dict:
+        context_beside: bool | None = None, glosses: str | None = None,
+        bare_declarations: bool | None = None, question_query: bool | None = None) -> dict:
     if script not in SCRIPTS:
         raise ValueError(f"unknown script {script!r}; valid: {', '.join(SCRIPTS)}")
     overrides = dict(overrides or {})
@@ -90,6 +92,10 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
         recall_signals.IDENTIFIER_WORDS = identifier_words
     if context_beside is not None:          # issue 61's second pass: spelled-out lines beside the written ones
         recall_signals.CONTEXT_BESIDE = context_beside
+    if bare_declarations is not None:       # issue 61's third pass: a declaration's syntax out of the dense reading
+        recall_signals.BARE_DECLARATIONS = bare_declarations
+    if question_query is not None:          # issue 61's third pass: a question's vector made of the question alone
+        recall_signals.QUESTION_QUERY = question_query
     glosser, gloss_mode = None, None
     if glosses is not None:                 # issue 61: the model's glosses, written now (real model) or read
         gloss_mode, book = day_glosses.parse(glosses)
@@ -109,21 +115,29 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
                     "facts_per_session": [len(s.facts) for s in sessions], "budgets": list(budgets),
                     "overrides": overrides, "identifier_words": recall_signals.IDENTIFIER_WORDS,
                     "context_beside": recall_signals.CONTEXT_BESIDE,
+                    "bare_declarations": recall_signals.BARE_DECLARATIONS,
+                    "question_query": recall_signals.QUESTION_QUERY,
                     "results": {}}
     started = time.perf_counter()
     for budget in budgets:
         settings = dataclasses.replace(base, budget_tokens=budget, n_ctx=max(base.n_ctx, 2 * budget))
-        rows, decide, tokens = [], [], []
+        rows, decide, tokens, misses = [], [], [], []
         for session in sessions:
             out = replay(session, settings, rt, embedder, after_turn=glosser)
-            for probe, gap in zip(out["probes"], gaps[session.seed], strict=True):
+            asked = [turn.fact for turn in session.turns if turn.fact is not None]
+            for probe, gap, fact in zip(out["probes"], gaps[session.seed], asked, strict=True):
                 rows.append({"type": probe["type"], "in_context": probe["in_context"], "distance": gap})
+                if not probe["in_context"] and script not in FINAL_ONLY:
+                    misses.append({"seed": session.seed, "type": probe["type"], "distance": gap,
+                                   "question": fact.question, "line": fact.statement})
             decide += out["decide_ms"]
             tokens.append(out["conversation_tokens"])
             log.info("day %s seed %d budget %d: %d/%d in context (%.0f s)", script, session.seed, budget,
                      sum(p["in_context"] for p in out["probes"]), len(out["probes"]), time.perf_counter() - started)
         summary = summarize(rows, decide, budget, SCRIPTS[script].forms, script)
         summary["conversation_tokens"] = tokens
+        if script not in FINAL_ONLY:
+            summary["misses"] = misses
         result["results"][str(budget)] = summary
     result["seconds"] = round(time.perf_counter() - started, 1)
     if glosses is not None:

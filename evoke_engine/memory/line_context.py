@@ -44,6 +44,13 @@ _LIST_ITEM = re.compile(r"^\s*-\s+(?P<value>\S.*?)\s*$")
 _SECTION = re.compile(r"^\s*\[\[?(?P<name>[A-Za-z0-9_.\- \"']+)\]\]?\s*(?:#.*)?$")
 _SCALAR = re.compile(r"""^(?:[-+]?\d[\w.:/+-]*%?|"[^"]{0,80}"|'[^']{0,80}'|true|false|yes|no|on|off|null|none|"""
                      r"""True|False|None|[A-Za-z0-9_./:@+-]{1,60})\s*(?:#.*)?,?$""")
+# what `bare_declaration` drops: a declaration's keywords before a name that is assigned and the name's type, and a
+# SQL column's type (its size or precision included) and NOT NULL before DEFAULT
+_DECLARING = re.compile(r"(?<![\w.])(?:export\s+)?(?:(?:const|let|var|val|final|static|public|private|readonly|pub)"
+                        r"\s+)+"
+                        r"(?P<name>[A-Za-z_]\w*)(?:\s*:\s*[A-Za-z_][\w<>\[\]|. ]*?)?(?=\s*=(?!=))")
+_COLUMN_TYPE = re.compile(r"(?<=\w)\s+[A-Za-z]+(?:\s*\(\s*\d+(?:\s*,\s*\d+)?\s*\))?(?:\s+NOT\s+NULL)?(?=\s+DEFAULT\s)",
+                          re.IGNORECASE)
 _FLAG = re.compile(r"^--?(?P<name>[A-Za-z][A-Za-z0-9-]*?)(?:=(?P<joined>.+)|(?P<attached>(?<=^-[A-Za-z])\d\S*))?$")
 _PROGRAM = re.compile(r"^[A-Za-z0-9_./-]+$")
 _CASE = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z0-9]+|[A-Z0-9]+")      # digits stay in their word: k8s
@@ -106,6 +113,14 @@ def read_as_words(line: str) -> str:
             return token                                     # a plain word stays as written
         return " ".join(spelled)
     return _WORDLIKE.sub(word, line)
+
+
+def bare_declaration(line: str) -> str:
+    """A line without the syntax that declares a name, which no question asks about: a declaration's keywords and
+    type (`export const STATUS_REFRESH_MS = 4500;` -> `STATUS_REFRESH_MS = 4500;`), a SQL column's type and NOT NULL
+    before its DEFAULT (`grace_days INTEGER NOT NULL DEFAULT 7,` -> `grace_days DEFAULT 7,`), also after a short
+    line joined in front of it (`block_lines`); names, values and every other word as written."""
+    return _DECLARING.sub(r"\g<name>", _COLUMN_TYPE.sub("", line))
 
 
 def expansions(line: str) -> list[str]:

@@ -167,14 +167,22 @@ class ConversationMemory:
         task focus), not beside the message's decode."""
         soon = getattr(self.embedder, "embed_soon", None)
         if soon is not None and self.settings.recovery_top_k != 0 and self.candidates():
-            soon(text)
+            soon(self._dense_query(text))
 
     @property
     def query(self) -> np.ndarray | None:
         if not self._query_ready:
-            self._query = self.embedder.embed_one(self._query_text) if self._query_text.strip() else None
+            text = self._dense_query(self._query_text)
+            self._query = self.embedder.embed_one(text) if text.strip() else None
             self._query_ready = True
         return self._query
+
+    def _dense_query(self, text: str) -> str:
+        """What the message's vector is made of: its question alone where `recall_signals.QUESTION_QUERY` is on and
+        the working set has grown (as the identifier words), else the whole message."""
+        if recall_signals.QUESTION_QUERY and self.recovery_width() > self.settings.recovery_top_k:
+            return recall_signals.question_only(text)
+        return text
 
     # -- decoding new blocks ----------------------------------------------------------------
     def append_decoded(self, block: Block, *, current: Iterable[Block] = (), cancel=None) -> None:

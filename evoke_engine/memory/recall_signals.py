@@ -28,7 +28,7 @@ from ..settings import RECALL_SIGNALS as SIGNALS
 from . import lexical as code_lexical
 from .embedder import Embedder
 from .glosses import BOOK as GLOSSES
-from .line_context import expansions, read_as_words, spell_out
+from .line_context import bare_declaration, expansions, read_as_words, spell_out
 from .value_lines import value_line_scores, value_mask
 
 RRF_K = 60                        # the usual reciprocal-rank-fusion constant (Cormack et al.)
@@ -51,6 +51,15 @@ IDENTIFIER_WORDS = True
 # --context-beside on|off` sets it for a run. Its version is part of `line_key` (`|x1`).
 CONTEXT_BESIDE = False
 CONTEXT_BESIDE_VERSION = 1
+# Whether the words' reading also drops a declaration's syntax (`line_context.bare_declaration`: `export const`, a SQL
+# column's type and constraints) from what the embedder sees (issue 61, third pass); `bench day --bare-declarations
+# on|off` sets it for a run. Part of `line_key` with the words (`|w1d1`).
+BARE_DECLARATIONS = False
+BARE_DECLARATIONS_VERSION = 1
+# Whether a message that asks for a value is embedded as its question alone (`question_only`: "Quick one: How long
+# does the proxy wait? Thanks!" -> "How long does the proxy wait?") for the dense signal (issue 61, third pass);
+# `bench day --question-query on|off` sets it for a run. The lexical signal reads the whole message either way.
+QUESTION_QUERY = False
 _MARKUP = re.compile(r"<\|[^|>]*\|>")
 _ROLE_LINE = re.compile(r"^(system|user|assistant|tool)$")
 _CASE_TURN = re.compile(r"[a-z][A-Z]")
@@ -119,6 +128,23 @@ def asks_for_value(line: str) -> bool:
     return bool(_ASKS.search(line)) and bool(_WH_WORD.search(line)) and not _DIGIT.search(line)
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def question_only(text: str) -> str:
+    """The question of a message that asks for a value (`message_asks`): its sentences that end asking, each from
+    after its last `: ` (a lead-in like "Quick one:" or "Sorry, I forgot:" says nothing of what is asked), joined;
+    any other message as written."""
+    if not message_asks(text):
+        return text
+    asked = []
+    for sentence in _SENTENCE_END.split(_MARKUP.sub(" ", text).strip()):
+        if sentence.rstrip().endswith("?") and _WH_WORD.search(sentence):
+            tail = sentence.rsplit(": ", 1)[-1]
+            asked.append(tail if _WH_WORD.search(tail) else sentence)
+    return " ".join(asked) or text
+
+
 def fact_lines(block: Block, skip_questions: bool = False, line_context: bool = False, before: str = "",
                glosses: bool = False, beside: bool = False) -> list[str]:
     """The block's lines that may hold a fact: `block_lines`, less a user message's lines that `asks_for_value`
@@ -171,6 +197,7 @@ def line_key(block: Block, file_names: bool = False, skip_questions: bool = Fals
     key = f"{key}|q" if skip_questions and block.role == "user" else key
     key = f"{key}|c{LINE_CONTEXT_VERSION}" if line_context else key
     key = f"{key}|w{WORDS_VERSION}" if words else key
+    key = f"{key}d{BARE_DECLARATIONS_VERSION}" if words and BARE_DECLARATIONS else key
     key = f"{key}|x{CONTEXT_BESIDE_VERSION}" if beside and not line_context else key
     return f"{key}{GLOSSES.suffix(block.hash)}" if glosses else key
 
@@ -206,7 +233,7 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: boo
             named = file_names and bool(block.file_name)
             missing[key] = [*lines, file_name_line(block.file_name)] if named else lines
     if missing:
-        read = read_as_words if words else code_words
+        read = (_read_bare if BARE_DECLARATIONS else read_as_words) if words else code_words
         flat = [read(line) for lines in missing.values() for line in lines]
         vectors = embedder.embed(flat) if flat else None
         if vectors is None and getattr(embedder, "warming", False):
@@ -218,6 +245,11 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: boo
         while len(cache) > CACHE_BLOCKS:
             cache.popitem(last=False)
     return cached_lines(embedder, keys.values())
+
+
+def _read_bare(line: str) -> str:
+    """A line as the embedder reads it with `BARE_DECLARATIONS`: its declaration's syntax dropped, then as words."""
+    return read_as_words(bare_declaration(line))
 
 
 def cached_lines(embedder: Embedder, keys: Iterable[str]) -> dict[str, tuple[list[str], np.ndarray | None]]:

@@ -13,7 +13,7 @@ from helpers.word_embedder import CountingEmbedder
 
 from evoke_engine.kvcache.blocks import Block, BlockState
 from evoke_engine.memory import lexical, recall_signals
-from evoke_engine.memory.line_context import expansions, read_as_words, spell_out, sql_table
+from evoke_engine.memory.line_context import bare_declaration, expansions, read_as_words, spell_out, sql_table
 from evoke_engine.memory.recall_signals import WORDS_VERSION, lexical_lines, line_key, line_vectors
 
 pytestmark = pytest.mark.unit
@@ -140,3 +140,34 @@ def test_spelled_out_lines_beside_the_written_ones_only_when_asked():
     read = CountingEmbedder()
     line_vectors(read, [block], words=True, beside=True)
     assert any("config settings json editor autosave delay milliseconds: 900" in text for text in read.texts)
+
+
+@pytest.mark.parametrize("line, bare", [
+    ("export const STATUS_REFRESH_MS = 4500;", "STATUS_REFRESH_MS = 4500;"),
+    ("const RETRY_LIMIT: number = 5;", "RETRY_LIMIT = 5;"),
+    ("// limits export const SEARCH_DEBOUNCE_MS = 250;", "// limits SEARCH_DEBOUNCE_MS = 250;"),
+    ("  grace_days INTEGER NOT NULL DEFAULT 7,", "  grace_days DEFAULT 7,"),
+    ("  volume_pct NUMERIC(5, 2) DEFAULT 0.5", "  volume_pct DEFAULT 0.5"),
+])
+def test_a_declarations_syntax_leaves_its_name_and_value(line, bare):
+    assert bare_declaration(line) == bare
+
+
+@pytest.mark.parametrize("line", ["RECONNECT_JITTER_MS = 40", "  retention_days: 14", "CREATE TABLE loans (",
+                                  "if (a == b) return;", "return a === b;", "Note: x = 5",
+                                  "  private static final int POOL = 8;",
+                                  "We agreed the p99 budget for checkout is 120 ms."])
+def test_lines_that_declare_nothing_or_in_a_typed_language_stay_as_written(line):
+    assert bare_declaration(line) == line
+
+
+def test_the_signals_drop_a_declarations_syntax_only_when_asked(monkeypatch):
+    block = _file_block("// limits\nexport const SEARCH_DEBOUNCE_MS = 250;")
+    words = line_key(block, words=True)
+    monkeypatch.setattr(recall_signals, "BARE_DECLARATIONS", True)
+    assert line_key(block, words=True) == f"{words}d{recall_signals.BARE_DECLARATIONS_VERSION}"
+    assert line_key(block) == block.hash                                       # only with the words
+    read = CountingEmbedder()
+    line_vectors(read, [block], words=True)
+    assert any(text.endswith("limits search debounce milliseconds = 250;") for text in read.texts)
+    assert not any("export const" in text for text in read.texts)
