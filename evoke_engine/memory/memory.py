@@ -172,14 +172,21 @@ class ConversationMemory:
     @property
     def query(self) -> np.ndarray | None:
         if not self._query_ready:
-            text = self._dense_query(self._query_text)
-            self._query = self.embedder.embed_one(text) if text.strip() else None
+            self._query = self.embedder.embed_one(self._query_text) if self._query_text.strip() else None
             self._query_ready = True
         return self._query
 
+    def _recall_query(self) -> np.ndarray | None:
+        """The vector the recall signal ranks saved lines by: the message's (`query`, which the eviction scorer reads
+        too), or its question alone where `_dense_query` says so (`embed_one` keeps it for the turn)."""
+        text = self._dense_query(self._query_text)
+        if text == self._query_text:
+            return self.query
+        return self.embedder.embed_one(text) if text.strip() else None
+
     def _dense_query(self, text: str) -> str:
-        """What the message's vector is made of: its question alone where `recall_signals.QUESTION_QUERY` is on and
-        the working set has grown (as the identifier words), else the whole message."""
+        """What the recall signal's vector is made of: the question alone where `recall_signals.QUESTION_QUERY` is on
+        and the working set has grown (as the identifier words), else the whole message."""
         if recall_signals.QUESTION_QUERY and self.recovery_width() > self.settings.recovery_top_k:
             return recall_signals.question_only(text)
         return text
@@ -647,7 +654,7 @@ class ConversationMemory:
             self.ensure_embeddings(residents)
         plan.signal = signal = RecallSignal(
             "lexical" if warming else self.settings.recall_signal, query_text=self._query_text,
-            query=None if warming else (lambda: self.query), saved=saved, residents=residents, embedder=self.embedder,
+            query=None if warming else self._recall_query, saved=saved, residents=residents, embedder=self.embedder,
             user_margin=self.settings.recall_user_margin, file_names=self.settings.recall_file_name_line,
             skip_questions=self.settings.recall_skip_questions, line_context=self.settings.recall_line_context,
             value_lines=self._value_lines_apply(), embed_lines=False, words=self._identifier_words_apply(),
