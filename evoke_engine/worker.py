@@ -118,6 +118,8 @@ class _Stream:
         self.suspended = False                        # preempted for the window's reply: takes no step until it ends
         self.credit_s = START_CREDIT_S                # uncharged engine time left before its first token
         self.first_token = False                      # it has reached its first reply token
+        self.cadence_from = 0                         # jobs submitted up to its first token (ids <= this) came before
+                                                      # its tokens' cadence did: their prefill is no gap of its
         self.stepped_in = -1                          # the shared-step round it last took a step in
         self.resumed_at: float | None = None          # when its running step began (None between steps)
         self.step_failure: BaseException | None = None    # the shared step it waited for failed with this
@@ -191,6 +193,7 @@ class EngineThread:
         self._cancel_hooks: dict[int, Callable[[], None]] = {}
         self.running: Job | None = None              # the plain job running on the scheduler's thread
         self._arrived: dict[str, float] = {}         # conversation -> when work about it last arrived (`contended`)
+        self._last_job_id = 0                        # the newest job submitted (a stream's `cadence_from`)
         # runs the step the parked replies share (their tokens in one decode; `Runtime.run_step`), installed by the
         # engine with the model; None: every reply decodes alone
         self.shared_step: Callable[[], None] | None = None
@@ -212,6 +215,7 @@ class EngineThread:
             return future
         with self._lock:
             self._waiting[job.id] = (job, future)
+            self._last_job_id = max(self._last_job_id, job.id)
             if about is not None and job.command in ARRIVALS:
                 self._arrived[about] = self.clock()
                 if len(self._arrived) > 64:                  # old arrivals say nothing: the map stays small
@@ -255,6 +259,7 @@ class EngineThread:
         if stream.first_token:
             return
         stream.first_token = True
+        stream.cadence_from = self._last_job_id
         others = [s.used_s for s in self._streams if s is not stream and not s.suspended]
         if others:
             stream.used_s = max(stream.used_s, min(others))
@@ -272,12 +277,14 @@ class EngineThread:
         """How many prompt tokens the calling stream's prefill step beside decoding replies takes: `PREFILL_STEP_SHARE`
         token steps' worth (`token_step_s`) at `prompt_token_s` a token (the runtime's measures), at least 1 and at
         most `cap`; `cap` until both are measured, where no other reply is decoding (other work waiting, or other
-        prompts prefilling, is served a step at a time by the boundaries alone), and for a stream that goes before every
-        other streaming one (the window's turn beside endpoint replies, a raw completion beside chats): their
-        smoothness does not slow it."""
+        prompts prefilling, is served a step at a time by the boundaries alone), where every decoding reply's first
+        token came after this stream was submitted (requests sent together start together, as llama-server's slots
+        do: a cadence not yet begun has no gap to keep), and for a stream that goes before every other streaming one
+        (the window's turn beside endpoint replies, a raw completion beside chats): their smoothness does not slow
+        it."""
         stream = getattr(self._local, "stream", None)
         others = [other for other in self._streams if other is not stream and not other.suspended]
-        if not any(other.first_token for other in others):
+        if not any(other.first_token and (stream is None or stream.job.id > other.cadence_from) for other in others):
             return cap
         if stream is not None and all(stream.entry.priority < other.entry.priority for other in others):
             return cap

@@ -322,38 +322,46 @@ def test_work_about_another_conversation_splits_a_lone_reply_for_a_moment(timed)
 
 
 def test_a_prefill_step_beside_decoding_replies_takes_about_one_and_a_half_of_their_token_steps(engine):
-    """Sized from the runtime's measures (a 10 ms token step, 5 ms a prompt token: 3 tokens) while another reply
-    decodes; the cap until both are measured, where no other reply decodes, and for a stream that goes before every
-    other streaming one (the window's turn beside an endpoint reply)."""
+    """Sized from the runtime's measures (a 10 ms token step, 5 ms a prompt token: 3 tokens) for a stream submitted
+    after a decoding reply's first token; the cap until both are measured, where no other reply decodes, for a stream
+    sent together with the decoding one (before its first token: requests sent together start together), and for a
+    stream that goes before every other streaming one (the window's turn beside endpoint replies)."""
     assert engine.prefill_tokens_per_step(0.005, 0.01, 32) == 32                 # nothing else streams
-    seen: dict[str, int] = {}
-    decoding: set[str] = set()
-    finished: set[str] = set()
+    seen: dict[str, object] = {}
+    window_first, late_done = threading.Event(), threading.Event()
 
-    def reply(name: str) -> str:
-        for _ in range(3):                               # by then both stream
+    def until(done) -> None:
+        while not done():
             engine.step_boundary()
-        seen[f"{name} beside a prefill"] = engine.prefill_tokens_per_step(0.005, 0.01, 32)
-        while len(seen) < 2:                             # until both have read it
-            engine.step_boundary()
-        engine.token_boundary()                          # its first token: it decodes from here
-        decoding.add(name)
-        while len(decoding) < 2:
-            engine.step_boundary()
-        seen[name] = engine.prefill_tokens_per_step(0.005, 0.01, 32)
-        if name == "endpoint":
-            seen["measures"] = (engine.prefill_tokens_per_step(None, 0.01, 32),
-                                engine.prefill_tokens_per_step(0.005, None, 32),
-                                engine.prefill_tokens_per_step(0.05, 0.01, 32),
-                                engine.prefill_tokens_per_step(1e-5, 0.01, 32))
-        finished.add(name)
-        while len(finished) < 2:                         # neither ends before the other has read
-            engine.step_boundary()
-        return name
+
+    def window() -> str:
+        engine.token_boundary()                              # its first token: it decodes from here
+        window_first.set()
+        until(lambda: "sent after its first token" in seen)
+        seen["window"] = engine.prefill_tokens_per_step(0.005, 0.01, 32)
+        until(late_done.is_set)
+        return "window"
+
+    def sent_together() -> str:
+        until(window_first.is_set)
+        seen["sent with it"] = engine.prefill_tokens_per_step(0.005, 0.01, 32)
+        until(late_done.is_set)
+        return "together"
+
+    def sent_late() -> str:
+        seen["sent after its first token"] = engine.prefill_tokens_per_step(0.005, 0.01, 32)
+        seen["measures"] = (engine.prefill_tokens_per_step(None, 0.01, 32),
+                            engine.prefill_tokens_per_step(0.005, None, 32),
+                            engine.prefill_tokens_per_step(0.05, 0.01, 32),
+                            engine.prefill_tokens_per_step(1e-5, 0.01, 32))
+        until(lambda: "window" in seen and "sent with it" in seen)
+        late_done.set()
+        return "late"
     gate = hold(engine)
-    endpoint = engine.submit(reply, "endpoint", command=Command.TURN, about="api")
-    window = engine.submit(reply, "window", priority=FOREGROUND, command=Command.TURN, about="window")
+    first = engine.submit(window, priority=FOREGROUND, command=Command.TURN, about="window")
+    together = engine.submit(sent_together, command=Command.TURN, about="api-1")
     gate.set()
-    assert endpoint.result(10) == "endpoint" and window.result(10) == "window"
-    assert seen == {"window beside a prefill": 32, "endpoint beside a prefill": 32, "window": 32, "endpoint": 3,
-                    "measures": (32, 32, 1, 32)}
+    assert window_first.wait(10)
+    late = engine.submit(sent_late, command=Command.TURN, about="api-2")
+    assert first.result(10) == "window" and together.result(10) == "together" and late.result(10) == "late"
+    assert seen == {"sent with it": 32, "sent after its first token": 3, "window": 32, "measures": (32, 32, 1, 32)}
