@@ -277,14 +277,15 @@ class EngineThread:
         """How many prompt tokens the calling stream's prefill step beside decoding replies takes: `PREFILL_STEP_SHARE`
         token steps' worth (`token_step_s`) at `prompt_token_s` a token (the runtime's measures), at least 1 and at
         most `cap`; `cap` until both are measured, where no other reply is decoding (other work waiting, or other
-        prompts prefilling, is served a step at a time by the boundaries alone), where every decoding reply's first
-        token came after this stream was submitted (requests sent together start together, as llama-server's slots
-        do: a cadence not yet begun has no gap to keep), and for a stream that goes before every other streaming one
-        (the window's turn beside endpoint replies, a raw completion beside chats): their smoothness does not slow
-        it."""
+        prompts prefilling, is served a step at a time by the boundaries alone), while the stream is within its start
+        credit and every decoding reply's first token came after it was submitted (requests sent together start
+        together, as llama-server's slots do: a cadence not yet begun has no gap to keep; a long paste sent with them
+        is chunked again once its credit is spent), and for a stream that goes before every other streaming one (the
+        window's turn beside endpoint replies, a raw completion beside chats): their smoothness does not slow it."""
         stream = getattr(self._local, "stream", None)
         others = [other for other in self._streams if other is not stream and not other.suspended]
-        if not any(other.first_token and (stream is None or stream.job.id > other.cadence_from) for other in others):
+        shielded = stream.job.id if stream is not None and stream.starting else None   # sent with them, if before
+        if not any(other.first_token and (shielded is None or shielded > other.cadence_from) for other in others):
             return cap
         if stream is not None and all(stream.entry.priority < other.entry.priority for other in others):
             return cap

@@ -365,3 +365,34 @@ def test_a_prefill_step_beside_decoding_replies_takes_about_one_and_a_half_of_th
     late = engine.submit(sent_late, command=Command.TURN, about="api-2")
     assert first.result(10) == "window" and together.result(10) == "together" and late.result(10) == "late"
     assert seen == {"sent with it": 32, "sent after its first token": 3, "window": 32, "measures": (32, 32, 1, 32)}
+
+
+def test_a_long_prompt_sent_with_a_reply_is_chunked_again_once_its_start_credit_is_spent(timed):
+    """Sent before the decoding reply's first token, a prompt prefills at the cap only within its start credit: a long
+    paste sent together with other requests cannot hold their replies for its whole prefill."""
+    engine, clock = timed
+    seen: list[int] = []
+    first = threading.Event()
+
+    def reply() -> str:
+        engine.token_boundary()
+        first.set()
+        while len(seen) < 2:
+            clock.now += 0.01                                               # a token step
+            engine.step_boundary()
+        return "reply"
+
+    def paste() -> str:
+        while not first.is_set():
+            engine.step_boundary()
+        seen.append(engine.prefill_tokens_per_step(0.005, 0.01, 32))       # within its credit: the cap
+        clock.now += 0.4                                                    # a chunk past its 0.3 s credit
+        engine.step_boundary()
+        seen.append(engine.prefill_tokens_per_step(0.005, 0.01, 32))       # then beside the reply's cadence
+        return "paste"
+    gate = hold(engine)
+    decoding = engine.submit(reply, command=Command.TURN, about="reply")
+    pasted = engine.submit(paste, command=Command.TURN, about="paste")
+    gate.set()
+    assert decoding.result(10) == "reply" and pasted.result(10) == "paste"
+    assert seen == [32, 3]
