@@ -5,12 +5,10 @@ Read with stub PyInstaller objects: nothing is built."""
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from helpers.spec_stub import run_spec
 
 from evoke_engine.package_files import bundle_native_files
 
@@ -29,32 +27,10 @@ FOUND_BY_ANALYSIS = [("libcudart.so.13", "/usr/local/cuda/lib/libcudart.so.13", 
 
 def read_spec(root: Path, nvidia: list[str], llama: list[str]) -> dict:
     """Run the spec against stub PyInstaller objects whose collect_dynamic_libs finds `nvidia` and `llama`."""
-    seen: dict = {}
-    hooks = types.ModuleType("PyInstaller.utils.hooks")
     found = {"nvidia": nvidia, "llama_cpp": llama}
-    hooks.collect_dynamic_libs = lambda package, *a, **k: [(p, str(Path(p).parent.relative_to(SITE)))
-                                                            for p in found.get(package, [])]
-    hooks.collect_data_files = hooks.collect_submodules = hooks.copy_metadata = lambda *a, **k: []
-    modules = {"PyInstaller": types.ModuleType("PyInstaller"),
-               "PyInstaller.utils": types.ModuleType("PyInstaller.utils"), "PyInstaller.utils.hooks": hooks}
-
-    def record(name):
-        def build(*args, **kwargs):
-            seen[name] = (args, kwargs)
-            return SimpleNamespace(pure=[], scripts=[], binaries=list(FOUND_BY_ANALYSIS), datas=[])
-        return build
-    namespace = {"SPECPATH": str(root / "packaging"), **{n: record(n) for n in ("Analysis", "PYZ", "EXE", "COLLECT")}}
-    saved = {k: sys.modules.get(k) for k in modules}
-    sys.modules.update(modules)
-    try:
-        exec(compile((ROOT / "packaging" / "evoke-desk.spec").read_text(), "evoke-desk.spec", "exec"), namespace)
-    finally:
-        for key, module in saved.items():
-            if module is None:
-                sys.modules.pop(key, None)
-            else:
-                sys.modules[key] = module
-    return seen
+    return run_spec(root, analysis_binaries=FOUND_BY_ANALYSIS,
+                    dynamic_libs=lambda package: [(p, str(Path(p).parent.relative_to(SITE)))
+                                                  for p in found.get(package, [])])
 
 
 @pytest.fixture

@@ -11,12 +11,12 @@ import signal
 import subprocess
 import sys
 import threading
-import types
 from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers.spec_stub import run_spec
 
 from evoke_engine import logs
 from evoke_engine.package_files import NATIVE_FILES, bundle_native_files
@@ -121,30 +121,7 @@ def test_a_stateless_request_came_to_nothing_only_without_a_token():
 # -- packaging -----------------------------------------------------------------------------------------
 def read_spec(root: Path) -> dict:
     """Run packaging/evoke-desk.spec against stub PyInstaller objects; what it passed to each."""
-    seen: dict = {}
-    hooks = types.ModuleType("PyInstaller.utils.hooks")
-    hooks.collect_data_files = hooks.collect_dynamic_libs = hooks.collect_submodules = lambda *a, **k: []
-    hooks.copy_metadata = lambda *a, **k: []
-    modules = {"PyInstaller": types.ModuleType("PyInstaller"),
-               "PyInstaller.utils": types.ModuleType("PyInstaller.utils"), "PyInstaller.utils.hooks": hooks}
-
-    def record(name):
-        def build(*args, **kwargs):
-            seen[name] = (args, kwargs)
-            return SimpleNamespace(pure=[], scripts=[], binaries=[], datas=[])
-        return build
-    namespace = {"SPECPATH": str(root / "packaging"), **{n: record(n) for n in ("Analysis", "PYZ", "EXE", "COLLECT")}}
-    saved = {k: sys.modules.get(k) for k in modules}
-    sys.modules.update(modules)
-    try:
-        exec(compile((ROOT / "packaging" / "evoke-desk.spec").read_text(), "evoke-desk.spec", "exec"), namespace)
-    finally:
-        for key, module in saved.items():
-            if module is None:
-                sys.modules.pop(key, None)
-            else:
-                sys.modules[key] = module
-    return seen
+    return run_spec(root)
 
 
 def _native_files(root: Path) -> list[tuple[Path, str]]:
