@@ -16,9 +16,10 @@ cache for all slots), Evoke with one reply at a time (`evoke_serial`,
 With `repeats` above 1 the short scenarios (behind, clients, fim) run that many times in a row on the same server
 and each figure is their median (`samples` keeps every run's); the paste runs once (a minute a system).
 
-Invariants: every request is streamed, greedy, and sent by its own thread over its own connection; times are the
-client's (from the request's send); prompts differ per client (no shared prefix routes two clients to one
-conversation); servers bind to 127.0.0.1 and are always stopped.
+Invariants: every request is streamed, greedy, and sent by its own thread, over a connection no request in flight
+shares (one client's pool, built before any request is timed); times are the client's (from the request's send);
+prompts differ per client (no shared prefix routes two clients to one conversation) and per run; servers bind to
+127.0.0.1 and are always stopped.
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ from evoke_engine.settings import Settings
 from .llama_server import LlamaServer
 
 TOPICS = ["a lighthouse keeper", "a clockmaker", "a river pilot", "a beekeeper", "a mapmaker", "a glassblower",
-          "a night baker", "a bridge engineer"]
+          "a night baker", "a bridge engineer", "a tea merchant", "a stage magician", "a mountain guide",
+          "a violin maker", "a ferry captain", "a stonemason", "a radio operator", "a cartoonist", "a shepherd",
+          "a locksmith", "a tailor", "a weather watcher", "a falconer", "a bookbinder", "a canal keeper", "a puppeteer"]
+COUNTRIES = ["France", "Spain", "Italy", "Norway", "Peru", "Kenya", "Chile", "Japan", "Egypt", "Canada"]
+FUNCTIONS = [("fibonacci", "Return the n-th Fibonacci number."), ("factorial", "Return n factorial."),
+             ("is_prime", "Return whether n is a prime number."), ("digit_sum", "Return the sum of n's digits."),
+             ("collatz_steps", "Return how many Collatz steps take n to 1.")]
 PASTE_LINE = "Line {i}: the service at port {port} restarts nightly, rotates its logs and reports to node {node}."
 
 
@@ -70,17 +77,24 @@ class Streamed:
 
 
 class Client:
-    """Streams chat or raw completions from one server; `clock` is the scenario's zero."""
+    """Streams chat or raw completions from one server; `clock` is the scenario's zero. One `httpx.Client` for all
+    requests, built once as an editor's or an agent's is: building one makes an SSL context even for http:// (25-30
+    ms of CPU, which on two cores is taken from the server it times); requests in flight together each get a
+    connection of its pool."""
 
     def __init__(self, base: str) -> None:
         self.base = base
+        self.http = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
+
+    def close(self) -> None:
+        self.http.close()
 
     def stream(self, path: str, body: dict, out: Streamed, clock: float) -> None:
         body = {**body, "stream": True, "temperature": 0, "stream_options": {"include_usage": True}}
-        out.sent = time.perf_counter() - clock
         chunks = 0
         try:
-            with httpx.Client(timeout=600) as http, http.stream("POST", self.base + path, json=body) as response:
+            out.sent = time.perf_counter() - clock
+            with self.http.stream("POST", self.base + path, json=body) as response:
                 if response.status_code != 200:
                     out.error = f"{response.status_code}: {response.read()[:200]!r}"
                     return
@@ -137,13 +151,17 @@ def paste_prompt(tokens: int) -> str:
     return "Here is a log:\n" + "\n".join(lines) + "\n\nWhich port does line 7 mention?"
 
 
-def scenario_behind(client: Client, reply_tokens: int) -> dict:
+def capital_question(run: int, which: int) -> str:
+    return f"What is the capital of {COUNTRIES[(2 * run + which) % len(COUNTRIES)]}? One word."
+
+
+def scenario_behind(client: Client, reply_tokens: int, run: int = 0) -> dict:
     alone_b = Streamed()
-    client.chat("What is the capital of France? One word.", 16, alone_b, time.perf_counter())
+    client.chat(capital_question(run, 0), 16, alone_b, time.perf_counter())
     a, b = Streamed(), Streamed()
     clock = time.perf_counter()
-    together([(0.0, client.chat, (story(TOPICS[0]), reply_tokens, a, clock)),
-              (1.0, client.chat, ("What is the capital of Spain? One word.", 16, b, clock))])
+    together([(0.0, client.chat, (story(TOPICS[run % len(TOPICS)]), reply_tokens, a, clock)),
+              (1.0, client.chat, (capital_question(run, 1), 16, b, clock))])
     checked(alone_b, a, b)
     gaps_all = a.gaps()
     admitted = a.gaps(b.sent, b.stamps[0] if b.stamps else b.sent)
@@ -155,18 +173,21 @@ def scenario_behind(client: Client, reply_tokens: int) -> dict:
             "a_ended_before_b_first_token": a.end < b.stamps[0]}
 
 
-def scenario_clients(client: Client, counts: tuple[int, ...], max_tokens: int) -> dict:
+def scenario_clients(client: Client, counts: tuple[int, ...], max_tokens: int, run: int = 0) -> dict:
+    topics = TOPICS[run * (1 + sum(counts)) % len(TOPICS):] + TOPICS     # this run's own, then again from the top
     alone = Streamed()
     clock = time.perf_counter()
-    client.chat(story(TOPICS[-1]), max_tokens, alone, clock)
+    client.chat(story(topics[0]), max_tokens, alone, clock)
     checked(alone)
     single_rate = alone.tokens / (alone.end - alone.sent)
     out = {"one_client_tokens_per_s": round(single_rate, 1), "one_client_ttft_s": round(alone.ttft, 3)}
+    used = 1
     for n in counts:
         runs = [Streamed() for _ in range(n)]
         clock = time.perf_counter()
-        together([(0.0, client.chat, (story(TOPICS[i % len(TOPICS)]) + f" ({n} at once)", max_tokens, runs[i],
-                                      clock)) for i in range(n)])
+        together([(0.0, client.chat, (story(topics[used + i]) + f" ({n} at once)", max_tokens, runs[i], clock))
+                  for i in range(n)])
+        used += n
         checked(*runs)
         span = max(r.end for r in runs) - min(r.sent for r in runs)
         aggregate = sum(r.tokens for r in runs) / span
@@ -179,13 +200,14 @@ def scenario_clients(client: Client, counts: tuple[int, ...], max_tokens: int) -
     return out
 
 
-def scenario_fim(client: Client, reply_tokens: int) -> dict:
-    prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+def scenario_fim(client: Client, reply_tokens: int, run: int = 0) -> dict:
+    name, doc = FUNCTIONS[run % len(FUNCTIONS)]
+    prompt = f'def {name}(n):\n    """{doc}"""\n'
     alone = Streamed()
     client.complete(prompt, 16, alone, time.perf_counter())
     chat, fim = Streamed(), Streamed()
     clock = time.perf_counter()
-    together([(0.0, client.chat, (story(TOPICS[2]), reply_tokens, chat, clock)),
+    together([(0.0, client.chat, (story(TOPICS[(run + 2) % len(TOPICS)]), reply_tokens, chat, clock)),
               (1.0, client.complete, (prompt + "    # iterative\n", 16, fim, clock))])
     checked(alone, chat, fim)
     return {"completion_ttft_alone_s": round(alone.ttft, 3), "completion_ttft_during_chat_s": round(fim.ttft, 3),
@@ -261,18 +283,23 @@ def median_of(samples: list) -> object:
 
 
 def repeated(scenario, repeats: int) -> dict:
-    samples = [scenario() for _ in range(repeats)]
+    """`scenario(run)` for run 0..repeats-1: each run asks its own prompts, so no run's first token comes from a
+    cache of the same text an earlier run sent (llama-server keeps each slot's last prompt)."""
+    samples = [scenario(run) for run in range(repeats)]
     return samples[0] if repeats == 1 else {**median_of(samples), "samples": samples}
 
 
 def run_system(base: str, *, reply_tokens: int, counts: tuple[int, ...], paste_tokens: int, repeats: int = 1) -> dict:
     client = Client(base)
-    warm = Streamed()
-    client.chat("Say hi.", 4, warm, time.perf_counter())                     # first-request costs out of the way
-    return {"behind": repeated(lambda: scenario_behind(client, reply_tokens), repeats),
-            "clients": repeated(lambda: scenario_clients(client, counts, 64), repeats),
-            "fim": repeated(lambda: scenario_fim(client, reply_tokens), repeats),
-            "paste": scenario_paste(client, paste_tokens, reply_tokens)}
+    try:
+        warm = Streamed()
+        client.chat("Say hi.", 4, warm, time.perf_counter())                 # first-request costs out of the way
+        return {"behind": repeated(lambda run: scenario_behind(client, reply_tokens, run), repeats),
+                "clients": repeated(lambda run: scenario_clients(client, counts, 64, run), repeats),
+                "fim": repeated(lambda run: scenario_fim(client, reply_tokens, run), repeats),
+                "paste": scenario_paste(client, paste_tokens, reply_tokens)}
+    finally:
+        client.close()
 
 
 def measured(system: str, measure) -> dict | str:
