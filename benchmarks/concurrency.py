@@ -16,8 +16,8 @@ cache for all slots), Evoke with one reply at a time (`evoke_serial`,
 With `repeats` above 1 the short scenarios (behind, clients, fim) run that many times in a row on the same server
 and each figure is their median (`samples` keeps every run's); the paste runs once (a minute a system).
 
-Invariants: every request is streamed, greedy, and sent by its own thread, over a connection no request in flight
-shares (one client's pool, built before any request is timed); times are the client's (from the request's send);
+Invariants: every request is streamed, greedy, and sent by its own thread over its own connection (of one client
+built before any request is timed); times are the client's (from the request's send);
 prompts differ per client (no shared prefix routes two clients to one conversation) and per run; servers bind to
 127.0.0.1 and are always stopped.
 """
@@ -79,12 +79,12 @@ class Streamed:
 class Client:
     """Streams chat or raw completions from one server; `clock` is the scenario's zero. One `httpx.Client` for all
     requests, built once as an editor's or an agent's is: building one makes an SSL context even for http:// (25-30
-    ms of CPU, which on two cores is taken from the server it times); requests in flight together each get a
-    connection of its pool."""
+    ms of CPU, which on two cores is taken from the server it times); each request opens a connection of its own
+    (none kept alive: a server may close an idle one just as it is reused, and llama-server does)."""
 
     def __init__(self, base: str) -> None:
         self.base = base
-        self.http = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
+        self.http = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=64, max_keepalive_connections=0))
 
     def close(self) -> None:
         self.http.close()

@@ -35,8 +35,8 @@ _DECLARATION = re.compile(r"^(?P<indent>\s*)(?:export\s+)?(?:(?:const|let|var|va
                           r"readonly|pub)\s+)+(?P<key>[A-Za-z_][A-Za-z0-9_]*)(?:\s*:\s*[A-Za-z_][\w<>\[\]|. ]*)?"
                           r"\s*=\s*(?P<value>[^=].*?);?\s*$")
 # a SQL column with a default (`  grace_days INTEGER NOT NULL DEFAULT 7,`) and the table it is a column of
-_SQL_COLUMN = re.compile(r"^\s*(?P<key>[A-Za-z_][A-Za-z0-9_]*)\s+[A-Za-z]+\b[^,]*?\bDEFAULT\s+(?P<value>[^,\s]+)"
-                         r"[^,]*,?\s*$", re.IGNORECASE)
+_SQL_COLUMN = re.compile(r"^\s*(?P<key>[A-Za-z_][A-Za-z0-9_]*)\s+[A-Za-z]+\b(?:\s*\([\d\s,]*\))?[^,]*?"
+                         r"\bDEFAULT\s+(?P<value>[^,\s]+)[^,]*,?\s*$", re.IGNORECASE)     # a type's (5, 2) included
 _SQL_TABLE = re.compile(r"^\s*CREATE\s+(?:TEMP(?:ORARY)?\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?"
                         r"(?P<name>[A-Za-z_][\w.\"]*)", re.IGNORECASE)
 # a YAML list item that is one scalar (`      - "8080:80"` under `ports:`)

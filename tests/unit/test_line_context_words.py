@@ -83,6 +83,9 @@ def test_a_sql_column_default_reads_its_table():
     lines = spell_out(text, "migrations/0007.sql").splitlines()
     assert lines[2] == "migrations 0007 sql table ferry bookings checkin closes min default 45"
     assert lines[3] == "    note TEXT"
+    priced = "CREATE TABLE fares (\n    base_fare NUMERIC(6, 2) NOT NULL DEFAULT 12.50,\n    seats INT DEFAULT 40\n);"
+    assert spell_out(priced, None).splitlines()[1:3] == ["table fares base fare default 12.50",
+                                                        "table fares seats default 40"]     # a precision's comma
     assert sql_table(text.splitlines(), 2) == "ferry_bookings" and sql_table(text.splitlines(), 5) is None
 
 
