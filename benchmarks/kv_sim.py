@@ -170,6 +170,7 @@ class FakeRuntime:
     eviction_note = ""
     n_contexts = 1
     slots_share_cells = True                      # the unified layout: the slots and the prefix in one cache
+    slot_runs_batch = False                       # so no slot is better placed than another for a step
     steps_shared = True
 
     def __init__(self, *, slots: int = 4, n_cells: int = 1 << 16) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from ..errors import BudgetError, EngineBusyError, RebuildCancelled, RestoreError
 from ..events import EngineEvent, EventKind
 from ..kvcache.prefixes import Prefix, system_message
+from ..kvcache.slots import touches
 from ..memory.chunk_files import KVFileChunks
 from ..memory.file_bits import pack_for_file, unpack_image
 from ..memory.memory import ConversationMemory, require_budget
@@ -91,6 +92,7 @@ class ConversationLifecycle:
         self._rebuilds: dict[str, tuple[int, float]] = {}    # tokens and seconds decoded from history, until taken
         self._reuse_owners: dict[str, str] = {}    # endpoint conversation id -> its owner, for chunk reuse
         self.streaming: Callable[[], set[str]] = set   # conversations whose reply streams: they keep their slot
+        self._placed_last: str | None = None       # the conversation put in a slot last (slots go next to it)
 
     # -- the model ---------------------------------------------------------------------------
     def attach(self, model: LoadedModel) -> None:
@@ -227,23 +229,37 @@ class ConversationLifecycle:
 
     # -- slots ------------------------------------------------------------------------------
     def ensure_slot(self, state: ConversationState, keep: str | None = None) -> None:
-        """Put the conversation in a slot, parking the least recently used other one (never `keep`)."""
+        """Put the conversation in a slot, parking the least recently used other one (never `keep`). Where a step
+        decodes each run of consecutive slots as a pass of its own (`slot_runs_batch`), the slot goes next to the
+        streaming replies' and the one placed last (conversations opened together start together): a free one
+        there, else an idle neighbour's there, parked (no recompute; a free slot apart from the streaming replies
+        is not taken then)."""
         model = self.model
         memory = state.memory
         if memory.seq is not None:
             model.slots.touch(state.id)
             return
         streaming = self.streaming()
-        slot = model.slots.free_slot(beside={model.slots.slot_of(c) for c in streaming} - {None})
-        if slot is None:
-            oldest = model.slots.least_recent(exclude={keep, *streaming})
-            if oldest is None:
+        streaming_slots = {model.slots.slot_of(c) for c in streaming} - {None}
+        placed_last = model.slots.slot_of(self._placed_last) if self._placed_last else None
+        beside = streaming_slots | ({placed_last} if placed_last is not None else set())
+        slot = model.slots.free_slot(beside=beside)
+        victim = None
+        if model.rt.slot_runs_batch and (slot is None or (streaming_slots and not touches(slot, streaming_slots))):
+            # a reply in a run of its own costs every step a pass over the weights (6 ms in 33, four replies here)
+            victim = model.slots.least_recent(exclude={keep, *streaming},
+                                              touching=beside if slot is None else streaming_slots)
+        if slot is None and victim is None:
+            victim = model.slots.least_recent(exclude={keep, *streaming})
+            if victim is None:
                 raise EngineBusyError("every slot holds a reply being written; this conversation opens when one "
                                       "of them ends")
-            slot = self._leave_slot(self._states[oldest], park=True)
-            self.emit(EngineEvent(EventKind.PARKED, f"conversation left slot {slot}", conversation_id=oldest))
-            self.refresh(self._states[oldest])
+        if victim is not None:
+            slot = self._leave_slot(self._states[victim], park=True)
+            self.emit(EngineEvent(EventKind.PARKED, f"conversation left slot {slot}", conversation_id=victim))
+            self.refresh(self._states[victim])
         model.slots.pin(state.id, slot)
+        self._placed_last = state.id
         prefix = self.prefix_of(state)
         state.prefix = prefix
         try:

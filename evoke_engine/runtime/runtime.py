@@ -252,6 +252,12 @@ class Runtime:
         return not (self.layout == "streams" and context == 0)
 
     @property
+    def slot_runs_batch(self) -> bool:
+        """Whether a step decodes each run of consecutive slots as one ubatch, a pass over the weights a run (the KV
+        streams layout, llama.cpp's split_equal): there replies decoding in adjacent slots cost one pass."""
+        return self.layout == "streams"
+
+    @property
     def slots_share_cells(self) -> bool:
         """Whether the slots and the prefixes share one cache (`unified`); else a prefix reaches a slot as bytes."""
         return self.layout == "unified"

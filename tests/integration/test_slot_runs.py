@@ -1,0 +1,34 @@
+"""Where a reply starting beside a streaming one goes, on the real embedded model in the KV streams layout (issue 59):
+llama.cpp decodes a step's replies as one ubatch only where their slots are consecutive, so a reply whose free slot
+is apart from the streaming ones takes an idle neighbour's slot instead (that conversation parked, reopened without
+a recompute); with nothing streaming, a free slot in the longest free run goes first."""
+
+from __future__ import annotations
+
+import threading
+
+from evoke_engine import Engine, Settings
+
+
+def test_a_reply_beside_a_streaming_one_takes_an_idle_neighbours_slot(tmp_path):
+    settings = Settings(home=str(tmp_path), budget_tokens=1024, n_ctx=4096, slots=4, parallel_replies=3,
+                        embedder="off")
+    with Engine(settings, prewarm=False) as engine:
+        slots = engine.lifecycle.model.slots
+        idle = [engine.new_conversation() for _ in range(3)]
+        for conv in idle:
+            conv.submit("Hi.", max_tokens=2, temperature=0).result()
+        assert [slots.slot_of(conv.id) for conv in idle] == [0, 1, 2]
+        assert engine.release_soon(idle[0].id).result() is True                  # slot 0 free, apart from 3
+        streaming, started = engine.new_conversation(), threading.Event()
+        reply = streaming.submit("Write a long story about a lighthouse keeper.", max_tokens=96, temperature=0,
+                                 on_token=lambda _piece: started.set())
+        assert started.wait(60) and slots.slot_of(streaming.id) == 3
+        beside = engine.new_conversation()
+        beside.submit("List five fruits.", max_tokens=4, temperature=0).result()
+        assert not reply.done()                                          # it started while the story streamed
+        assert slots.slot_of(beside.id) == 2 and slots.slot_of(idle[2].id) is None     # the neighbour parked
+        reply.result()
+        assert idle[2].submit("And again?", max_tokens=2, temperature=0).result().text is not None   # reopens
+        for conv in (idle[1], idle[2], streaming, beside):
+            conv.check()
