@@ -212,6 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("batch-invariance", help="a decoding token's logits alone against beside N prompt rows of "
                        "another sequence in one ubatch, bit for bit, in the unified and streams layouts (no timing)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
+    p = sub.add_parser("gloss-idle", help="issue 61: the gloss writer as the engine runs it, on the real model: a "
+                       "day session's turns with think time between; its cost per block, its share of the idle "
+                       "time, and how long turns that arrived while it wrote waited")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--turns", type=int, default=14)
+    p.add_argument("--think", type=float, default=6.0, help="seconds of idle time after each reply")
+    p.add_argument("--budget", type=int, default=1024, help="the conversation's active-KV budget in tokens")
+    p.add_argument("--model", default=None, help="a GGUF file (default: the embedded SmolLM2-135M)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     p = sub.add_parser("attention", help="decode tokens/s with the attention capture on one layer against off")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--tokens", type=int, default=64)
@@ -342,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         from .batch_invariance import run
 
         result = run(threads=args.threads or os.cpu_count() or 1)
+    elif args.name == "gloss-idle":
+        from .gloss_idle import run
+
+        result = run(seed=args.seed, turns=args.turns, think_s=args.think, budget_tokens=args.budget,
+                     model_path=args.model, threads=args.threads)
     elif args.name == "attention":
         from .attention import run
 

@@ -212,7 +212,8 @@ class FakeRuntime:
         self.step_boundary()
 
     def decode(self, tokens: list[int], seq: int, start_pos: int, *, logits_last: bool = True,
-               cancel: threading.Event | None = None, on_chunk=None, context: int | None = None) -> None:
+               cancel: threading.Event | None = None, on_chunk=None, context: int | None = None,
+               chunk: int = 0) -> None:
         if cancel is not None and cancel.is_set():
             raise Cancelled()
         tail = max((c.pos for c in self.cells.of(seq)), default=-1) + 1

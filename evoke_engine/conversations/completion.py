@@ -33,10 +33,12 @@ class Completion:
 
 
 def complete(model: LoadedModel, tokens: list[int], params: SamplingParams,
-             on_token: Callable[[str], None] | None, cancel: threading.Event, *, seq: int | None = None) -> Completion:
+             on_token: Callable[[str], None] | None, cancel: threading.Event, *, seq: int | None = None,
+             prefill_chunk: int = 0) -> Completion:
     """Decode `tokens` (a whole prompt, BOS included where wanted) and sample up to `params.max_tokens`, in the
     completion's sequence (or `seq`: the scratch, for work that runs as one plain job between other streams' steps,
-    while a completion stream may hold its own)."""
+    while a completion stream may hold its own); `prefill_chunk` tokens a decode at most, `cancel` read before each
+    (a plain job's prefill that other work must not wait for whole)."""
     rt, kv = model.rt, model.kv
     seq = rt.completion_seq if seq is None else seq
     context = rt.context_of(seq)
@@ -45,7 +47,7 @@ def complete(model: LoadedModel, tokens: list[int], params: SamplingParams,
     n_generated, stopped, ttft = 0, "max_tokens", 0.0
     try:
         try:
-            rt.decode(tokens, seq, 0, cancel=cancel)
+            rt.decode(tokens, seq, 0, cancel=cancel, chunk=prefill_chunk)
         except Cancelled:
             return Completion("", len(tokens), 0, "cancelled", 0.0)
         with rt.sampler(params, context, seq=seq) as sampler:

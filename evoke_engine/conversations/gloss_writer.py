@@ -3,10 +3,11 @@ value lines of an open conversation's blocks (`memory.glosses`): evicted blocks 
 
 Invariants: runs on the engine thread as a BACKGROUND job (`TurnJobs.on_idle`, after a turn's vectors); it stops
 before its next decode once `busy()` says other work waits or a reply streams, so a turn that arrives while a gloss
-is written starts after at most one decode step (a prompt chunk or one token); a block whose reply was cut short
-gets nothing (it is asked again at the next idle time: `resume_after`); each block's reply is capped at
-`GLOSS_TOKENS_PER_BLOCK`; the scratch sequence is empty again after each block (`completion.complete`); glossed blocks'
-lines are embedded at once; `total` sums every run's cost (its share of idle time: `wall_s` over the idle seconds).
+is written starts after at most one decode step (a prompt chunk of `prefill_step_tokens` or one token); a block
+whose reply was cut short gets nothing (it is asked again at the next idle time: `resume_after`); each block's reply
+is capped at `GLOSS_TOKENS_PER_BLOCK`; the scratch sequence is empty again after each block
+(`completion.complete`); glossed blocks' lines are embedded at once; `total` sums every run's cost (its share of
+idle time: `wall_s` over the idle seconds, `bench gloss-idle`).
 """
 
 from __future__ import annotations
@@ -161,5 +162,8 @@ class GlossWriter:
 
 def _in_scratch(model: LoadedModel, tokens: list[int], params, on_token, cancel) -> Completion:
     """`complete` in the scratch sequence: the writer runs as one plain job between other streams' steps, and a
-    raw completion's stream may hold the completion's own sequence meanwhile."""
-    return complete(model, tokens, params, on_token, cancel, seq=model.rt.scratch_seq)
+    raw completion's stream may hold the completion's own sequence meanwhile. Its prompt (about 200 tokens) is
+    decoded `prefill_step_tokens` at a time, the stop flag read before each: a turn that arrives waits for one such
+    chunk (measured: `bench gloss-idle`), not the whole prompt's decode."""
+    return complete(model, tokens, params, on_token, cancel, seq=model.rt.scratch_seq,
+                    prefill_chunk=model.settings.prefill_step_tokens)

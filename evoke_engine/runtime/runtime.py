@@ -406,8 +406,9 @@ class Runtime:
     # -- decode -----------------------------------------------------------------------------
     def decode(self, tokens: list[int], seq: int, start_pos: int, *, logits_last: bool = True,
                cancel: threading.Event | None = None, on_chunk=None, context: int | None = None,
-               logits_all: bool = False) -> None:
-        """Decode `tokens` into `seq` at positions start_pos.., in chunks of n_batch, in the sequence's
+               logits_all: bool = False, chunk: int = 0) -> None:
+        """Decode `tokens` into `seq` at positions start_pos.., in chunks of n_batch (or of `chunk`, where a
+        background job's prefill reads `cancel` that often), in the sequence's
         context (or `context`, for the scratch sequence serving another context). `logits_all`: every token
         of the last chunk has its logits row (`logits(i)`; a scorer's tokens fit one chunk). Into a slot's own
         sequence, while other work waits, the chunks are at most `step_tokens()` long with a step boundary
@@ -435,7 +436,7 @@ class Runtime:
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
             step = self.step_tokens() if own_stream and not logits_all else 0
-            n = min(self._batch_capacity, total - done, step or total)
+            n = min(self._batch_capacity, total - done, step or total, chunk or total)
             for i in range(n):
                 batch.token[i] = tokens[done + i]
                 batch.pos[i] = start_pos + done + i

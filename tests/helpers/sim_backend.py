@@ -79,7 +79,7 @@ class SimRuntime(FakeRuntime):
         return sampler
 
     def decode(self, tokens: list[int], seq: int, start_pos: int, *, logits_last: bool = True, cancel=None,
-               on_chunk=None, context: int | None = None, logits_all: bool = False) -> None:
+               on_chunk=None, context: int | None = None, logits_all: bool = False, chunk: int = 0) -> None:
         """As `Runtime.decode`: a sampling reply's next token is its step point (the simulator has no shared step:
         replies take turns, as with a context a slot)."""
         if len(tokens) == 1 and logits_last and context is None and on_chunk is None and seq in self.reply_seqs:

@@ -74,6 +74,34 @@ def test_a_turns_end_has_the_model_gloss_its_value_lines_on_idle_time(engine, ru
     conv.check()
 
 
+def test_the_gloss_prompt_is_decoded_a_prefill_step_at_a_time_the_stop_flag_read_before_each(engine, runs):
+    writer = engine.turns.glosses
+    generate = writer.generate
+    done: list = []
+    reads = [0]
+
+    def counted(model, tokens, params, on_token, cancel):
+        class Count:
+            def is_set(self) -> bool:
+                reads[0] += 1
+                return cancel.is_set()
+        done.append(generate(model, tokens, params, on_token, Count()))
+        return done[-1]
+
+    writer.generate = counted
+    try:
+        conv = engine.new_conversation()
+        conv.submit("Here is the timing file.", [("status.ts", CODE)], max_tokens=8, temperature=0).result()
+        _until_glossed(engine, runs, conv.id)
+    finally:
+        writer.generate = generate
+    chunk = engine.settings.prefill_step_tokens
+    prompt_chunks = sum(-(-c.prompt_tokens // chunk) for c in done)
+    assert done and all(c.prompt_tokens > chunk for c in done)         # a prompt longer than one step
+    assert reads[0] >= prompt_chunks + sum(c.n_tokens for c in done)   # read before each chunk and each token
+    conv.check()
+
+
 def test_a_turn_that_arrives_while_a_gloss_decodes_starts_after_at_most_one_more_decode(engine, runs):
     writer = engine.turns.glosses
     generate = writer.generate
