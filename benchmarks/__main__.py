@@ -212,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("batch-invariance", help="a decoding token's logits alone against beside N prompt rows of "
                        "another sequence in one ubatch, bit for bit, in the unified and streams layouts (no timing)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
+    p = sub.add_parser("batch-ceiling", help="issue 59: N prompts and replies at once against one, llama.cpp alone "
+                       "(no server, no sampler): the zero-overhead bound on bench concurrency's clients ratio")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--prompt", type=int, default=31, help="prompt tokens each client prefills past the cached head")
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     p = sub.add_parser("gloss-idle", help="issue 61: the gloss writer as the engine runs it, on the real model: a "
                        "day session's turns with think time between; its cost per block, its share of the idle "
                        "time, and how long turns that arrived while it wrote waited")
@@ -351,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
         from .batch_invariance import run
 
         result = run(threads=args.threads or os.cpu_count() or 1)
+    elif args.name == "batch-ceiling":
+        from .batch_ceiling import run
+
+        result = run(threads=args.threads or os.cpu_count() or 1, clients=args.clients, prompt=args.prompt,
+                     trials=args.trials)
     elif args.name == "gloss-idle":
         from .gloss_idle import run
 
