@@ -56,17 +56,18 @@ def test_enter_in_b_while_a_generates_sends_b_and_stop_in_b_stops_only_b(desk, q
     assert not desk.c.generating and desk.w.input.send_button.isVisible()     # B's box sends, A's Stop is not here
     press_enter(desk, qtbot, "Count from 1 to 200, one number per line.")
     assert set(desk.c.streams) == {a, b}                                       # both replies are being written
-    assert marked_writing(desk) >= {a, b}                                      # and the sidebar says so
+    # and the sidebar says so, once it lists B (its row comes with the list's refresh, after the model's reply)
+    qtbot.wait_until(lambda: marked_writing(desk) >= {a, b}, timeout=REPLY_MS)
     qtbot.wait_until(lambda: len(desk.c.streams[b].text) > 5 if b in desk.c.streams else True, timeout=REPLY_MS)
     assert a in desk.c.streams and desk.w.input.stop_button.isVisible()
     with qtbot.wait_signal(desk.c.replyFinished, timeout=REPLY_MS) as finished:
         qtbot.mouseClick(desk.w.input.stop_button, Qt.MouseButton.LeftButton)
     assert finished.args[0].stopped == "cancelled" and b not in desk.c.streams
     assert a in desk.c.streams                                                 # A writes on
-    assert b not in marked_writing(desk)
+    qtbot.wait_until(lambda: b not in marked_writing(desk), timeout=REPLY_MS)  # by the engine's word too
     desk.bridge.call(desk.c.engine.cancel, a).result(30)
     qtbot.wait_until(lambda: not desk.c.streams, timeout=REPLY_MS)
-    assert not marked_writing(desk)
+    qtbot.wait_until(lambda: not marked_writing(desk), timeout=REPLY_MS)
 
 
 def test_a_reply_the_endpoint_writes_is_marked_in_the_sidebar(desk, qtbot):
