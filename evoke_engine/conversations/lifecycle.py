@@ -247,8 +247,8 @@ class ConversationLifecycle:
         victim = None
         if model.rt.slot_runs_batch and (slot is None or (streaming_slots and not touches(slot, streaming_slots))):
             # a reply in a run of its own costs every step a pass over the weights (6 ms in 33, four replies here)
-            victim = model.slots.least_recent(exclude={keep, *streaming},
-                                              touching=beside if slot is None else streaming_slots)
+            victim = model.slots.least_recent(exclude={keep, *streaming, self._placed_last},    # not the one
+                                              touching=beside if slot is None else streaming_slots)   # to stand by
         if slot is None and victim is None:
             victim = model.slots.least_recent(exclude={keep, *streaming})
             if victim is None:
