@@ -4,7 +4,8 @@ writer cost per block and what share of the idle time it took, and how long the 
 waited for it.
 
 Invariants: the engine is the product's own (`recall_glosses` on, the writer wired as `Engine` wires it); idle time is
-the think time the bench sleeps between a reply's end and the next message, plus a last wait of the same length;
+the think time the bench sleeps between a reply's end and the next message, plus a last one and the wait until the
+engine is idle after it (no other work runs then);
 a turn's wait is its job's queue time from the engine thread's own DEBUG line; nothing is timed inside a test.
 """
 
@@ -66,8 +67,9 @@ def run(*, seed: int = 0, turns: int = 14, think_s: float = 6.0, budget_tokens: 
                 time.sleep(think_s)
                 idle_s += think_s
             time.sleep(think_s)                                   # the last message's idle time
-            idle_s += think_s
-            engine.wait_idle()
+            drained = time.perf_counter()
+            engine.wait_idle()                                    # and what the writer still had to do after it
+            idle_s += think_s + time.perf_counter() - drained
             state = engine.lifecycle.get(conv.id)
             left = engine.thread.call(lambda: len(blocks_to_gloss(list(state.memory.table.blocks))))
             cost = writer.total
@@ -89,7 +91,7 @@ def run(*, seed: int = 0, turns: int = 14, think_s: float = 6.0, budget_tokens: 
                        "runs_stopped_by_a_turn": cost.interrupted},
             "per_block_s": round(per_block, 3) if per_block is not None else None,
             "model_per_block_s": round(cost.model_s / cost.blocks, 3) if cost.blocks else None,
-            "idle_s": round(idle_s, 1), "idle_share": round(cost.wall_s / idle_s, 3),
+            "idle_s": round(idle_s, 2), "idle_share": round(cost.wall_s / idle_s, 3),
             "blocks_left_unglossed": left,
             "turns_that_stopped_the_writer": interrupted_turns,
             "turn_queue_ms": {"median": round(statistics.median(turn_waits), 1) if turn_waits else None,
