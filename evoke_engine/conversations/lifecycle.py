@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .loaded_model import LoadedModel
 
 log = logging.getLogger(__name__)
+OPENED_TOGETHER_S = 1.0    # conversations placed within this of each other are taken to stream together
 WINDOW_OWNER = "window"          # the owner, for chunk reuse, of every conversation the endpoint did not make
 REUSE_OWNER = "owner"            # the settings key where the endpoint stores a conversation's client (`reuse_owner`)
 
@@ -92,7 +93,8 @@ class ConversationLifecycle:
         self._rebuilds: dict[str, tuple[int, float]] = {}    # tokens and seconds decoded from history, until taken
         self._reuse_owners: dict[str, str] = {}    # endpoint conversation id -> its owner, for chunk reuse
         self.streaming: Callable[[], set[str]] = set   # conversations whose reply streams: they keep their slot
-        self._placed_last: str | None = None       # the conversation put in a slot last (slots go next to it)
+        self._placed_last: str | None = None       # the conversation put in a slot last (slots go next to it
+        self._placed_at = 0.0                      # while it is recent: `OPENED_TOGETHER_S`)
 
     # -- the model ---------------------------------------------------------------------------
     def attach(self, model: LoadedModel) -> None:
@@ -231,8 +233,9 @@ class ConversationLifecycle:
     def ensure_slot(self, state: ConversationState, keep: str | None = None) -> None:
         """Put the conversation in a slot, parking the least recently used other one (never `keep`). Where a step
         decodes each run of consecutive slots as a pass of its own (`slot_runs_batch`), the slot goes next to the
-        streaming replies' and the one placed last (conversations opened together start together): a free one
-        there, else an idle neighbour's there, parked (no recompute; a free slot apart from the streaming replies
+        streaming replies' and the one placed last within `OPENED_TOGETHER_S` (requests arriving together start
+        together; a user switching conversations by hand is slower, and gets the least recently used victim): a free
+        one there, else an idle neighbour's there, parked (no recompute; a free slot apart from the streaming replies
         is not taken then)."""
         model = self.model
         memory = state.memory
@@ -241,7 +244,8 @@ class ConversationLifecycle:
             return
         streaming = self.streaming()
         streaming_slots = {model.slots.slot_of(c) for c in streaming} - {None}
-        placed_last = model.slots.slot_of(self._placed_last) if self._placed_last else None
+        placed_last = (model.slots.slot_of(self._placed_last)
+                       if self._placed_last and self.clock() - self._placed_at <= OPENED_TOGETHER_S else None)
         beside = streaming_slots | ({placed_last} if placed_last is not None else set())
         slot = model.slots.free_slot(beside=beside)
         victim = None
@@ -259,7 +263,7 @@ class ConversationLifecycle:
             self.emit(EngineEvent(EventKind.PARKED, f"conversation left slot {slot}", conversation_id=victim))
             self.refresh(self._states[victim])
         model.slots.pin(state.id, slot)
-        self._placed_last = state.id
+        self._placed_last, self._placed_at = state.id, self.clock()
         prefix = self.prefix_of(state)
         state.prefix = prefix
         try:

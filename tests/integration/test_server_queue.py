@@ -25,7 +25,8 @@ def test_a_queued_stream_says_its_place_and_its_wait(tmp_path):
     with running_server(tmp_path, settings=settings) as (engine, server):
         first, second = {}, {}
         never_ends = {str(t): -100 for t in engine.tokenize("<|im_end|><|endoftext|>", special=True)}
-        long = {"model": "evoke", "stream": True, "max_tokens": 200, "temperature": 0, "logit_bias": never_ends,
+        # long enough that the second request waits past its first ": queued" line (1 s) on a fast moment too
+        long = {"model": "evoke", "stream": True, "max_tokens": 350, "temperature": 0, "logit_bias": never_ends,
                 "stream_options": {"include_usage": True},
                 "messages": [{"role": "user", "content": "Count from one to two hundred in words."}]}
         short = {**long, "max_tokens": 8, "logit_bias": {}, "messages": [{"role": "user", "content": "Say hi."}]}

@@ -1,13 +1,17 @@
 """Where a reply starting beside a streaming one goes, on the real embedded model in the KV streams layout (issue 59):
 llama.cpp decodes a step's replies as one ubatch only where their slots are consecutive, so a reply whose free slot
 is apart from the streaming ones takes an idle neighbour's slot instead (that conversation parked, reopened without
-a recompute); with nothing streaming, a free slot in the longest free run goes first."""
+a recompute); with nothing streaming, a free slot in the longest free run goes first, and with every slot held the
+idle neighbour of the slot placed last, where that was placed just before (requests arriving together)."""
 
 from __future__ import annotations
 
 import threading
 
+import pytest
+
 from evoke_engine import Engine, Settings
+from evoke_engine.conversations import lifecycle
 
 
 def test_a_reply_beside_a_streaming_one_takes_an_idle_neighbours_slot(tmp_path):
@@ -31,4 +35,26 @@ def test_a_reply_beside_a_streaming_one_takes_an_idle_neighbours_slot(tmp_path):
         reply.result()
         assert idle[2].submit("And again?", max_tokens=2, temperature=0).result().text is not None   # reopens
         for conv in (idle[1], idle[2], streaming, beside):
+            conv.check()
+
+
+@pytest.mark.parametrize("together_s, parked", [(60.0, 1), (0.0, 0)])
+def test_with_every_slot_held_a_conversation_opened_together_goes_next_to_the_last_placed(tmp_path, monkeypatch,
+                                                                                           together_s, parked):
+    """Requests arriving together take the idle neighbour of the slot placed last (they will stream together); at
+    a user's pace (the last placement older than `OPENED_TOGETHER_S`) the least recently used conversation goes."""
+    monkeypatch.setattr(lifecycle, "OPENED_TOGETHER_S", together_s)
+    settings = Settings(home=str(tmp_path), budget_tokens=1024, n_ctx=4096, slots=3, parallel_replies=2,
+                        embedder="off")
+    with Engine(settings, prewarm=False) as engine:
+        slots = engine.lifecycle.model.slots
+        held = [engine.new_conversation() for _ in range(3)]
+        for conv in held:
+            conv.submit("Hi.", max_tokens=2, temperature=0).result()
+        assert [slots.slot_of(conv.id) for conv in held] == [0, 1, 2]
+        held[1].submit("Again.", max_tokens=2, temperature=0).result()     # least recent now: 0, then 2, then 1
+        newcomer = engine.new_conversation()
+        newcomer.submit("Hello.", max_tokens=2, temperature=0).result()
+        assert slots.slot_of(newcomer.id) == parked and slots.slot_of(held[parked].id) is None
+        for conv in (*held, newcomer):
             conv.check()
