@@ -14,15 +14,24 @@ from evoke_engine import Engine, Settings
 from evoke_engine.conversations import lifecycle
 
 
+def engine_with(tmp_path, slots: int) -> Engine:
+    return Engine(Settings(home=str(tmp_path), budget_tokens=1024, n_ctx=4096, slots=slots,
+                           parallel_replies=slots - 1, embedder="off"), prewarm=False)
+
+
+def three_in_slots(engine: Engine) -> list:
+    """Three conversations with a turn each, in slots 0, 1 and 2 (the longest free run, then the one beside it)."""
+    convs = [engine.new_conversation() for _ in range(3)]
+    for conv in convs:
+        conv.submit("Hi.", max_tokens=2, temperature=0).result()
+    assert [engine.lifecycle.model.slots.slot_of(conv.id) for conv in convs] == [0, 1, 2]
+    return convs
+
+
 def test_a_reply_beside_a_streaming_one_takes_an_idle_neighbours_slot(tmp_path):
-    settings = Settings(home=str(tmp_path), budget_tokens=1024, n_ctx=4096, slots=4, parallel_replies=3,
-                        embedder="off")
-    with Engine(settings, prewarm=False) as engine:
+    with engine_with(tmp_path, slots=4) as engine:
         slots = engine.lifecycle.model.slots
-        idle = [engine.new_conversation() for _ in range(3)]
-        for conv in idle:
-            conv.submit("Hi.", max_tokens=2, temperature=0).result()
-        assert [slots.slot_of(conv.id) for conv in idle] == [0, 1, 2]
+        idle = three_in_slots(engine)
         assert engine.release_soon(idle[0].id).result() is True                  # slot 0 free, apart from 3
         streaming, started = engine.new_conversation(), threading.Event()
         reply = streaming.submit("Write a long story about a lighthouse keeper.", max_tokens=96, temperature=0,
@@ -44,14 +53,9 @@ def test_with_every_slot_held_a_conversation_opened_together_goes_next_to_the_la
     """Requests arriving together take the idle neighbour of the slot placed last (they will stream together); at
     a user's pace (the last placement older than `OPENED_TOGETHER_S`) the least recently used conversation goes."""
     monkeypatch.setattr(lifecycle, "OPENED_TOGETHER_S", together_s)
-    settings = Settings(home=str(tmp_path), budget_tokens=1024, n_ctx=4096, slots=3, parallel_replies=2,
-                        embedder="off")
-    with Engine(settings, prewarm=False) as engine:
+    with engine_with(tmp_path, slots=3) as engine:
         slots = engine.lifecycle.model.slots
-        held = [engine.new_conversation() for _ in range(3)]
-        for conv in held:
-            conv.submit("Hi.", max_tokens=2, temperature=0).result()
-        assert [slots.slot_of(conv.id) for conv in held] == [0, 1, 2]
+        held = three_in_slots(engine)
         held[1].submit("Again.", max_tokens=2, temperature=0).result()     # least recent now: 0, then 2, then 1
         newcomer = engine.new_conversation()
         newcomer.submit("Hello.", max_tokens=2, temperature=0).result()
