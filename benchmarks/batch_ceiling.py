@@ -20,16 +20,6 @@ from evoke_engine.runtime.model_file import default_model_path
 from .batch_invariance import OTHER, Probe, _tokens
 
 
-def _context(model, unified: bool, sequences: int, threads: int):
-    params = ll.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 4096 * sequences, 512, 512, sequences
-    params.n_threads = params.n_threads_batch = threads
-    params.kv_unified, params.flash_attn_type = unified, 0          # the engine's CPU default with an f16 cache
-    probe = Probe.__new__(Probe)
-    probe.ctx, probe.n_vocab = ll.llama_init_from_model(model, params), 0
-    return probe
-
-
 def _trial(probe: Probe, tokens: list[int], clients: int, head: int, prompt: int, reply: int) -> tuple[float, float]:
     """(seconds to every first token, seconds to every reply's end) for `clients` at once."""
     ll.llama_memory_clear(ll.llama_get_memory(probe.ctx), True)
@@ -54,7 +44,8 @@ def run(*, threads: int, clients: int = 4, head: int = 51, prompt: int = 31, rep
         out: dict = {"clients": clients, "cached_head_tokens": head, "prompt_tokens": prompt,
                      "reply_tokens": reply, "trials": trials, "threads": threads}
         for layout, unified in (("streams", False), ("unified", True)):
-            probe = _context(model, unified, clients + 1, threads)
+            probe = Probe(model, unified, threads, sequences=clients + 1, cells_each=4096,
+                          flash_attention=0)                         # the engine's CPU default with an f16 cache
             try:
                 figures = {}
                 for n in (1, clients):

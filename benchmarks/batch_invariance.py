@@ -20,11 +20,12 @@ TOKEN = 42
 
 
 class Probe:
-    def __init__(self, model, unified: bool, threads: int) -> None:
+    def __init__(self, model, unified: bool, threads: int, *, sequences: int = 2, cells_each: int = 2048,
+                 flash_attention: int = 1) -> None:
         params = ll.llama_context_default_params()
-        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = 4096, 512, 512, 2
+        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max = cells_each * sequences, 512, 512, sequences
         params.n_threads = params.n_threads_batch = threads
-        params.kv_unified, params.flash_attn_type = unified, 1
+        params.kv_unified, params.flash_attn_type = unified, flash_attention
         self.ctx = ll.llama_init_from_model(model, params)
         self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
 
