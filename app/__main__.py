@@ -31,7 +31,10 @@ def help_epilog() -> str:
     from evoke_engine.logs import log_file
 
     settings = Settings()
+    lab = ("lab benches:     evoke-desk bench NAME ... (the bundle's measurements, as python -m benchmarks NAME; "
+           "see evoke-desk bench --help)\n") if getattr(sys, "frozen", False) else ""
     return (f"engine commands: evoke-desk {{{','.join(ENGINE_COMMANDS)}}} ... (see evoke-desk serve --help)\n"
+            f"{lab}"
             f"data folder:     {settings.data_dir}  (chat history, KV files; private, set EVOKE_HOME to move it)\n"
             f"settings file:   {settings.config_dir / 'settings.json'}\n"
             f"log file:        {log_file()}")

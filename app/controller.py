@@ -367,6 +367,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
             self._send_next_queued()
             return
         self._adopt_unassigned(str(conv.id))
+        self.conversations.show_new(str(conv.id), conv.title or "Untitled", time.time())
         self._switch(conv, conv.title or "Untitled", opened=True)
 
     def _adopt_unassigned(self, conversation_id: str) -> None:

@@ -116,6 +116,17 @@ class ConversationListModel(QAbstractListModel):
         self.rows = rows
         self.endResetModel()
 
+    def show_new(self, conversation_id: str, title: str, when: float) -> None:
+        """List a conversation just made at once, first after the pinned ones (where the next `set_conversations`
+        puts it): the window does not wait for the engine to be asked for the whole list (it may be busy writing
+        replies). Nothing when it is listed already."""
+        if self.row_of(conversation_id) >= 0:
+            return
+        at = sum(1 for r in self.rows if r.pinned and not r.stateless)
+        self.beginInsertRows(QModelIndex(), at, at)
+        self.rows.insert(at, ConversationRow(conversation_id, title or "Untitled", when, False, "none"))
+        self.endInsertRows()
+
     def row_of(self, conversation_id: str) -> int:
         return next((i for i, r in enumerate(self.rows) if r.id == conversation_id), -1)
 

@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--glosses", default=None, metavar="write:PATH|read:PATH", help="issue 61: the decisions read "
                    "the model's glosses of value lines: written by the real embedded model after each turn (saved "
                    "to PATH), or read from PATH")
+    p.add_argument("--gloss-model", default=None, metavar="FILE", help="issue 61: with --glosses write:PATH, the "
+                   "GGUF that writes them (default: the embedded model)")
     p.add_argument("--bare-declarations", choices=("on", "off"), default=None, help="issue 61: the words' reading "
                    "drops a declaration's syntax (export const, a SQL column's type) (default: the engine's)")
     p.add_argument("--question-query", choices=("on", "off"), default=None, help="issue 61: a message that asks "
@@ -336,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                      overrides=parse_overrides(args.set),
                      identifier_words=None if args.identifier_words is None else args.identifier_words == "on",
                      context_beside=None if args.context_beside is None else args.context_beside == "on",
-                     glosses=args.glosses,
+                     glosses=args.glosses, gloss_model=args.gloss_model,
                      bare_declarations=None if args.bare_declarations is None else args.bare_declarations == "on",
                      question_query=None if args.question_query is None else args.question_query == "on")
     elif args.name == "decode":

@@ -83,7 +83,7 @@ def summarize(rows: list[dict], decide_ms: list[float], budget: int, forms: tupl
 
 def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tuple[int, ...] = (2048, 4096),
         overrides: dict | None = None, identifier_words: bool | None = None,
-        context_beside: bool | None = None, glosses: str | None = None,
+        context_beside: bool | None = None, glosses: str | None = None, gloss_model: str | None = None,
         bare_declarations: bool | None = None, question_query: bool | None = None) -> dict:
     if script not in SCRIPTS:
         raise ValueError(f"unknown script {script!r}; valid: {', '.join(SCRIPTS)}")
@@ -103,7 +103,7 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
         if gloss_mode == "read":
             day_glosses.read_book(book)
         else:
-            glosser = day_glosses.TurnGlosser()
+            glosser = day_glosses.TurnGlosser(gloss_model)
     base = Settings(home=tempfile.mkdtemp(prefix="evoke-day-"), recovery="kv_restore", system_prompt=SYSTEM,
                     tools_enabled=False, **overrides)
     rt = VocabRuntime(None)
@@ -141,7 +141,7 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
         result["results"][str(budget)] = summary
     result["seconds"] = round(time.perf_counter() - started, 1)
     if glosses is not None:
-        result["glosses"] = {"source": glosses, "blocks_in_book": len(BOOK),
+        result["glosses"] = {"source": glosses, "model": gloss_model or "embedded", "blocks_in_book": len(BOOK),
                              "blocks_with_a_gloss": sum(bool(BOOK.of(h)) for h in BOOK.hashes())}
     if glosser is not None:
         result["glosses"]["writing"] = dataclasses.asdict(glosser.cost)

@@ -11,7 +11,7 @@ from PySide6.QtCore import Qt
 
 from app import settings_form as form
 from app.attachments import AttachmentError, is_large_paste, paste_name, read_text_attachment
-from app.item_models import BlockTableModel, ConversationListModel, EventLogModel
+from app.item_models import BlockTableModel, ConversationListModel, EventLogModel, GeneratingRole
 from app.model_finder import find_models
 from app.render import Part, render_markdown, render_parts
 from evoke_engine.settings import Settings
@@ -116,6 +116,22 @@ def test_conversation_list_orders_pinned_first_then_by_last_use(qapp):
                              info("c", "pinned", 0.5, True)])
     assert [r.id for r in model.rows] == ["c", "b", "a"]
     assert model.row_of("a") == 2
+
+
+def test_a_new_conversation_is_listed_at_once_first_after_the_pinned_and_marked_while_it_writes(qapp):
+    model = ConversationListModel()
+    info = lambda i, u, p: SimpleNamespace(id=i, title=i, updated_at=u, pinned=p, memory="disk")  # noqa: E731
+    model.set_conversations([info("a", 1.0, False), info("pinned", 0.5, True)])
+    model.set_generating({"new"})                     # its reply started before the row was listed
+    inserted = []
+    model.rowsInserted.connect(lambda _parent, first, last: inserted.append((first, last)))
+    model.show_new("new", "New conversation", 5.0)
+    assert [r.id for r in model.rows] == ["pinned", "new", "a"] and inserted == [(1, 1)]
+    assert model.data(model.index(1), GeneratingRole)
+    model.show_new("new", "again", 6.0)               # listed already: nothing changes
+    assert len(model.rows) == 3 and inserted == [(1, 1)]
+    model.set_conversations([info("a", 1.0, False), info("pinned", 0.5, True), info("new", 5.0, False)])
+    assert [r.id for r in model.rows] == ["pinned", "new", "a"]      # the engine's list puts it where it was
 
 
 def test_block_model_follows_events_and_sums_tokens_by_state(qapp):

@@ -64,6 +64,19 @@ def test_help_names_the_data_folder_the_log_file_and_every_engine_command(tmp_pa
     for command in subcommands(build_parser()):
         assert command in out
     assert "aider-metadata" in out
+    assert "evoke-desk bench" not in out                  # a checkout's entry point has no lab command
+
+
+def test_the_bundles_help_names_its_lab_command(tmp_path, monkeypatch, capsys) -> None:
+    import sys
+
+    from app.__main__ import parse_args
+
+    monkeypatch.setenv("EVOKE_HOME", str(tmp_path))
+    monkeypatch.setattr(sys, "frozen", True, raising=False)       # as PyInstaller's bundle runs it
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    assert "evoke-desk bench NAME" in capsys.readouterr().out
 
 
 def test_a_kept_file_is_marked_in_the_table_not_only_in_its_tooltip(qtbot) -> None:
