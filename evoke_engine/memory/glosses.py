@@ -29,21 +29,36 @@ ASK = ("For each numbered line below, say in a short plain phrase (at most 12 wo
 MIN_GLOSS_WORDS = 3
 # a name a line gives its value: snake_case, SCREAMING_CASE, camelCase, kebab-case, a dotted key or a --flag
 _NAMED = re.compile(r"[A-Za-z][_-][A-Za-z0-9]|[a-z]\.[a-z]|[a-z][A-Z]|--[a-z]")
+_NAME_TOKEN = re.compile(r"-{0,2}[A-Za-z_][A-Za-z0-9_.-]*")
+# a glued name given a number: `NAME = 4500`, `"autosaveDelayMs": 900`, `--users 5090`, `--jobs=4`, `grace_days
+# INTEGER NOT NULL DEFAULT 7`
+_SETS_NUMBER = re.compile(
+    r"""(?:[A-Za-z0-9][_.-]|[a-z][A-Z])[A-Za-z0-9_.-]*["'`]?\s*"""             # the glued name (a quote may close it)
+    r"""(?:[:=]\s*["']?|\s+(?:[A-Z][A-Za-z0-9(), ]*?\bDEFAULT\s+)?)-?\d"""    # = : or a SQL type ... DEFAULT
+    r"""|(?:^|\s)--?[A-Za-z][A-Za-z0-9_-]*(?:\s+|=)-?\d""")                   # or a flag and its number
 _ANSWER = re.compile(r"^\s*(?P<n>\d{1,2})\s*[.):-]\s*(?P<gloss>\S.*?)\s*$")
 _WRAPPING = " \t`'\"*"
 
 
 def gloss_targets(lines: Iterable[str]) -> list[str]:
     """The lines of a block worth a gloss: they hold a value (`value_lines.holds_value`) under a name made of
-    several words glued together (`STATUS_REFRESH_MS = 4500`, `"autosaveDelayMs": 900`, `--max-retries 3`), and
-    are short; the first `MAX_LINES_PER_BLOCK`, in order, no repeats."""
-    out: list[str] = []
+    several words glued together (`STATUS_REFRESH_MS = 4500`, `"autosaveDelayMs": 900`, `--max-retries 3`), are
+    short, and the glued name is not only a call's (`log.debug('load %s', item)`, `raise ValueError("no x")`: the
+    value is an argument, the name says what runs, not what the value means). At most `MAX_LINES_PER_BLOCK`, no
+    repeats: first the lines that set a number under the name (`NAME = 4500`, `key: 900`, `--users 5090`, a SQL
+    column's `DEFAULT 7`), in order, then the others."""
+    settings: list[str] = []
+    others: list[str] = []
     for line in dict.fromkeys(lines):
-        if len(line) <= MAX_LINE_CHARS and _NAMED.search(line) and holds_value(line):
-            out.append(line)
-            if len(out) == MAX_LINES_PER_BLOCK:
-                break
-    return out
+        if len(line) <= MAX_LINE_CHARS and _names_a_value(line) and holds_value(line):
+            (settings if _SETS_NUMBER.search(line) else others).append(line)
+    return (settings + others)[:MAX_LINES_PER_BLOCK]
+
+
+def _names_a_value(line: str) -> bool:
+    """A glued name in `line` that is not only called (`_NAMED` on a token not followed by an opening bracket)."""
+    return any(_NAMED.search(token.group(0)) and not line[token.end():].lstrip().startswith("(")
+               for token in _NAME_TOKEN.finditer(line))
 
 
 def gloss_messages(lines: list[str]) -> list[dict[str, str]]:

@@ -55,6 +55,17 @@ def test_only_short_value_lines_under_a_glued_name_are_glossed():
     assert gloss_targets(many) == many[:MAX_LINES_PER_BLOCK]
 
 
+def test_a_name_given_a_number_is_glossed_first_and_a_name_only_called_never():
+    calls = ["log.debug('load %s', item)", 'if item is None: raise ValueError("no export")']
+    settings = ["shard_count = 23", "locust -f load/checkout.py --users 5090 --headless",
+                "  grace_days INTEGER NOT NULL DEFAULT 7,", "  late_fee NUMERIC(6, 2) NOT NULL DEFAULT 12.50,",
+                "ffmpeg -i in.mp4 -crf 48 out.mp4"]
+    other = 'File "auth/tokens.py", line 643, in verify_signature'
+    assert gloss_targets([*calls, other, *settings]) == settings[:MAX_LINES_PER_BLOCK]
+    assert gloss_targets([*calls, other, settings[0]]) == [settings[0], other]
+    assert gloss_targets(calls) == []
+
+
 def test_the_prompt_numbers_the_lines():
     messages = gloss_messages(["A_B = 1", "  c_d: 2"])
     assert [m["role"] for m in messages] == ["system", "user"]
