@@ -37,6 +37,7 @@ _SETS_NUMBER = re.compile(
     r"""(?:[:=]\s*["']?|\s+(?:[A-Z][A-Za-z0-9(), ]*?\bDEFAULT\s+)?)-?\d"""    # = : or a SQL type ... DEFAULT
     r"""|(?:^|\s)--?[A-Za-z][A-Za-z0-9_-]*(?:\s+|=)-?\d""")                   # or a flag and its number
 _ANSWER = re.compile(r"^\s*(?P<n>\d{1,2})\s*[.):-]\s*(?P<gloss>\S.*?)\s*$")
+_BULLET = re.compile(r"^\s*[-*\u2022]\s+(?P<gloss>\S.*?)\s*$")
 _WRAPPING = " \t`'\"*"
 
 
@@ -68,26 +69,45 @@ def gloss_messages(lines: list[str]) -> list[dict[str, str]]:
 
 
 def parse_glosses(reply: str, lines: list[str]) -> dict[str, str]:
-    """Line -> gloss from a numbered reply (`1. how often the status page reloads`): a number outside the lines, a
-    phrase of fewer than `MIN_GLOSS_WORDS` words, one numbered again (`1. 1. how long`) or one that repeats its line or
-    a name glued from words (`STATUS_REFRESH_MS = 450`: a copy, maybe with another value, says nothing in plain
-    words) is dropped; a phrase is cut to `MAX_GLOSS_CHARS` at a word."""
+    """Line -> gloss from a numbered reply (`1. how often the status page reloads`). A reply without numbers: for one
+    line its bullets (`- ...`) joined with "; " (a line that sets two values gets a bullet each), or its first row;
+    for several lines the k-th bullet is line k's where there is one bullet a line. A number outside the lines, a
+    phrase of fewer than `MIN_GLOSS_WORDS` words, one numbered again (`1. 1. how long`) or one that repeats its line
+    or a name glued from words (`STATUS_REFRESH_MS = 450`: a copy, maybe with another value, says nothing in plain
+    words) is dropped, and a reply whose numbered rows give nothing is read as one without numbers (a model that
+    goes on with an example of its own, `2. [profile] ...`); a gloss is cut to `MAX_GLOSS_CHARS` at a word."""
+    rows = [row for row in reply.splitlines() if row.strip()]
     out: dict[str, str] = {}
-    for row in reply.splitlines():
+    for row in rows:
         answer = _ANSWER.match(row)
-        if not answer:
+        index = int(answer.group("n")) - 1 if answer else -1
+        if answer is None or not 0 <= index < len(lines) or lines[index] in out:
             continue
-        index = int(answer.group("n")) - 1
-        gloss = answer.group("gloss").strip(_WRAPPING).rstrip(".").strip(_WRAPPING)
-        if not 0 <= index < len(lines) or lines[index] in out or not gloss:
-            continue
-        if (gloss.lower() == lines[index].strip().lower() or _NAMED.search(gloss) or _ANSWER.match(gloss)
-                or len(gloss.split()) < MIN_GLOSS_WORDS):
-            continue
-        if len(gloss) > MAX_GLOSS_CHARS:
-            gloss = gloss[:MAX_GLOSS_CHARS].rsplit(" ", 1)[0]
-        out[lines[index]] = gloss
-    return out
+        if gloss := _plain(answer.group("gloss"), lines[index]):
+            out[lines[index]] = _cut(gloss)
+    if out:
+        return out
+    bullets = [m.group("gloss") for row in rows if (m := _BULLET.match(row))]
+    if len(lines) == 1:
+        said = [g for row in (bullets or rows[:1]) if (g := _plain(row, lines[0]))]
+        return {lines[0]: _cut("; ".join(said))} if said else {}
+    if len(bullets) != len(lines):
+        return {}
+    return {line: _cut(gloss) for line, text in zip(lines, bullets, strict=True) if (gloss := _plain(text, line))}
+
+
+def _plain(text: str, line: str) -> str:
+    """`text` as a gloss of `line`: unwrapped, or "" where it repeats the line, holds a glued name, is numbered again
+    or is too short to say anything."""
+    gloss = text.strip(_WRAPPING).rstrip(".").strip(_WRAPPING)
+    if (not gloss or gloss.lower() == line.strip().lower() or _NAMED.search(gloss) or _ANSWER.match(gloss)
+            or len(gloss.split()) < MIN_GLOSS_WORDS):
+        return ""
+    return gloss
+
+
+def _cut(gloss: str) -> str:
+    return gloss if len(gloss) <= MAX_GLOSS_CHARS else gloss[:MAX_GLOSS_CHARS].rsplit(" ", 1)[0]
 
 
 def gloss_line(line: str, gloss: str) -> str:

@@ -85,6 +85,21 @@ def test_a_numbered_reply_gives_one_gloss_a_line_and_drops_the_rest():
     assert parse_glosses("1. 1. how long\n2. how long\n3. the page's wait", lines) == {"E_F = 3": "the page's wait"}
 
 
+def test_a_reply_in_bullets_glosses_one_line_with_all_of_them_and_several_lines_one_a_line():
+    one = ['[profile] log_level = "info" shard_count = 23']
+    reply = ('- Log level is set to "info" for detailed information.\n- Shard count is set to 23, which means the '
+             'application will use 23 shards.\n\n2. [profile] log_level = "debug" shard_count = 10')
+    gloss = parse_glosses(reply, one)[one[0]]           # the "2." is the model's own example: out of range
+    assert gloss.startswith('Log level is set to "info" for detailed information; Shard count is set to 23')
+    assert len(gloss) <= 120
+    assert parse_glosses("This sets how often the page reloads.\nAnything else?", ["A_B = 1"]) == {
+        "A_B = 1": "This sets how often the page reloads"}
+    two = ["A_B = 1", "C_D = 2"]
+    assert parse_glosses("- the first thing here\n- the second thing here", two) == {
+        "A_B = 1": "the first thing here", "C_D = 2": "the second thing here"}
+    assert parse_glosses("- the first thing here\n- more\n- and more of it", two) == {}   # not one a line
+
+
 def test_the_book_digest_changes_with_the_glosses_and_a_block_without_any_keeps_its_key():
     book = GlossBook(capacity=2)
     book.put("h1", {"A_B = 1": "one thing"})
