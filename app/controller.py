@@ -130,6 +130,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self._recall_said: tuple[str, str] | None = None   # the recall model's state last said, and its words
         self._recall_first_use = False
         self._drop_after_switch = ""               # an empty conversation that was left: deleted once the next shows
+        self._made_here: set[str] = set()          # made by New and shown before its (empty) history was read back
         self.error_topic = ""
         self.streams: dict[str, Stream] = {}       # conversation id -> its reply being written (several at once)
         self.stats: Any = None                     # the open conversation's ConversationStats, once it lands
@@ -368,6 +369,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
             return
         self._adopt_unassigned(str(conv.id))
         self.conversations.show_new(str(conv.id), conv.title or "Untitled", time.time())
+        self._made_here.add(str(conv.id))
         self._switch(conv, conv.title or "Untitled", opened=True)
 
     def _adopt_unassigned(self, conversation_id: str) -> None:
@@ -422,7 +424,8 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
     def is_empty_conversation(self) -> bool:
         """The highlighted conversation has no message, none waits, and no reply streams into it."""
         conversation_id = self.current_id
-        return bool(conversation_id) and self.history_loaded and not self.messages \
+        known = self.history_loaded or conversation_id in self._made_here     # New made it: nothing to read back
+        return bool(conversation_id) and known and not self.messages \
             and not any(q.conversation_id == conversation_id for q in self.queued) \
             and conversation_id not in self.streams
 
@@ -452,6 +455,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         self.bridge.call(self.engine.focus, conversation_id, on_error=self._fail)   # its requests go first
         self.refresh_stats()
         dropped, self._drop_after_switch = self._drop_after_switch, ""
+        self._made_here.discard(dropped)
         if dropped and dropped != conversation_id:
             self.bridge.call(self.engine.delete_conversation, dropped,
                              on_done=lambda _: self.refresh_conversations(), on_error=self._fail)
@@ -508,6 +512,7 @@ class ChatController(SettingsFlow, EditingFlow, ExchangeFlow, SearchFlow, Versio
         if conv is not self.conv:
             return
         self.history_loaded = True
+        self._made_here.discard(str(conv.id))
         stream = self.stream
         if stream is not None:
             rows, unstored = _rows_beside(stream, rows)
