@@ -138,7 +138,8 @@ class GlossWriter:
         """One block's glosses (line -> gloss, maybe none), or None when other work arrived or the context had no
         room: nothing is kept of a reply cut short."""
         lines = gloss_lines_of(block)
-        prompt = model.template.render(gloss_messages(lines), add_generation_prompt=True)
+        prompt = model.template.render(gloss_messages(lines, block.file_name or "", block.text),
+                                       add_generation_prompt=True)
         tokens = model.rt.tokenize(prompt, add_special=False, parse_special=True)
         started = self.clock()
         try:

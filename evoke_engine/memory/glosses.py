@@ -17,7 +17,8 @@ from collections.abc import Iterable
 
 from .value_lines import holds_value
 
-GLOSS_VERSION = 1                 # bump when the prompt or `gloss_line` changes what a gloss line is
+GLOSS_VERSION = 2                 # bump when the prompt or `gloss_line` changes what a gloss line is
+CONTEXT_CHARS = 600               # of the block shown above its lines (a config section, a message)
 GLOSS_TOKENS_PER_BLOCK = 96       # a block's reply cap: every gloss of the block together
 MAX_LINES_PER_BLOCK = 4           # value lines glossed per block (the first ones that name a value)
 MAX_GLOSS_CHARS = 120
@@ -62,10 +63,19 @@ def _names_a_value(line: str) -> bool:
                for token in _NAME_TOKEN.finditer(line))
 
 
-def gloss_messages(lines: list[str]) -> list[dict[str, str]]:
-    """The chat messages that ask the model for one gloss per line (rendered with the GGUF's own template)."""
+def gloss_messages(lines: list[str], source: str = "", text: str = "") -> list[dict[str, str]]:
+    """The chat messages that ask the model for one gloss per line (rendered with the GGUF's own template). With
+    `text`, the block the lines come from is shown first (cut to `CONTEXT_CHARS`, under `source`: its file's name):
+    a line alone is misread (`drain_grace_seconds: 2795` was "the seconds water takes to drain from the tap")."""
     numbered = "\n".join(f"{i}. {line.strip()}" for i, line in enumerate(lines, 1))
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{ASK}\n\n{numbered}"}]
+    ask = f"{ASK}\n\n{numbered}"
+    if text.strip():
+        shown = text.strip()
+        if len(shown) > CONTEXT_CHARS:
+            shown = shown[:CONTEXT_CHARS].rsplit("\n", 1)[0] + "\n..."
+        where = f" ({source})" if source else ""
+        ask = f"Where the lines come from{where}:\n```\n{shown}\n```\n\n{ask}"
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ask}]
 
 
 def parse_glosses(reply: str, lines: list[str]) -> dict[str, str]:

@@ -18,6 +18,7 @@ from evoke_engine.memory import lexical
 from evoke_engine.memory.glosses import (
     BOOK,
     GLOSS_TOKENS_PER_BLOCK,
+    GLOSS_VERSION,
     MAX_LINES_PER_BLOCK,
     GlossBook,
     gloss_messages,
@@ -72,6 +73,17 @@ def test_the_prompt_numbers_the_lines():
     assert messages[1]["content"].endswith("\n\n1. A_B = 1\n2. c_d: 2")
 
 
+def test_the_prompt_shows_the_block_the_lines_come_from_cut_at_a_line():
+    section = "worker:\n  replicas: 3\n  drain_grace_seconds: 2795\n"
+    asked = gloss_messages(["drain_grace_seconds: 2795"], "deploy/worker.yaml", section)[1]["content"]
+    assert asked.startswith("Where the lines come from (deploy/worker.yaml):\n```\nworker:\n  replicas: 3\n")
+    assert asked.endswith("\n\n1. drain_grace_seconds: 2795")
+    long = "\n".join(f"line_{i} = {i}" for i in range(200))
+    shown = gloss_messages(["line_0 = 0"], "", long)[1]["content"]
+    assert "line_0 = 0\n" in shown and "line_199" not in shown and "\n...\n```" in shown
+    assert "(" not in shown.split("\n")[0]                # no file: no name in brackets
+
+
 def test_a_numbered_reply_gives_one_gloss_a_line_and_drops_the_rest():
     lines = ["A_B = 1", "C_D = 2", "E_F = 3"]
     reply = ("Sure!\n1. `how long the page waits, in milliseconds`.\n2) C_D = 2\n7. out of range\n"
@@ -105,7 +117,7 @@ def test_the_book_digest_changes_with_the_glosses_and_a_block_without_any_keeps_
     book.put("h1", {"A_B = 1": "one thing"})
     first = book.suffix("h1")
     book.put("h1", {"A_B = 1": "another thing"})
-    assert first.startswith("|g1.") and book.suffix("h1") != first
+    assert first.startswith(f"|g{GLOSS_VERSION}.") and book.suffix("h1") != first
     book.put("h2", {})
     assert book.written("h2") and book.suffix("h2") == "" and book.lines("h2") == []
     book.put("h3", {"X_Y = 2": "x"})
