@@ -159,10 +159,11 @@ class Settings:
                                          "and parent keys (`pool_size: 20` under `database:` in deploy.yaml: "
                                          "\"deploy yaml database pool size: 20\"), so a question in other words "
                                          "meets it.", group="Memory")
-    recall_glosses: str = _setting("off", "On idle time the loaded model writes a short plain-language gloss of each "
-                                   "block's value lines (what `STATUS_REFRESH_MS = 4500` means), read by recall "
-                                   "beside the line; 'auto': not with the embedded SmolLM2-135M (its glosses were "
-                                   "not measured to help).", group="Memory", choices=("off", "auto", "on"))
+    recall_glosses: str = _setting("auto", "On idle time the loaded model writes a short plain-language gloss of "
+                                   "each block's value lines (what `STATUS_REFRESH_MS = 4500` means), read by recall "
+                                   "beside the line; 'auto': with any model but the embedded SmolLM2-135M (its "
+                                   "glosses do not help; a 1.5B coder's raised recall of questions in other words).",
+                                   group="Memory", choices=("off", "auto", "on"))
     recall_value_lines: bool = _setting(True, "When the message asks for a value (what, which, how..., no number "
                                         "in it) and the budget is over recovery_width_tokens, only lines that hold "
                                         "one (a number, a quoted literal, key: value, a flag with its argument, a "

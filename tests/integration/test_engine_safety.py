@@ -114,7 +114,7 @@ NEW_VALUES = {
     "recovery_keep_used": False, "recovery_width_tokens": 2048, "recovery_file_neighbours": True,
     "recovery_questions_last": False, "recovery_signal_tops": 3,
     "recall_file_name_line": False, "recall_skip_questions": True, "recall_line_context": True,
-    "recall_value_lines": False, "recall_glosses": "auto",
+    "recall_value_lines": False, "recall_glosses": "on",
     "chunk_reuse": False, "chunk_reuse_across_owners": True, "chunk_reuse_approximate": True,
     "chunk_reuse_repair_tokens": 8,
     "recall_signal": "lines+lexical", "recall_user_margin": 0.2, "ram_budget_bytes": 1 << 20, "embedder": "off",

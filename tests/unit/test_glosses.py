@@ -160,7 +160,8 @@ def test_auto_writes_glosses_except_with_the_embedded_tiny_model():
     assert embedded_model(Settings()) and embedded_model(Settings(model_path="/x/SmolLM2-135M-Instruct.Q4_1.gguf"))
     assert not writes_glosses(Settings(recall_glosses="auto"))
     assert writes_glosses(Settings(recall_glosses="auto", model_path="/m/qwen2.5-coder-7b-q4_k_m.gguf"))
-    assert writes_glosses(Settings(recall_glosses="on")) and not writes_glosses(Settings(model_path="/m/q.gguf"))
+    assert writes_glosses(Settings(recall_glosses="on")) and writes_glosses(Settings(model_path="/m/q.gguf"))
+    assert not writes_glosses(Settings(recall_glosses="off", model_path="/m/q.gguf")) and not writes_glosses(Settings())
 
 
 def test_evicted_blocks_are_glossed_first_newest_first_then_the_next_to_be_evicted():
