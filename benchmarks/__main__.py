@@ -169,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                    "conversation's history)")
     p = sub.add_parser("day", help="issue 46: 30 facts over a 32K-token coding day, probed 2K-25K tokens later, "
                        "model-free (the memory manager over kv_sim): in context per form and distance")
-    p.add_argument("--script", default="dev", choices=("dev", "held", "paraphrase"),
-                   help="held and paraphrase (issue 61: no word shared with the fact's line): the final check only")
+    p.add_argument("--script", default="dev", choices=("dev", "held", "paraphrase", "reworded"),
+                   help="held and paraphrase (issue 61: no word shared with the fact's line): the final check only; "
+                   "reworded: the paraphrase forms in other lines, to tune on")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--seed-start", type=int, default=0)
     p.add_argument("--budgets", type=_ints, default=(2048, 4096))

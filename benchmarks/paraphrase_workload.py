@@ -190,10 +190,11 @@ def _key(word: str) -> str:
     return word[:5] if len(word) >= 5 else word
 
 
-def shared_words(line: str, question: str) -> set[str]:
+def shared_words(line: str, question: str, context: dict[str, tuple[str, str]] | None = None) -> set[str]:
     """The content words `question` shares with `line`, its context and its file's path (words, identifiers' parts
-    and what a unit abbreviation stands for, compared on their first five letters; numbers count as words)."""
-    path, section = CONTEXT.get(line, ("", ""))
+    and what a unit abbreviation stands for, compared on their first five letters; numbers count as words);
+    `context`: the script's CONTEXT (this one's by default)."""
+    path, section = (CONTEXT if context is None else context).get(line, ("", ""))
     theirs = _words(line) | _words(path) | _words(section)
     theirs |= {_UNITS[w] for w in theirs if w in _UNITS}
     if "max" in theirs:
