@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                    "drops a declaration's syntax (export const, a SQL column's type) (default: the engine's)")
     p.add_argument("--question-query", choices=("on", "off"), default=None, help="issue 61: a message that asks "
                    "for a value is embedded as its question alone (default: the engine's)")
+    p.add_argument("--gloss-alone", choices=("on", "off"), default=None, help="issue 61: a glossed line's vector "
+                   "is made of its gloss alone, not the gloss and the line (default: the engine's)")
     p = sub.add_parser("decode", help="tokens/s of a greedy reply at 2K and 8K context: Evoke against "
                        "llama-cpp-python's Llama (and llama-server with --server), same threads and sampler")
     p.add_argument("--contexts", type=_ints, default=(2048, 8192), help="context lengths, comma-separated")
@@ -341,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                      context_beside=None if args.context_beside is None else args.context_beside == "on",
                      glosses=args.glosses, gloss_model=args.gloss_model,
                      bare_declarations=None if args.bare_declarations is None else args.bare_declarations == "on",
-                     question_query=None if args.question_query is None else args.question_query == "on")
+                     question_query=None if args.question_query is None else args.question_query == "on",
+                     gloss_alone=None if args.gloss_alone is None else args.gloss_alone == "on")
     elif args.name == "decode":
         from .decode import run
 

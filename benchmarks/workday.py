@@ -87,7 +87,8 @@ def summarize(rows: list[dict], decide_ms: list[float], budget: int, forms: tupl
 def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tuple[int, ...] = (2048, 4096),
         overrides: dict | None = None, identifier_words: bool | None = None,
         context_beside: bool | None = None, glosses: str | None = None, gloss_model: str | None = None,
-        bare_declarations: bool | None = None, question_query: bool | None = None) -> dict:
+        bare_declarations: bool | None = None, question_query: bool | None = None,
+        gloss_alone: bool | None = None) -> dict:
     if script not in SCRIPTS:
         raise ValueError(f"unknown script {script!r}; valid: {', '.join(SCRIPTS)}")
     overrides = dict(overrides or {})
@@ -99,6 +100,8 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
         recall_signals.BARE_DECLARATIONS = bare_declarations
     if question_query is not None:          # issue 61's third pass: a question's vector made of the question alone
         recall_signals.QUESTION_QUERY = question_query
+    if gloss_alone is not None:             # issue 61's sixth pass: a gloss's vector made of the gloss alone
+        recall_signals.GLOSS_ALONE = gloss_alone
     glosser, gloss_mode = None, None
     if glosses is not None:                 # issue 61: the model's glosses, written now (real model) or read
         gloss_mode, book = day_glosses.parse(glosses)
@@ -120,6 +123,7 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
                     "context_beside": recall_signals.CONTEXT_BESIDE,
                     "bare_declarations": recall_signals.BARE_DECLARATIONS,
                     "question_query": recall_signals.QUESTION_QUERY,
+                    "gloss_alone": recall_signals.GLOSS_ALONE,
                     "results": {}}
     started = time.perf_counter()
     for budget in budgets:

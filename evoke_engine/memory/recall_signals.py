@@ -28,6 +28,7 @@ from ..settings import RECALL_SIGNALS as SIGNALS
 from . import lexical as code_lexical
 from .embedder import Embedder
 from .glosses import BOOK as GLOSSES
+from .glosses import gloss_line
 from .line_context import bare_declaration, expansions, read_as_words, spell_out
 from .value_lines import value_line_scores, value_mask
 
@@ -60,6 +61,13 @@ BARE_DECLARATIONS_VERSION = 1
 # does the proxy wait? Thanks!" -> "How long does the proxy wait?") for the dense signal (issue 61, third pass);
 # `bench day --question-query on|off` sets it for a run. The lexical signal reads the whole message either way.
 QUESTION_QUERY = False
+# Whether the dense signal embeds a glossed line's gloss alone (`how often the status page reloads, in milliseconds`)
+# instead of the gloss followed by its line (issue 61, sixth pass): the line's identifiers and syntax pull the vector
+# towards the code and away from the question's plain words. The line stays one line of its block (a value line, read
+# whole by BM25); only what its vector is made of changes. `bench day --gloss-alone on|off` sets it for a run; part
+# of `line_key` where glosses are read (`|a1`).
+GLOSS_ALONE = False
+GLOSS_ALONE_VERSION = 1
 _MARKUP = re.compile(r"<\|[^|>]*\|>")
 _ROLE_LINE = re.compile(r"^(system|user|assistant|tool)$")
 _CASE_TURN = re.compile(r"[a-z][A-Z]")
@@ -199,7 +207,10 @@ def line_key(block: Block, file_names: bool = False, skip_questions: bool = Fals
     key = f"{key}|w{WORDS_VERSION}" if words else key
     key = f"{key}d{BARE_DECLARATIONS_VERSION}" if words and BARE_DECLARATIONS else key
     key = f"{key}|x{CONTEXT_BESIDE_VERSION}" if beside and not line_context else key
-    return f"{key}{GLOSSES.suffix(block.hash)}" if glosses else key
+    if not glosses:
+        return key
+    suffix = GLOSSES.suffix(block.hash)
+    return f"{key}{suffix}|a{GLOSS_ALONE_VERSION}" if suffix and GLOSS_ALONE else f"{key}{suffix}"
 
 
 def file_name_line(file_name: str) -> str:
@@ -224,6 +235,7 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: boo
     keys = {b: line_key(b, file_names, skip_questions, line_context, words, glosses, beside) for b in blocks
             if b.text.strip()}
     missing: dict[str, list[str]] = {}
+    alone: dict[str, str] = {}                      # a gloss line -> its gloss, with GLOSS_ALONE
     for block, key in keys.items():
         if key in cache:
             cache.move_to_end(key)                     # kept through this call's own evictions
@@ -232,9 +244,11 @@ def line_vectors(embedder: Embedder, blocks: Iterable[Block], *, file_names: boo
             lines = fact_lines(block, skip_questions, line_context, ahead, glosses, beside)
             named = file_names and bool(block.file_name)
             missing[key] = [*lines, file_name_line(block.file_name)] if named else lines
+            if glosses and GLOSS_ALONE:
+                alone.update((gloss_line(line, gloss), gloss) for line, gloss in GLOSSES.of(block.hash))
     if missing:
         read = (_read_bare if BARE_DECLARATIONS else read_as_words) if words else code_words
-        flat = [read(line) for lines in missing.values() for line in lines]
+        flat = [alone[line] if line in alone else read(line) for lines in missing.values() for line in lines]
         vectors = embedder.embed(flat) if flat else None
         if vectors is None and getattr(embedder, "warming", False):
             return cached_lines(embedder, keys.values())      # warming: the missing ones are embedded once it is ready

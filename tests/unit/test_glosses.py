@@ -14,7 +14,7 @@ from evoke_engine.conversations.completion import Completion
 from evoke_engine.conversations.gloss_writer import GlossWriter, blocks_to_gloss, embedded_model, writes_glosses
 from evoke_engine.conversations.turn_jobs import TurnJobs
 from evoke_engine.kvcache.blocks import Block, BlockState
-from evoke_engine.memory import lexical
+from evoke_engine.memory import lexical, recall_signals
 from evoke_engine.memory.glosses import (
     BOOK,
     GLOSS_TOKENS_PER_BLOCK,
@@ -154,6 +154,19 @@ def test_the_signals_read_gloss_lines_only_when_asked():
     embedder = CountingEmbedder()
     line_vectors(embedder, [block], glosses=True)
     assert any(text.startswith("how often the status page reloads itself") for text in embedder.texts)
+
+
+def test_with_gloss_alone_a_glossed_lines_vector_is_made_of_its_gloss_and_its_key_says_so(monkeypatch):
+    block = _block()
+    gloss = "how often the status page reloads itself"
+    BOOK.put(block.hash, {"export const STATUS_REFRESH_MS = 4500;": gloss})
+    together = line_key(block, glosses=True)
+    monkeypatch.setattr(recall_signals, "GLOSS_ALONE", True)
+    assert line_key(block, glosses=True) == together + "|a1" and line_key(block) == block.hash
+    embedder = CountingEmbedder()
+    lines = line_vectors(embedder, [block], glosses=True)[together + "|a1"][0]
+    assert lines[-1].startswith(gloss + ": export const")             # still the block's value line, whole
+    assert gloss in embedder.texts and not any(t.startswith(gloss + ":") for t in embedder.texts)
 
 
 def test_auto_writes_glosses_except_with_the_embedded_tiny_model():
