@@ -184,8 +184,10 @@ _TS_OTHER = ["export const API_BASE = '/api/v2';", "export const DEFAULT_LOCALE 
 _CRON_OTHER = ["SHELL=/bin/sh", "PATH=/usr/local/bin:/usr/bin:/bin", "MAILTO=\"\"",
                "# minute hour day-of-month month day-of-week command", "45 23 * * * /usr/local/bin/logrotate-app",
                "0 0 1 1 * /srv/scripts/yearly-archive.sh"]
-_LOG_OTHER = ["2026-11-28T07:00:00Z INFO  main: boot complete (pid 4121)", "2026-11-28T07:00:02Z INFO  db: migrations ok",
-              "2026-11-28T07:03:10Z DEBUG scheduler: 12 jobs registered", "2026-11-28T07:09:59Z INFO  http: 200 GET /health"]
+_LOG_OTHER = ["2026-11-28T07:00:00Z INFO  main: boot complete (pid 4121)",
+              "2026-11-28T07:00:02Z INFO  db: migrations ok",
+              "2026-11-28T07:03:10Z DEBUG scheduler: 12 jobs registered",
+              "2026-11-28T07:09:59Z INFO  http: 200 GET /health"]
 
 
 def _json(line: str, rng: random.Random) -> tuple[str, str]:

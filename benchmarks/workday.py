@@ -26,10 +26,10 @@ from evoke_engine.settings import Settings
 from . import day_glosses
 from .paraphrase_workload import PARAPHRASE
 from .recall_suite import SYSTEM, wilson
-from .reworded_workload import REWORDED
 from .recall_workload import Session
 from .retrieval import replay
 from .retrieval_sim import VocabRuntime
+from .reworded_workload import REWORDED
 from .workday_workload import FORMS, SCRIPTS, make_session
 
 log = logging.getLogger(__name__)
