@@ -2,10 +2,11 @@
 coding day) goes through the memory manager (the model-free simulator of `bench retrieval`: kv_sim, the GGUF's
 vocabulary, the configured embedder); a probe passes when every block holding its fact is resident as the reply
 starts. Reported with Wilson intervals, pooled, per fact form and per distance (real tokens between the fact and
-its probe), with the deciding cost, and the dev and held scripts' missed probes (question and fact line).
+its probe), with the deciding cost, and the missed probes (question and fact line) of every script but `paraphrase`.
 
-Invariants: the `dev` script is the one levers are tried on; `held` and `paraphrase` (issue 61: questions that share
-no content word with the fact's line, in forms of its own) are run for the final check only; a distance
+Invariants: the `dev` script is the one levers are tried on, and `reworded` for the paraphrase forms (the same six
+forms in other lines); `held` and `paraphrase` (issue 61: questions that share no content word with the fact's line,
+in forms of its own) are run for the final check only; a distance
 is counted with the model's tokenizer over the turns' texts, attachments and replies (template tokens aside).
 """
 

@@ -6,10 +6,10 @@ loaded model's gloss of a value line is one more line of its block in both signa
 
 Invariants: pure ranking over plain blocks and one embedder (no llama.cpp); line vectors are cached per embedder
 by block content hash, file name where it is a line, whether questions are skipped, the versions of the spelled-out
-text and the words where those are on and the block's glosses' digest (an embedder switch never mixes vectors, nor
-a KV file's vectors of another text), seeded from a KV file on a reopen (`seed_lines`) and exported into it
-(`export_lines`); the engine's decisions never embed lines (`embed_lines=False`); mode "block" reproduces the
-one-vector-per-block cosine exactly; every score a decision used is returned by `explain`.
+text and the words where those are on, the block's glosses' digest and whether a gloss is embedded alone (an
+embedder switch never mixes vectors, nor a KV file's vectors of another text), seeded from a KV file on a reopen
+(`seed_lines`) and exported into it (`export_lines`); the engine's decisions never embed lines (`embed_lines=False`);
+mode "block" reproduces the one-vector-per-block cosine exactly; every score a decision used is returned by `explain`.
 """
 
 from __future__ import annotations
