@@ -1,8 +1,8 @@
 """Issue 61's tuning script for questions that share no word with their line (`bench day --script reworded`): the
 paraphrase script's six forms in other domains, other files and other shapes (a restaurant, a gym, a chess server,
 bike share, a dental clinic, a bakery, a museum, payroll; SQL as `ALTER TABLE ... ADD COLUMN` and wide tables,
-a JSON key two objects deep, compose health checks and CPU caps), written 2026-11-29 so that levers for the paraphrase forms
-are tried here and the paraphrase script stays the final check.
+a JSON key two objects deep, compose health checks and CPU caps), written 2026-11-29 so that levers for the
+paraphrase forms are tried here and the paraphrase script stays the final check.
 
 Invariants: as `paraphrase_workload`'s: no question shares a content word with its line, the line's enclosing key,
 service or table, or its file's path (`paraphrase_workload.shared_words` over this module's CONTEXT, checked by a
