@@ -205,9 +205,10 @@ def shared_words(line: str, question: str, context: dict[str, tuple[str, str]] |
     return {w for w in mine if _key(w) in {_key(t) for t in theirs}}
 
 
-def _context(statement: str) -> tuple[str, str]:
-    """CONTEXT of the frame whose line (its value filled in) is `statement`."""
-    for template, context in CONTEXT.items():
+def _context(statement: str, contexts: dict[str, tuple[str, str]] | None = None) -> tuple[str, str]:
+    """The context (CONTEXT's, or `contexts`': another script's) of the frame whose line, its value filled in, is
+    `statement`."""
+    for template, context in (CONTEXT if contexts is None else contexts).items():
         head, _, tail = template.partition("{v}")
         if statement.startswith(head) and statement.endswith(tail):
             return context

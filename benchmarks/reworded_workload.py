@@ -15,6 +15,7 @@ import random
 import re
 
 from .paraphrase_workload import FORMS, VALUES_HERE, shared_words
+from .paraphrase_workload import _context as context_of
 from .recall_workload import Turn
 from .workday_workload import ACKS, Frames, WorkdayScript
 
@@ -170,11 +171,7 @@ def shared(line: str, question: str) -> set[str]:
 
 def _context(statement: str) -> tuple[str, str]:
     """CONTEXT of the frame whose line (its value filled in) is `statement`."""
-    for template, context in CONTEXT.items():
-        head, _, tail = template.partition("{v}")
-        if statement.startswith(head) and statement.endswith(tail):
-            return context
-    raise KeyError(statement)
+    return context_of(statement, CONTEXT)
 
 
 # --- how each form states its line (shapes the paraphrase script's files do not have) ------------------------------
