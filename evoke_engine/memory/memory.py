@@ -41,7 +41,7 @@ from .recall_signals import MODES, RecallSignal, export_lines, message_asks, onl
 from .recall_signals import prepare as prepare_lines
 from .recovery import Breadcrumb, RecoveryBackend
 from .recovery import backend as recovery_backend
-from .recovery_plan import RecoveryPlan, table_state
+from .recovery_plan import RecoveryPlan, staying_tokens, table_state
 from .scorer import Scorer, TaskFocus
 from .snapshot import Snapshot, SnapshotError
 from .snapshot_check import MAX_AHEAD
@@ -668,6 +668,8 @@ class ConversationMemory:
         if working and not (identity_hashes or any(named_in(message, b) for b in saved)):
             plan.move_best = self._best_to_move(working, plan.room + wide)
             saved = saved + ([plan.move_best] if plan.move_best is not None else [])   # it comes back first
+        if working:    # its resident blocks stay through the turn (`_carry_out`): the picks share the room with them
+            plan.room = max(0, plan.room - staying_tokens(working, plan.move_best))
         plan.picks = choose_recoveries(saved, message=message, similarity=signal.similarity,
                                        resident_best=signal.resident_best,
                                        top_k=self.recovery_width() if working is None else len(working),

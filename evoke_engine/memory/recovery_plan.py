@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..kvcache.blocks import Block, BlockTable
+from ..kvcache.blocks import Block, BlockState, BlockTable
 from ..settings import Settings
 from .policy import RecoveryPick
 from .recall_signals import RecallSignal
@@ -21,6 +21,15 @@ def table_state(table: BlockTable) -> tuple:
     """What a decision read of the table: each block (blocks compare by identity), where it is, how long, whether
     pinned and how it is weighted."""
     return tuple((blk, blk.state, blk.pos, len(blk.tokens), blk.pinned, blk.priority) for blk in table.blocks)
+
+
+def staying_tokens(working: dict[Block, int], moved: Block | None = None) -> int:
+    """Tokens of a wide recovery's working set that stay resident through the turn (`_carry_out` protects them), so
+    the picks share the room with them: its resident blocks but `moved` (it leaves and comes back as a pick) and
+    those the room counts already (shared or pinned). Left out, a turn held more than its limit when the reply began,
+    and the reply's first room check evicted by score past the working set: the message's best match went first."""
+    return sum(b.n_tokens for b in working
+               if b.state is BlockState.RESIDENT and b is not moved and not (b.shared or b.pinned))
 
 
 @dataclass

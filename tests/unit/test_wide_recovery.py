@@ -161,6 +161,26 @@ def test_a_resident_block_that_ranks_in_the_working_set_is_not_pushed_out_by_a_r
     assert star.state is BlockState.RESIDENT and memory.active_tokens <= memory.budget_tokens
 
 
+def test_the_replys_room_check_keeps_a_working_set_whose_resident_blocks_took_room(rig):
+    """The working set's resident blocks stay through the turn, so the picks share the room with them: a reply never
+    needs to evict one of them for its reply. Before, three such blocks (48 tokens) took the turn past its limit, and
+    the reply's room check evicted by score past the working set (in a 14-turn session: the block with the passkey)."""
+    memory, saved = _conversation(rig, overdraft=48)
+    stars = [b for b in memory.table.resident if not b.shared and b.role == "file"][:3]
+    for star, cosine in zip(stars, (0.87, 0.86, 0.85), strict=True):
+        star.embedding = _vector(cosine)                             # rank 2-4: the working set keeps them
+        star.priority = 0.001                                        # the eviction scorer alone would drop them first
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
+    assert recovered == saved[:1] and memory.turn_protected == stars
+    current = [*recovered, *memory.turn_protected]
+    rig.add(memory, "user", 120, current=current, turn=memory.turn)
+    question = memory.table.blocks[-1]
+    assert memory.make_reply_room([[*current, question], [question]])            # the reply's first room check
+    assert memory.active_tokens + 16 <= memory.turn_limit_tokens                  # its reserve fits
+    assert all(b.state is BlockState.RESIDENT for b in [*stars, *recovered])
+    memory.check()
+
+
 def test_the_best_match_resident_deep_in_the_context_moves_next_to_the_message(rig):
     memory, saved = _conversation(rig, overdraft=48)
     events = []
