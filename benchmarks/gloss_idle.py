@@ -60,7 +60,7 @@ def run(*, seed: int = 0, turns: int = 14, think_s: float = 6.0, budget_tokens: 
                        "glossed_lines": cost.glossed_lines, "prompt_tokens": cost.prompt_tokens,
                        "reply_tokens": cost.reply_tokens, "wall_s": round(cost.wall_s, 2),
                        "model_s": round(cost.model_s, 2), "embed_s": round(cost.embed_s, 2),
-                       "runs_stopped_by_a_turn": cost.interrupted},
+                       "runs_stopped_by_a_turn": cost.interrupted, "blocks_resumed": cost.resumed},
             "per_block_s": round(per_block, 3) if per_block is not None else None,
             "model_per_block_s": round(cost.model_s / cost.blocks, 3) if cost.blocks else None,
             "idle_s": round(idle_s, 2), "idle_share": round(cost.wall_s / idle_s, 3),

@@ -4,8 +4,9 @@ value lines of an open conversation's blocks (`memory.glosses`): evicted blocks 
 Invariants: runs on the engine thread as a BACKGROUND job (`TurnJobs.on_idle`, after a turn's vectors); it stops
 before its next decode once `busy()` says other work waits or a reply streams, so a turn that arrives while a gloss
 is written starts after at most one decode step (a prompt chunk of `prefill_step_tokens` or one token); a block
-whose reply was cut short gets nothing (it is asked again at the next idle time: `resume_after`); each block's reply
-is capped at `GLOSS_TOKENS_PER_BLOCK`; the scratch sequence is empty again after each block
+cut short gets no gloss yet: what it decoded is held in RAM (one block, for the model that decoded it) and goes on
+first at the next idle time (`resume_after`), so idle time adds up on a CPU where a block takes longer than a pause;
+each block's reply is capped at `GLOSS_TOKENS_PER_BLOCK`; the scratch sequence is empty again after each block
 (`completion.complete`); glossed blocks' lines are embedded at once; `total` sums every run's cost (its share of
 idle time: `wall_s` over the idle seconds, `bench gloss-idle`).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ from ..memory.glosses import BOOK, GLOSS_TOKENS_PER_BLOCK, gloss_messages, gloss
 from ..memory.recall_signals import fact_lines
 from ..runtime.sampling import SamplingParams
 from ..settings import Settings
-from .completion import Completion, complete
+from .completion import Completion, HeldCompletion, complete
 from .loaded_model import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ def blocks_to_gloss(blocks: list[Block], score: Callable[[Block], float] | None 
 class GlossCost:
     """What writing glosses took: idle jobs run and their seconds on the engine thread, blocks and lines asked and
     glossed, tokens decoded and sampled, seconds of the model (prompt and reply) and of embedding the glossed lines,
-    and runs stopped because other work arrived."""
+    runs stopped because other work arrived, and blocks that went on from what a cut run decoded."""
     runs: int = 0
     wall_s: float = 0.0
     blocks: int = 0
@@ -75,6 +77,7 @@ class GlossCost:
     model_s: float = 0.0
     embed_s: float = 0.0
     interrupted: int = 0
+    resumed: int = 0
 
     def add(self, other: GlossCost) -> None:
         for name in self.__dataclass_fields__:
@@ -102,6 +105,7 @@ class GlossWriter:
         self.busy, self.blocks_per_run, self.clock = busy, blocks_per_run, clock
         self.generate = generate or _in_scratch
         self.total = GlossCost()
+        self._held: tuple[str, weakref.ref, HeldCompletion] | None = None   # a cut block: hash, model, its cells
 
     def write(self, model: LoadedModel | None, memory) -> GlossCost:
         """Gloss up to `blocks_per_run` of `memory`'s blocks (a `ConversationMemory`), stopping when other work
@@ -110,7 +114,7 @@ class GlossWriter:
         if model is None or model.closed or not writes_glosses(model.settings):
             return cost
         began = self.clock()
-        for block in blocks_to_gloss(list(memory.table.blocks), memory.score)[:self.blocks_per_run]:
+        for block in self._cut_first(blocks_to_gloss(list(memory.table.blocks), memory.score))[:self.blocks_per_run]:
             if self.busy():
                 cost.interrupted += 1
                 break
@@ -128,6 +132,18 @@ class GlossWriter:
                   " (stopped: other work arrived)" if cost.interrupted else "")
         return cost
 
+    def _cut_first(self, todo: list[Block]) -> list[Block]:
+        """`todo` with the block cut short last (its cells held) first: what it decoded is not decoded again."""
+        held = self._held[0] if self._held is not None else None
+        return [b for b in todo if b.hash == held] + [b for b in todo if b.hash != held]
+
+    def _resume_for(self, model: LoadedModel, block: Block) -> HeldCompletion | None:
+        """The cells held for `block` by `model` (taken: a block's cells are put back once), else None."""
+        held, self._held = self._held, None
+        if held is None or held[0] != block.hash or held[1]() is not model:
+            return None
+        return held[2]
+
     def resume_after(self, cost: GlossCost) -> bool:
         """Whether another idle job should go on after a run that cost `cost`: it decoded something and stopped for
         work that arrived (which runs first) or at `blocks_per_run`. A run stopped before its first decode (a reply
@@ -141,16 +157,23 @@ class GlossWriter:
         prompt = model.template.render(gloss_messages(lines, block.file_name or "", block.text),
                                        add_generation_prompt=True)
         tokens = model.rt.tokenize(prompt, add_special=False, parse_special=True)
+        resume = self._resume_for(model, block)
+
+        def hold(cut: HeldCompletion) -> None:
+            self._held = (block.hash, weakref.ref(model), cut)
+
         started = self.clock()
         try:
-            done = self.generate(model, tokens, GREEDY, None, _WhileIdle(self.busy))
+            done = self.generate(model, tokens, GREEDY, None, _WhileIdle(self.busy), resume=resume, hold=hold)
         except ContextFullError as exc:
             log.debug("no room to gloss %s: %s", block.name, exc)
             return None
         finally:
             cost.model_s += self.clock() - started
-        cost.prompt_tokens += done.prompt_tokens
-        cost.reply_tokens += done.n_tokens
+        held_reply = max(0, len(resume.tokens) - len(tokens)) if resume is not None else 0
+        cost.prompt_tokens += done.prompt_decoded
+        cost.reply_tokens += max(0, done.n_tokens - held_reply)
+        cost.resumed += int(resume is not None and done.prompt_decoded < len(tokens))
         if done.stopped == "cancelled":
             cost.interrupted += 1
             return None
@@ -161,10 +184,12 @@ class GlossWriter:
         return glosses
 
 
-def _in_scratch(model: LoadedModel, tokens: list[int], params, on_token, cancel) -> Completion:
+def _in_scratch(model: LoadedModel, tokens: list[int], params, on_token, cancel, *,
+                resume: HeldCompletion | None = None, hold=None) -> Completion:
     """`complete` in the scratch sequence: the writer runs as one plain job between other streams' steps, and a
     raw completion's stream may hold the completion's own sequence meanwhile. Its prompt (about 200 tokens) is
     decoded `prefill_step_tokens` at a time, the stop flag read before each: a turn that arrives waits for one such
-    chunk (measured: `bench gloss-idle`), not the whole prompt's decode."""
+    chunk (measured: `bench gloss-idle`), not the whole prompt's decode. A cut run's cells go to `hold` (the scratch
+    serves other work meanwhile); `resume` puts them back."""
     return complete(model, tokens, params, on_token, cancel, seq=model.rt.scratch_seq,
-                    prefill_chunk=model.settings.prefill_step_tokens)
+                    prefill_chunk=model.settings.prefill_step_tokens, resume=resume, hold=hold)

@@ -466,6 +466,29 @@ class KVCache:
             self._seq_rm(dst, first, end)           # what `dst` held there is replaced, never held twice
             self.restore(saved, dst, first)
 
+    def hold_cells(self, seq: int) -> bytes:
+        """All of `seq`'s cells as llama.cpp's sequence state, to be put back by `put_back_cells` (a gloss cut short
+        by a turn, kept in RAM while the scratch serves other work)."""
+        self.rt._check_thread()
+        self.join_copies()
+        return bytes(self._state_of(seq))
+
+    def put_back_cells(self, seq: int, data: bytes) -> bool:
+        """`seq` emptied and filled again from `hold_cells`' bytes, at the positions they had; False (`seq` left
+        empty) when llama.cpp rejects them (no contiguous free cells, another model's bytes)."""
+        self.rt._check_thread()
+        self.join_copies()
+        self._seq_rm(seq, -1, -1)
+        buffer = bytearray(data)
+        size = len(buffer)
+        if not size or not ll.llama_state_seq_set_data(self.rt.ctx(self.rt.context_of(seq)),
+                                                       (ctypes.c_uint8 * size).from_buffer(buffer), size, seq):
+            self._seq_rm(seq, -1, -1)
+            return False
+        if self.mirror is not None:
+            self.mirror.load_state(seq, buffer)
+        return True
+
     def drop(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         """Forget [p0, p1) of `seq` without compaction (cells shared elsewhere survive)."""
         self.rt._check_thread()

@@ -10,7 +10,7 @@ import pytest
 from helpers.rig import Rig
 from helpers.word_embedder import CountingEmbedder
 
-from evoke_engine.conversations.completion import Completion
+from evoke_engine.conversations.completion import Completion, HeldCompletion
 from evoke_engine.conversations.gloss_writer import GlossWriter, blocks_to_gloss, embedded_model, writes_glosses
 from evoke_engine.conversations.turn_jobs import TurnJobs
 from evoke_engine.kvcache.blocks import Block, BlockState
@@ -209,7 +209,7 @@ def _memory(blocks: list[Block]) -> SimpleNamespace:
 def test_the_writer_glosses_each_block_once_within_its_cap():
     asked: list[int] = []
 
-    def generate(model, tokens, params, on_token, cancel):
+    def generate(model, tokens, params, on_token, cancel, **_):
         asked.append(params.max_tokens)
         return Completion("1. how often the status page reloads, in milliseconds", len(tokens), 12, "eos", 0.01)
 
@@ -228,7 +228,7 @@ def test_the_writer_glosses_each_block_once_within_its_cap():
 def test_work_that_arrives_stops_the_writer_and_a_cut_reply_keeps_nothing():
     arrived = [False]
 
-    def generate(model, tokens, params, on_token, cancel):
+    def generate(model, tokens, params, on_token, cancel, **_):
         assert not cancel.is_set()
         arrived[0] = True                                  # a turn is queued while this block's reply is written
         assert cancel.is_set()                             # the next decode sees it
@@ -239,8 +239,38 @@ def test_work_that_arrives_stops_the_writer_and_a_cut_reply_keeps_nothing():
     cost = writer.write(_Model(), _memory(blocks))
     assert cost.interrupted == 1 and cost.blocks == 0 and len(BOOK) == 0
     arrived[0] = False
-    writer.generate = lambda *a: Completion("1. how often it reloads", 5, 5, "eos", 0.0)
+    writer.generate = lambda *a, **_: Completion("1. how often it reloads", 5, 5, "eos", 0.0)
     assert writer.write(_Model(), _memory(blocks)).blocks == 3 and writer.total.interrupted == 1
+
+
+def test_a_cut_block_goes_on_first_from_its_held_cells_and_only_for_the_model_that_decoded_them():
+    arrived, resumes = [False], []
+
+    def generate(model, tokens, params, on_token, cancel, *, resume=None, hold=None):
+        resumes.append(resume)
+        if arrived[0]:
+            hold(HeldCompletion(tuple(tokens[:3]), b"cells"))           # three tokens decoded when the turn came
+            return Completion("", len(tokens), 0, "cancelled", 0.0, 3)
+        prefilled = None if resume is None else len(tokens) - len(resume.tokens) + 1
+        return Completion("1. how often it reloads", len(tokens), 5, "eos", 0.0, prefilled)
+
+    model, blocks = _Model(), [_block(turn=t, name=f"{t}.ts") for t in range(3)]
+    writer = GlossWriter(lambda: False, generate=generate)
+    arrived[0] = True
+    first = writer.write(model, _memory(blocks))
+    assert first.interrupted == 1 and first.prompt_tokens == 3 and len(BOOK) == 0
+    arrived[0] = False
+    memory = _memory([*blocks, _block(turn=7, name="7.ts")])         # saved since: newest, yet after the cut one
+    cost = writer.write(model, memory)
+    assert cost.blocks == 4 and cost.resumed == 1 and memory.embedded[0] is blocks[-1]
+    assert resumes[1] is not None and resumes[1].cells == b"cells" and resumes[2:] == [None] * 3
+    BOOK.clear()
+    resumes.clear()
+    arrived[0] = True
+    writer.write(model, _memory(blocks))
+    arrived[0] = False
+    writer.write(_Model(), _memory(blocks))                             # another model: the cells are not put back
+    assert resumes[1] is None and len(BOOK) == 3
 
 
 def test_the_writer_comes_back_after_the_work_that_stopped_it_and_past_its_quota_but_never_spins():
@@ -248,7 +278,7 @@ def test_the_writer_comes_back_after_the_work_that_stopped_it_and_past_its_quota
     or at its quota; not after one stopped before its first decode (a reply streams) nor one with nothing left."""
     arrived, asked = [False], [0]
 
-    def generate(model, tokens, params, on_token, cancel):
+    def generate(model, tokens, params, on_token, cancel, **_):
         asked[0] += 1
         if asked[0] == 2:                                   # a turn is queued while the second block is written
             arrived[0] = True
