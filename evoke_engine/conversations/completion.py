@@ -55,8 +55,9 @@ def complete(model: LoadedModel, tokens: list[int], params: SamplingParams,
     while a completion stream may hold its own); `prefill_chunk` tokens a decode at most, `cancel` read before each
     (a plain job's prefill that other work must not wait for whole). A call cut by `cancel` after decoding something
     hands `hold` what it decoded; `resume` (the same prompt's) puts those cells back and goes on from there: the last
-    held token decodes again (its logits), then the rest of the prompt or the reply (greedy sampling, no penalties:
-    the same reply as uncut)."""
+    held token decodes again (its logits), then the rest of the prompt or the reply. The cells come back as they
+    were, but llama.cpp may put them at other cells, and the CPU's rounding follows placement: a near-tie can then
+    go another way than uncut (docs/testing.md)."""
     rt, kv = model.rt, model.kv
     seq = rt.completion_seq if seq is None else seq
     context = rt.context_of(seq)
