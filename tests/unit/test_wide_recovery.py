@@ -162,9 +162,9 @@ def test_a_resident_block_that_ranks_in_the_working_set_is_not_pushed_out_by_a_r
 
 
 def test_the_replys_room_check_keeps_a_working_set_whose_resident_blocks_took_room(rig):
-    """The working set's resident blocks stay through the turn, so the picks share the room with them: a reply never
-    needs to evict one of them for its reply. Before, three such blocks (48 tokens) took the turn past its limit, and
-    the reply's room check evicted by score past the working set (in a 14-turn session: the block with the passkey)."""
+    """The working set's resident blocks stay through the turn, so the picks share the room with them: the reply's
+    room check never has to evict one of them. Before, three such blocks (48 tokens) took the turn past its limit, and
+    that check evicted by score past the working set (in a 14-turn session: the block with the passkey)."""
     memory, saved = _conversation(rig, overdraft=48)
     stars = [b for b in memory.table.resident if not b.shared and b.role == "file"][:3]
     for star, cosine in zip(stars, (0.87, 0.86, 0.85), strict=True):
