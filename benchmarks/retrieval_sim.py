@@ -167,7 +167,7 @@ class SimConversation:
         reply_block = Block(name=f"assistant#{turn}", role="assistant", turn=turn, tokens=list(opening), text="")
         memory.sequence.append([reply_block])
         self._grow_reply(reply_block, rt.tokenize(reply, parse_special=False)[:max_tokens], closing, turn,
-                         [*current, *question])
+                         current, question)
         self.history.append({"role": "assistant", "content": reply, "evoke_turn": turn})
         memory.focus.update(memory.query)
         started = time.perf_counter()
@@ -181,19 +181,20 @@ class SimConversation:
         return {"resident": resident, "recovered": got, "kept": kept, "decide_ms": self.decide_ms[-1], "turn": turn}
 
     def _grow_reply(self, reply_block: Block, tokens: list[int], closing: list[int], turn: int,
-                    protect: list[Block]) -> None:
+                    current: list[Block], question: list[Block]) -> None:
+        """The reply's tokens decoded a chunk at a time, with the engine's room check (`make_reply_room`: the same
+        order of what may leave) before a chunk that would take the turn past its limit."""
         memory, budget = self.memory, self.memory.turn_limit_tokens      # the budget plus a wide recovery's overdraft
         part = 0
-        low = int(memory.budget_tokens * self.settings.low_watermark) + memory.overdraft
         for at in range(0, len(tokens), REPLY_CHUNK):
             chunk = tokens[at:at + REPLY_CHUNK]
             if memory.eviction_enabled and memory.active_tokens + len(chunk) > budget:
                 reply_block, part = self._finish_older_part(reply_block, turn, part)
-                keeps = ([*protect, reply_block], [reply_block])
-                memory.evict_within(budget - len(chunk), low, keeps)
+                if not memory.make_reply_room(current, question, reply_block, room=len(chunk)):
+                    break                                            # the engine stops the reply there too
             memory.sequence.extend_tail(reply_block, chunk)
         if closing:
-            memory.make_room(len(closing), current=[*protect, reply_block])
+            memory.make_room(len(closing), current=[*current, *question, reply_block])
             memory.sequence.extend_tail(reply_block, closing, logits_last=False)
         pieces = [Block(name=f"assistant#{turn}" + (f".{part + k}" if part + k else ""), role="assistant",
                         turn=turn, tokens=chunk, text=self.rt.detokenize(chunk))

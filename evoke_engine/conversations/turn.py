@@ -468,8 +468,7 @@ def _generate(memory: ConversationMemory, rt: Runtime, opening: list[int], closi
                 on_token(piece)
             if memory.reply_needs_room():
                 reply_block, part = _finish_older_part(memory, rt, reply_block, turn, part)
-                keeps = ([*current, *question, reply_block], [*question, reply_block], [reply_block])
-                if not memory.make_reply_room(keeps):
+                if not memory.make_reply_room(current, question, reply_block):
                     stopped = "budget"
                     break
             at = perf()            # the token's decode is the reply's step point: other replies and jobs run

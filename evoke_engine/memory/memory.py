@@ -547,12 +547,17 @@ class ConversationMemory:
         overdraft): the reply's finished parts are split off, then `make_reply_room`."""
         return self.eviction_enabled and self.active_tokens + 1 > self.turn_limit_tokens
 
-    def make_reply_room(self, keeps: Sequence[Iterable[Block]]) -> bool:
-        """Evict to the low watermark keeping `keeps[0]`, then to the limit keeping each smaller set in turn; False
-        when even the last set is over it (the reply must stop: an event says so)."""
+    def make_reply_room(self, current: Iterable[Block], question: Sequence[Block], reply: Block, *,
+                        room: int = 1) -> bool:
+        """Room for the reply's next `room` tokens within the turn's limit: evict to the low watermark keeping this
+        turn's `current` blocks (its recoveries and working set), the `question` and the `reply`; while still over
+        the limit, let `current` go one at a time, the one to keep longest last (`_kept_order`, as a turn end does),
+        then the question. False when even the reply alone is over it (the reply must stop: an event says so)."""
         limit = self.turn_limit_tokens
         low = int(self.budget_tokens * self.settings.low_watermark) + self.overdraft
-        if self.evict_within(limit - 1, low, keeps):
+        kept = self._kept_order(list(dict.fromkeys(current)), {})
+        keeps = [[*question, reply, *kept[:n]] for n in range(len(kept), -1, -1)]
+        if self.evict_within(limit - room, low, [*keeps, [reply]]):
             return True
         self.record_event(EventKind.ERROR, "reply stopped: the budget is full of protected blocks")
         return False

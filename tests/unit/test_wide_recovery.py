@@ -175,9 +175,32 @@ def test_the_replys_room_check_keeps_a_working_set_whose_resident_blocks_took_ro
     current = [*recovered, *memory.turn_protected]
     rig.add(memory, "user", 120, current=current, turn=memory.turn)
     question = memory.table.blocks[-1]
-    assert memory.make_reply_room([[*current, question], [question]])            # the reply's first room check
-    assert memory.active_tokens + 16 <= memory.turn_limit_tokens                  # its reserve fits
+    reply = rig.add(memory, "assistant", 1, current=[*current, question], turn=memory.turn)
+    assert memory.make_reply_room(current, [question], reply)                     # the reply's first room check
+    assert memory.active_tokens + 15 <= memory.turn_limit_tokens                  # its reserve fits
     assert all(b.state is BlockState.RESIDENT for b in [*stars, *recovered])
+    memory.check()
+
+
+def test_a_reply_past_its_reserve_lets_the_working_set_go_lowest_ranked_first(rig):
+    """When only this turn's blocks are left to evict, the reply's room check lets them go one at a time, the
+    worst-ranked first (as a turn end does), not by the eviction score: that would drop the best-ranked block here."""
+    memory, saved = _conversation(rig, overdraft=48)
+    stars = [b for b in memory.table.resident if not b.shared and b.role == "file"][:3]
+    for star, cosine, priority in zip(stars, (0.87, 0.86, 0.85), (0.0001, 0.001, 0.01), strict=True):
+        star.embedding = _vector(cosine)                             # rank 2-4: the working set keeps them
+        star.priority = priority                                     # the scorer alone would drop the best first
+    recovered = memory.recover("where is it?", message_tokens=120, reply_reserve=16)
+    current = [*recovered, *memory.turn_protected]
+    assert memory.turn_protected == stars
+    question = rig.add(memory, "user", 120, current=current, turn=memory.turn)
+    reply = rig.add(memory, "assistant", 1, current=[*current, question], turn=memory.turn)
+    for block in memory.table.resident:
+        block.pinned = block.pinned or block not in [*current, question, reply]   # the room must come from them
+    room = memory.turn_limit_tokens - memory.active_tokens + 1                    # one token past the limit
+    assert memory.make_reply_room(current, [question], reply, room=room)
+    assert [b.state is BlockState.RESIDENT for b in stars] == [True, True, False]
+    assert all(b.state is BlockState.RESIDENT for b in [*recovered, question, reply])
     memory.check()
 
 
