@@ -113,6 +113,7 @@ def replay(session: Session, settings: Settings, rt: VocabRuntime, embedder: Emb
             probes.append({"type": turn.fact.kind, "where": "chat" if turn.fact.where == "chat" else "file",
                            "question": turn.fact.question, "fact_blocks": own,
                            "in_context": bool(own) and all(name in out["resident"] for name in own),
+                           "through_reply": bool(own) and all(name in out["through_reply"] for name in own),
                            "recovered": recovered, "recovered_tokens": sum(n for _, n in recovered),
                            "recovered_fact_tokens": sum(n for name, n in recovered if name in own),
                            "kept_tokens": sum(n for _, n in out["kept"]),

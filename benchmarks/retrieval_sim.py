@@ -133,7 +133,8 @@ class SimConversation:
     def send(self, text: str, attachments: list[tuple[str, str]], reply: str | Callable[[set[str]], str],
              max_tokens: int) -> dict:
         """One turn; `reply` is its text, or a reader: given the names of the blocks resident when the reply
-        starts, the text it writes. Returns what was resident then, what the turn recovered and kept, its cost."""
+        starts, the text it writes. Returns what was resident then and still after the reply's last token, what the
+        turn recovered and kept, its cost."""
         memory, rt = self.memory, self.rt
         memory.turn += 1
         turn = memory.turn
@@ -168,6 +169,7 @@ class SimConversation:
         memory.sequence.append([reply_block])
         self._grow_reply(reply_block, rt.tokenize(reply, parse_special=False)[:max_tokens], closing, turn,
                          current, question)
+        through_reply = {b.name for b in memory.table.resident if not b.shared}    # the reply's room checks kept
         self.history.append({"role": "assistant", "content": reply, "evoke_turn": turn})
         memory.focus.update(memory.query)
         started = time.perf_counter()
@@ -178,7 +180,8 @@ class SimConversation:
         kept = [(b.name, b.n_tokens) for b in recovered if b.state is BlockState.RESIDENT]
         self.recovered_per_turn.append(sum(n for _, n in got))
         self.active_at_turn_end.append(memory.active_tokens)
-        return {"resident": resident, "recovered": got, "kept": kept, "decide_ms": self.decide_ms[-1], "turn": turn}
+        return {"resident": resident, "through_reply": through_reply, "recovered": got, "kept": kept,
+                "decide_ms": self.decide_ms[-1], "turn": turn}
 
     def _grow_reply(self, reply_block: Block, tokens: list[int], closing: list[int], turn: int,
                     current: list[Block], question: list[Block]) -> None:

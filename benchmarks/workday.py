@@ -1,8 +1,9 @@
 """`bench day`: issue 46's day-long recall measure. Each session of `workday_workload` (30 facts over a 32K-token
 coding day) goes through the memory manager (the model-free simulator of `bench retrieval`: kv_sim, the GGUF's
 vocabulary, the configured embedder); a probe passes when every block holding its fact is resident as the reply
-starts. Reported with Wilson intervals, pooled, per fact form and per distance (real tokens between the fact and
-its probe), with the deciding cost, and the missed probes (question and fact line) of every script but `paraphrase`.
+starts (`fact_block_through_reply`: and still after the reply's last token, past its room checks). Reported with
+Wilson intervals, pooled, per fact form and per distance (real tokens between the fact and its probe), with the
+deciding cost, and the missed probes (question and fact line) of every script but `paraphrase`.
 
 Invariants: the `dev` script is the one levers are tried on, and `reworded` for the paraphrase forms (the same six
 forms in other lines); `held` and `paraphrase` (issue 61: questions that share no content word with the fact's line,
@@ -77,7 +78,10 @@ def summarize(rows: list[dict], decide_ms: list[float], budget: int, forms: tupl
                     for lo, hi in DISTANCES}
     pooled = _rate(rows)
     worst = min((v["rate"] for v in per_form.values() if v["rate"] is not None), default=None)
+    through = sum(r.get("through_reply", r["in_context"]) for r in rows)
     return {"fact_block_in_context": pooled, "per_form": per_form, "per_distance": per_distance,
+            "fact_block_through_reply": {"in_context": through, "n": len(rows),
+                                         "rate": round(through / len(rows), 3) if rows else None},
             "decide_ms": {"p50": round(float(np.percentile(decide_ms, 50)), 2),
                           "p95": round(float(np.percentile(decide_ms, 95)), 2)},
             "bars": {"pooled": bars.get(budget), "pooled_ok": pooled["rate"] >= bars.get(budget, 0.0),
@@ -134,7 +138,8 @@ def run(*, script: str = "dev", seeds: int = 3, seed_start: int = 0, budgets: tu
             out = replay(session, settings, rt, embedder, after_turn=glosser)
             asked = [turn.fact for turn in session.turns if turn.fact is not None]
             for probe, gap, fact in zip(out["probes"], gaps[session.seed], asked, strict=True):
-                rows.append({"type": probe["type"], "in_context": probe["in_context"], "distance": gap})
+                rows.append({"type": probe["type"], "in_context": probe["in_context"], "distance": gap,
+                             "through_reply": probe["through_reply"]})
                 if not probe["in_context"] and script not in FINAL_ONLY:
                     misses.append({"seed": session.seed, "type": probe["type"], "distance": gap,
                                    "question": fact.question, "line": fact.statement})

@@ -42,3 +42,13 @@ def test_the_held_back_script_shares_no_fact_line_with_the_dev_script():
     dev = {line for frames in DEV.frames.values() for line, _, _ in frames}
     held = {line for frames in HELD.frames.values() for line, _, _ in frames}
     assert not dev & held
+
+
+def test_the_summary_counts_a_fact_lost_during_its_reply_apart_from_one_missing_as_it_starts():
+    from benchmarks.workday import summarize
+    rows = [{"type": FORMS[0], "in_context": True, "through_reply": True, "distance": 3_000},
+            {"type": FORMS[0], "in_context": True, "through_reply": False, "distance": 3_000},
+            {"type": FORMS[1], "in_context": False, "through_reply": False, "distance": 6_000}]
+    summary = summarize(rows, [10.0, 12.0, 11.0], 2048)
+    assert summary["fact_block_in_context"]["in_context"] == 2
+    assert summary["fact_block_through_reply"] == {"in_context": 1, "n": 3, "rate": 0.333}
