@@ -34,11 +34,20 @@ _JSON_KEY_VALUE = re.compile(r'^(?P<indent>\s*)"(?P<key>[A-Za-z_][^"\n]{0,60})"\
 _DECLARATION = re.compile(r"^(?P<indent>\s*)(?:export\s+)?(?:(?:const|let|var|val|final|static|public|private|"
                           r"readonly|pub)\s+)+(?P<key>[A-Za-z_][A-Za-z0-9_]*)(?:\s*:\s*[A-Za-z_][\w<>\[\]|. ]*)?"
                           r"\s*=\s*(?P<value>[^=].*?);?\s*$")
+# a SQL name, bare or quoted (`"break_minutes"`, MySQL's backticks, T-SQL's brackets), and one with its schema
+_SQL_NAME = r'(?:"[^"\n]{1,60}"|`[^`\n]{1,60}`|\[[^\]\n]{1,60}\]|[A-Za-z_][A-Za-z0-9_$]*)'
+_SQL_QUALIFIED = rf"{_SQL_NAME}(?:\.{_SQL_NAME})?"
 # a SQL column with a default (`  grace_days INTEGER NOT NULL DEFAULT 7,`) and the table it is a column of
-_SQL_COLUMN = re.compile(r"^\s*(?P<key>[A-Za-z_][A-Za-z0-9_]*)\s+[A-Za-z]+\b(?:\s*\([\d\s,]*\))?[^,]*?"
+_SQL_COLUMN = re.compile(rf"^\s*(?P<key>{_SQL_NAME})\s+[A-Za-z]+\b(?:\s*\([\d\s,]*\))?[^,]*?"
                          r"\bDEFAULT\s+(?P<value>[^,\s]+)[^,]*,?\s*$", re.IGNORECASE)     # a type's (5, 2) included
 _SQL_TABLE = re.compile(r"^\s*CREATE\s+(?:TEMP(?:ORARY)?\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?"
-                        r"(?P<name>[A-Za-z_][\w.\"]*)", re.IGNORECASE)
+                        rf"(?P<name>{_SQL_QUALIFIED})", re.IGNORECASE)
+# a default set by a migration (`ALTER TABLE shifts ADD COLUMN break_minutes INT DEFAULT 30;`, `ALTER TABLE ONLY
+# public.shifts ALTER COLUMN break_minutes SET DEFAULT 30;`): the table is on the line
+_SQL_ALTER = re.compile(r"^\s*ALTER\s+TABLE\s+(?:ONLY\s+)?(?:IF\s+EXISTS\s+)?"
+                        rf"(?P<table>{_SQL_QUALIFIED})\s+(?:ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?|"
+                        rf"ALTER\s+(?:COLUMN\s+)?)(?P<key>{_SQL_NAME})\s.*?\bDEFAULT\s+(?P<value>[^,;\s]+)",
+                        re.IGNORECASE)
 # a YAML list item that is one scalar (`      - "8080:80"` under `ports:`)
 _LIST_ITEM = re.compile(r"^\s*-\s+(?P<value>\S.*?)\s*$")
 _SECTION = re.compile(r"^\s*\[\[?(?P<name>[A-Za-z0-9_.\- \"']+)\]\]?\s*(?:#.*)?$")
@@ -49,7 +58,8 @@ _SCALAR = re.compile(r"""^(?:[-+]?\d[\w.:/+-]*%?|"[^"]{0,80}"|'[^']{0,80}'|true|
 _DECLARING = re.compile(r"(?<![\w.])(?:export\s+)?(?:(?:const|let|var|val|final|static|public|private|readonly|pub)"
                         r"\s+)+"
                         r"(?P<name>[A-Za-z_]\w*)(?:\s*:\s*[A-Za-z_][\w<>\[\]|. ]*?)?(?=\s*=(?!=))")
-_COLUMN_TYPE = re.compile(r"(?<=\w)\s+[A-Za-z]+(?:\s*\(\s*\d+(?:\s*,\s*\d+)?\s*\))?(?:\s+NOT\s+NULL)?(?=\s+DEFAULT\s)",
+_COLUMN_TYPE = re.compile(r"(?<=[\w\"`\]])"                    # after a name, bare or quoted
+                          r"\s+[A-Za-z]+(?:\s*\(\s*\d+(?:\s*,\s*\d+)?\s*\))?(?:\s+NOT\s+NULL)?(?=\s+DEFAULT\s)",
                           re.IGNORECASE)
 _FLAG = re.compile(r"^--?(?P<name>[A-Za-z][A-Za-z0-9-]*?)(?:=(?P<joined>.+)|(?P<attached>(?<=^-[A-Za-z])\d\S*))?$")
 _PROGRAM = re.compile(r"^[A-Za-z0-9_./-]+$")
@@ -166,12 +176,17 @@ def parents(lines: list[str], at: int) -> list[str]:
     return [identifier_words(key) for key in reversed(found)]
 
 
+def _unquoted(name: str) -> str:
+    """A SQL name without its quotes (`"public"."shifts"` -> `public.shifts`)."""
+    return re.sub(r'["`\[\]]', "", name)
+
+
 def sql_table(lines: list[str], at: int) -> str | None:
     """The table whose `CREATE TABLE` line `at` is in (the nearest one above, before a line that closes it)."""
     for line in reversed(lines[:at]):
         table = _SQL_TABLE.match(line)
         if table:
-            return table.group("name").strip('"')
+            return _unquoted(table.group("name"))
         if line.strip().startswith(")"):
             return None
     return None
@@ -180,17 +195,20 @@ def sql_table(lines: list[str], at: int) -> str | None:
 def spell_key_value(lines: list[str], at: int, file_name: str | None) -> str | None:
     """Line `at` spelled out when it states a scalar value under a name: `key: value` or `key = value` (YAML, TOML,
     env, a module constant), a JSON `"key": value`, a code declaration (`export const NAME = value;`), a SQL column's
-    `DEFAULT value` (with its table) or a YAML list item (`- "8080:80"` under `ports:`): file words, parent keys (a
-    YAML key's or a JSON object's, outermost first; a SQL table), the name's words, the separator and the value;
-    None when it is none of these."""
+    `DEFAULT value` (with its table; a migration's `ALTER TABLE` names it on the line) or a YAML list item (`-
+    "8080:80"` under `ports:`): file words, parent keys (a YAML key's or a JSON object's, outermost first; a SQL
+    table), the name's words, the separator and the value; None when it is none of these."""
     line = lines[at]
     head = [file_words(file_name)] if file_name else []
-    column = _SQL_COLUMN.match(line)
+    altered = _SQL_ALTER.match(line)
+    column = None if altered else _SQL_COLUMN.match(line)
+    table = _unquoted(altered.group("table")) if altered else None
     if column and not _SQL_TABLE.match(line):
         table = sql_table(lines, at)
-        if table is not None:
-            return " ".join([*head, "table", identifier_words(table),
-                             f"{identifier_words(column.group('key'))} default {column.group('value')}"]).strip()
+    if table is not None:
+        default = altered or column
+        name = identifier_words(_unquoted(default.group("key")))
+        return " ".join([*head, "table", identifier_words(table), f"{name} default {default.group('value')}"]).strip()
     item = _LIST_ITEM.match(line)
     if item and _SCALAR.match(item.group("value")) and not item.group("value").endswith(":"):
         above = parents(lines, at)

@@ -37,7 +37,7 @@ CACHE_BLOCKS = 4096               # line vectors kept per embedder (LRU by block
 # The version of the text a structured line is embedded as (`line_context.spell_out`). It is part of `line_key`, so a
 # KV file's vectors of another text are never taken for these (a file written before has none of this version: its
 # blocks' lines are embedded again at the next turn end). Bump it when `spell_out` changes what it writes.
-LINE_CONTEXT_VERSION = 2
+LINE_CONTEXT_VERSION = 3
 # The version of `line_context.read_as_words` (identifiers read as words, abbreviations expanded: `recall_identifier_
 # words`), part of `line_key` where that is on (`|w1`) for the same reason. Bump it when `read_as_words` changes.
 WORDS_VERSION = 1
@@ -56,7 +56,7 @@ CONTEXT_BESIDE_VERSION = 1
 # column's type and constraints) from what the embedder sees (issue 61, third pass); `bench day --bare-declarations
 # on|off` sets it for a run. Part of `line_key` with the words (`|w1d1`).
 BARE_DECLARATIONS = False
-BARE_DECLARATIONS_VERSION = 1
+BARE_DECLARATIONS_VERSION = 2
 # Whether a message that asks for a value is embedded as its question alone (`question_only`: "Quick one: How long
 # does the proxy wait? Thanks!" -> "How long does the proxy wait?") for the dense signal (issue 61, third pass);
 # `bench day --question-query on|off` sets it for a run. The lexical signal reads the whole message either way.

@@ -89,6 +89,27 @@ def test_a_sql_column_default_reads_its_table():
     assert sql_table(text.splitlines(), 2) == "ferry_bookings" and sql_table(text.splitlines(), 5) is None
 
 
+@pytest.mark.parametrize("text, spelled", [
+    ("ALTER TABLE print_jobs ADD COLUMN batch_timeout_sec INTEGER NOT NULL DEFAULT 30;",
+     "migrations 0009 sql table print jobs batch timeout sec default 30"),
+    ("ALTER TABLE ONLY public.print_jobs ALTER COLUMN batch_timeout_sec SET DEFAULT 30;",
+     "migrations 0009 sql table public print jobs batch timeout sec default 30"),
+    ('ALTER TABLE "shifts" ADD "break_minutes" integer DEFAULT 30 NOT NULL;',
+     "migrations 0009 sql table shifts break minutes default 30"),
+    ("ALTER TABLE shifts DROP COLUMN break_minutes;", "ALTER TABLE shifts DROP COLUMN break_minutes;"),
+])
+def test_a_migrations_default_reads_the_table_on_its_line(text, spelled):
+    assert spell_out(text, "migrations/0009.sql") == spelled
+
+
+def test_quoted_sql_names_read_as_bare_ones():
+    postgres = 'CREATE TABLE "public"."shifts" (\n    "break_minutes" integer NOT NULL DEFAULT 30,\n    id int\n);'
+    mysql = "CREATE TABLE `shifts` (\n  `break_minutes` int(11) NOT NULL DEFAULT '30' COMMENT 'unpaid',\n  id int\n);"
+    assert spell_out(postgres).splitlines()[1] == "table public shifts break minutes default 30"
+    assert spell_out(mysql).splitlines()[1] == "table shifts break minutes default '30'"
+    assert sql_table(postgres.splitlines(), 1) == "public.shifts"
+
+
 def test_a_compose_port_reads_its_service_and_an_environment_key_its_service():
     text = 'services:\n  db:\n    image: postgres:16\n    ports:\n      - "6543:5432"\n' \
            '  worker:\n    environment:\n      CELERY_CONCURRENCY: "8"'
@@ -151,6 +172,7 @@ def test_spelled_out_lines_beside_the_written_ones_only_when_asked():
     ("// limits export const SEARCH_DEBOUNCE_MS = 250;", "// limits SEARCH_DEBOUNCE_MS = 250;"),
     ("  grace_days INTEGER NOT NULL DEFAULT 7,", "  grace_days DEFAULT 7,"),
     ("  volume_pct NUMERIC(5, 2) DEFAULT 0.5", "  volume_pct DEFAULT 0.5"),
+    ('  "grace_days" integer NOT NULL DEFAULT 7,', '  "grace_days" DEFAULT 7,'),    # not `NOT DEFAULT 7`
 ])
 def test_a_declarations_syntax_leaves_its_name_and_value(line, bare):
     assert bare_declaration(line) == bare
