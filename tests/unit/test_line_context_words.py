@@ -123,7 +123,8 @@ def _file_block(text: str, name: str = "src/limits.ts") -> Block:
                  state=BlockState.RAM)
 
 
-def test_the_signals_read_the_words_only_when_asked():
+def test_the_signals_read_the_words_only_when_asked(monkeypatch):
+    monkeypatch.setattr(recall_signals, "BARE_DECLARATIONS", False)
     block = _file_block("// limits\nexport const SEARCH_DEBOUNCE_MS = 250;")
     assert line_key(block) == block.hash and line_key(block, words=True) == f"{block.hash}|w{WORDS_VERSION}"
     assert [line.split(" src/limits.ts")[0] for line in lexical_lines(block, words=True)] == \
@@ -188,6 +189,7 @@ def test_lines_that_declare_nothing_or_in_a_typed_language_stay_as_written(line)
 
 def test_the_signals_drop_a_declarations_syntax_only_when_asked(monkeypatch):
     block = _file_block("// limits\nexport const SEARCH_DEBOUNCE_MS = 250;")
+    monkeypatch.setattr(recall_signals, "BARE_DECLARATIONS", False)
     words = line_key(block, words=True)
     monkeypatch.setattr(recall_signals, "BARE_DECLARATIONS", True)
     assert line_key(block, words=True) == f"{words}d{recall_signals.BARE_DECLARATIONS_VERSION}"
