@@ -53,6 +53,9 @@ from .sweeps import Sweeps
 from .worker import BACKGROUND, FOREGROUND, LATENCY, NORMAL, Command, EngineThread, Job
 
 log = logging.getLogger(__name__)
+# How long closing waits for the embedder's background load to end (ONNX Runtime builds its session in about a
+# second here; a first use that exports the model takes longer, and a process that ends during it still aborts)
+EMBEDDER_LOAD_WAIT_S = 15.0
 
 
 class Engine:
@@ -740,10 +743,13 @@ class Engine:
 
         if self.sweeps is not None:
             self.sweeps.shutdown()
+        embedder = self.model.embedder if self.model is not None else None
         try:
             self.thread.call(self._unload, command=Command.LOAD)
         finally:
             self.thread.stop()
+            if embedder is not None:       # its background load builds ONNX Runtime's session in C++: a process
+                embedder.wait_warm(EMBEDDER_LOAD_WAIT_S)   # that ends meanwhile aborts as that thread comes back
             self.history.close()
             self.owner.release()                       # last: another engine may take the folder now
 
