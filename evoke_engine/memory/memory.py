@@ -553,11 +553,15 @@ class ConversationMemory:
         turn's `current` blocks (its recoveries and working set), the `question` and the `reply`; while still over
         the limit, let `current` go one at a time, the one to keep longest last (`_kept_order`, as a turn end does),
         then the question. False when even the reply alone is over it (the reply must stop: an event says so)."""
-        limit = self.turn_limit_tokens
+        limit = self.turn_limit_tokens - room
         low = int(self.budget_tokens * self.settings.low_watermark) + self.overdraft
-        kept = self._kept_order(list(dict.fromkeys(current)), {})
-        keeps = [[*question, reply, *kept[:n]] for n in range(len(kept), -1, -1)]
-        if self.evict_within(limit - room, low, [*keeps, [reply]]):
+        current = list(dict.fromkeys(current))
+        self.evict_to(low, current=[*question, reply, *current])
+        if self.active_tokens <= limit:
+            return True                        # the usual case: the order below (and its attention read) not needed
+        kept = self._kept_order(current, {})
+        keeps = [[*question, reply, *kept[:n]] for n in range(len(kept) - 1, -1, -1)]
+        if self.evict_within(limit, limit, [*keeps, [reply]]):
             return True
         self.record_event(EventKind.ERROR, "reply stopped: the budget is full of protected blocks")
         return False
